@@ -1,0 +1,1 @@
+//! Broker adapters for idem: deliveries with ackers, and publishers for the relay.

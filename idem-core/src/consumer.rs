@@ -1,0 +1,167 @@
+//! The consumer loop: deliveries in, bounded concurrency, graceful shutdown.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use futures::{Stream, StreamExt};
+
+use crate::delivery::{Acker, Delivery};
+use crate::error::{BoxError, Error};
+use crate::gate::{Gate, Handler, Outcome, OutcomeKind};
+use crate::store::ClaimStore;
+
+/// How a consumer takes deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerConfig {
+    /// How many batches (or single deliveries) are processed at once.
+    pub concurrency: usize,
+    /// The most deliveries processed in one transaction. The loop batches whatever is
+    /// already waiting, up to this size; it never waits to fill a batch.
+    pub batch_size: usize,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 1,
+            batch_size: 1,
+        }
+    }
+}
+
+impl ConsumerConfig {
+    /// A configuration; zero values are raised to one.
+    pub fn new(concurrency: usize, batch_size: usize) -> Self {
+        Self {
+            concurrency: concurrency.max(1),
+            batch_size: batch_size.max(1),
+        }
+    }
+}
+
+/// Counts of a consumer run, by outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Committed and acked.
+    pub processed: u64,
+    /// Skipped as duplicates and acked.
+    pub duplicates: u64,
+    /// Nacked with a delay because the key was held elsewhere.
+    pub deferred: u64,
+    /// Dead-lettered.
+    pub rejected: u64,
+    /// Rolled back and nacked.
+    pub failed: u64,
+    /// Settlements that failed (an ack after a commit, a nack, a dead-letter).
+    pub settle_failures: u64,
+}
+
+impl ConsumerStats {
+    /// All deliveries seen.
+    pub fn deliveries(&self) -> u64 {
+        self.processed + self.duplicates + self.deferred + self.rejected + self.failed
+    }
+}
+
+#[derive(Default)]
+struct Counters([AtomicU64; 6]);
+
+impl Counters {
+    fn record(&self, o: &Outcome) {
+        let i = match o.kind() {
+            OutcomeKind::Processed => 0,
+            OutcomeKind::Duplicate => 1,
+            OutcomeKind::Deferred => 2,
+            OutcomeKind::Rejected => 3,
+            OutcomeKind::Failed => 4,
+        };
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+        if o.settle_error().is_some() {
+            self.0[5].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn snapshot(&self) -> ConsumerStats {
+        let g = |i: usize| self.0[i].load(Ordering::Relaxed);
+        ConsumerStats {
+            processed: g(0),
+            duplicates: g(1),
+            deferred: g(2),
+            rejected: g(3),
+            failed: g(4),
+            settle_failures: g(5),
+        }
+    }
+}
+
+/// Runs `gate` over `deliveries` until the stream ends, it fails, or `shutdown` completes.
+///
+/// - At most `config.concurrency` batches are in flight; each holds whatever deliveries
+///   were already waiting, up to `config.batch_size`.
+/// - On shutdown the loop stops taking deliveries, finishes every one it has taken, and
+///   returns. Nothing uncommitted is acked; deliveries never taken stay with the broker.
+/// - `observe` sees every outcome (progress bars, metrics).
+///
+/// # Errors
+/// [`Error::Stream`] when the delivery stream yields an error; in-flight work is finished
+/// first.
+pub async fn run<S, H, A, St, E>(
+    gate: &Gate<S, H>,
+    deliveries: St,
+    config: ConsumerConfig,
+    shutdown: impl Future<Output = ()>,
+    observe: impl Fn(&Outcome) + Sync,
+) -> Result<ConsumerStats, Error>
+where
+    S: ClaimStore,
+    H: Handler<S::Tx>,
+    A: Acker,
+    St: Stream<Item = Result<Delivery<A>, E>>,
+    E: Into<BoxError>,
+{
+    let counters = Counters::default();
+    let stream_error: Mutex<Option<BoxError>> = Mutex::new(None);
+    let config = ConsumerConfig::new(config.concurrency, config.batch_size);
+
+    deliveries
+        .take_until(shutdown)
+        .scan((), |(), item| {
+            futures::future::ready(match item {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    if let Ok(mut slot) = stream_error.lock() {
+                        *slot = Some(e.into());
+                    }
+                    None
+                }
+            })
+        })
+        .ready_chunks(config.batch_size)
+        .for_each_concurrent(config.concurrency, |mut batch| {
+            let counters = &counters;
+            let observe = &observe;
+            async move {
+                let outcomes = if batch.len() == 1 {
+                    match batch.pop() {
+                        Some(d) => vec![gate.process(d).await],
+                        None => Vec::new(),
+                    }
+                } else {
+                    gate.process_batch(batch).await
+                };
+                for o in &outcomes {
+                    counters.record(o);
+                    observe(o);
+                }
+            }
+        })
+        .await;
+
+    let err = stream_error.lock().ok().and_then(|mut s| s.take());
+    match err {
+        Some(e) => Err(Error::Stream(e)),
+        None => Ok(counters.snapshot()),
+    }
+}

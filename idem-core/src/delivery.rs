@@ -1,0 +1,151 @@
+//! Deliveries and their settlement: [`Delivery`], [`Acker`] and the proof of commit.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::{AckError, RejectReason};
+use crate::key::IdempotencyKey;
+
+/// A message's headers, in the broker's order.
+pub type Headers = Vec<(String, String)>;
+
+/// One delivery from an at-least-once broker.
+#[derive(Debug)]
+pub struct Delivery<A> {
+    /// The message body, exactly as delivered (the key is derived from these bytes).
+    pub payload: Vec<u8>,
+    /// The broker's headers or attributes.
+    pub headers: Headers,
+    /// Settles the delivery. Only the gate uses it.
+    pub acker: A,
+}
+
+impl<A> Delivery<A> {
+    /// A delivery with no headers.
+    pub fn new(payload: impl Into<Vec<u8>>, acker: A) -> Self {
+        Self {
+            payload: payload.into(),
+            headers: Vec::new(),
+            acker,
+        }
+    }
+
+    /// The first header named `name` (ASCII case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Why acking is allowed: the work was committed, or it had been committed before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckReason {
+    /// This delivery's transaction committed.
+    Committed,
+    /// The key had already been committed (a duplicate claim).
+    Duplicate,
+}
+
+/// Permission to ack one delivery. Only `idem-core` can create one: the [`Gate`] mints it
+/// after a commit succeeded, or after a claim answered `Duplicate`. That makes "ack before
+/// commit" a compile error rather than a code-review finding:
+///
+/// ```compile_fail
+/// use idem_core::AckProof;
+/// // There is no public constructor: outside idem-core a proof cannot be made.
+/// let proof = AckProof { key: todo!(), reason: idem_core::AckReason::Committed };
+/// ```
+///
+/// [`Gate`]: crate::Gate
+#[derive(Debug)]
+pub struct AckProof {
+    key: IdempotencyKey,
+    reason: AckReason,
+}
+
+impl AckProof {
+    pub(crate) fn committed(receipt: &CommitReceipt, key: IdempotencyKey) -> Self {
+        let _ = receipt;
+        Self {
+            key,
+            reason: AckReason::Committed,
+        }
+    }
+
+    pub(crate) fn duplicate(key: IdempotencyKey) -> Self {
+        Self {
+            key,
+            reason: AckReason::Duplicate,
+        }
+    }
+
+    /// The key this proof covers.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// Why acking is allowed.
+    pub fn reason(&self) -> AckReason {
+        self.reason
+    }
+}
+
+/// Evidence that a claim transaction committed. Private to the crate; proofs are minted
+/// from it.
+#[derive(Debug)]
+pub(crate) struct CommitReceipt(());
+
+impl CommitReceipt {
+    pub(crate) fn new() -> Self {
+        Self(())
+    }
+}
+
+/// Settles a delivery with its broker.
+///
+/// # Contract
+/// - Each method consumes the acker: a delivery is settled once.
+/// - [`ack`](Acker::ack) removes the delivery from the broker for good. It needs an
+///   [`AckProof`], which only a commit or a duplicate claim produces.
+/// - [`nack`](Acker::nack) hands the delivery back for redelivery, after `delay` where the
+///   broker supports one (otherwise at once, or after its visibility timeout).
+/// - [`dead_letter`](Acker::dead_letter) moves the delivery to the dead-letter place with
+///   the reason (durably) and then removes it from the source; if it fails, the delivery
+///   must stay in the source (it is redelivered and rejected again, never lost).
+/// - An acker dropped without being settled leaves the delivery unacked: the broker
+///   redelivers it (after its visibility timeout or when the connection closes).
+/// - An `Err` from `ack` after a commit is harmless for correctness: the redelivery
+///   derives the same key and is acked as a duplicate.
+#[async_trait]
+pub trait Acker: Send + 'static {
+    /// Acknowledges the delivery.
+    async fn ack(self, proof: AckProof) -> Result<(), AckError>;
+
+    /// Returns the delivery for redelivery, after `delay` where supported.
+    async fn nack(self, delay: Option<Duration>) -> Result<(), AckError>;
+
+    /// Dead-letters the delivery with `reason`. `payload` and `headers` are the delivery's
+    /// own, for adapters that republish them.
+    async fn dead_letter(
+        self,
+        payload: &[u8],
+        headers: &Headers,
+        reason: &RejectReason,
+    ) -> Result<(), AckError>;
+
+    /// Acknowledges several deliveries of one batch. The default acks one by one;
+    /// adapters override it with the broker's batch form (a multiple-ack, a batch delete).
+    async fn ack_all(items: Vec<(Self, AckProof)>) -> Vec<Result<(), AckError>>
+    where
+        Self: Sized,
+    {
+        let mut out = Vec::with_capacity(items.len());
+        for (acker, proof) in items {
+            out.push(acker.ack(proof).await);
+        }
+        out
+    }
+}

@@ -1,0 +1,259 @@
+//! Errors. Every error says whether retrying can help ([`StoreError::is_retryable`] and
+//! friends); duplicates are *outcomes*, never errors.
+
+use std::time::Duration;
+
+/// A boxed error kept as the source of ours.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a key could not be derived. Always a problem with the input: never retryable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The business (subject) id is empty.
+    #[error("the subject id is empty")]
+    EmptySubject,
+    /// The submission timestamp is empty.
+    #[error("the submission timestamp is empty")]
+    EmptyTimestamp,
+    /// The subject id contains `|`, which would let two identities collide.
+    #[error("the subject id contains '|', which would make two identities collide")]
+    SeparatorInSubject,
+    /// The timestamp contains `|`, which would let two identities collide.
+    #[error("the submission timestamp contains '|', which would make two identities collide")]
+    SeparatorInTimestamp,
+    /// Not 64 hex characters.
+    #[error("an idempotency key is 64 hex characters")]
+    InvalidHex,
+}
+
+/// A dedup or outbox store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached, or the connection broke. Retrying can help.
+    #[error("store unavailable: {message}")]
+    Unavailable {
+        /// What was being done.
+        message: String,
+        /// The driver's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A serialization failure, deadlock or lock timeout: the transaction was rolled back
+    /// and running it again can succeed.
+    #[error("transaction conflict: {message}")]
+    Conflict {
+        /// What was being done.
+        message: String,
+        /// The driver's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A write failed for a reason that retrying will not change (a constraint other than
+    /// the claim's, a missing table, a type mismatch).
+    #[error("store rejected the operation: {message}")]
+    Rejected {
+        /// What was being done.
+        message: String,
+        /// The driver's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The store is misconfigured (an invalid schema or table name, a missing migration).
+    #[error("store configuration: {0}")]
+    Config(String),
+    /// Anything else; `retryable` is the adapter's best judgement.
+    #[error("store error: {message}")]
+    Other {
+        /// What was being done.
+        message: String,
+        /// Whether a retry can help.
+        retryable: bool,
+        /// The driver's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl StoreError {
+    /// Whether running the same operation again can succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Unavailable { .. } | Self::Conflict { .. } => true,
+            Self::Rejected { .. } | Self::Config(_) => false,
+            Self::Other { retryable, .. } => *retryable,
+        }
+    }
+
+    /// Shorthand for [`StoreError::Unavailable`].
+    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Shorthand for [`StoreError::Other`] with no source.
+    pub fn other(message: impl Into<String>, retryable: bool) -> Self {
+        Self::Other {
+            message: message.into(),
+            retryable,
+            source: None,
+        }
+    }
+}
+
+/// Acknowledging, nacking or dead-lettering a delivery failed.
+#[derive(Debug, thiserror::Error)]
+#[error("broker settlement failed: {message}")]
+#[non_exhaustive]
+pub struct AckError {
+    /// What was being done.
+    pub message: String,
+    /// Whether a retry can help (a dropped channel cannot be retried: the broker redelivers).
+    pub retryable: bool,
+    /// The client's error.
+    #[source]
+    pub source: Option<BoxError>,
+}
+
+impl AckError {
+    /// A new settlement error.
+    pub fn new(message: impl Into<String>, retryable: bool, source: Option<BoxError>) -> Self {
+        Self {
+            message: message.into(),
+            retryable,
+            source,
+        }
+    }
+
+    /// Whether a retry can help.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+}
+
+/// Publishing outbox events to a broker failed.
+#[derive(Debug, thiserror::Error)]
+#[error("publish failed: {message}")]
+#[non_exhaustive]
+pub struct PublishError {
+    /// What was being done.
+    pub message: String,
+    /// Whether a retry can help.
+    pub retryable: bool,
+    /// The client's error.
+    #[source]
+    pub source: Option<BoxError>,
+}
+
+impl PublishError {
+    /// A new publish error.
+    pub fn new(message: impl Into<String>, retryable: bool, source: Option<BoxError>) -> Self {
+        Self {
+            message: message.into(),
+            retryable,
+            source,
+        }
+    }
+
+    /// Whether a retry can help.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+}
+
+/// Why a delivery was rejected: bad input that no retry can fix. It is dead-lettered with
+/// this reason, never looped and never lost.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {detail}")]
+pub struct RejectReason {
+    /// A stable, machine-readable code (`not_json`, `missing_field`, `too_large`, …).
+    pub code: &'static str,
+    /// A human-readable explanation. Never contains the payload.
+    pub detail: String,
+}
+
+impl RejectReason {
+    /// A new reason.
+    pub fn new(code: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl From<KeyError> for RejectReason {
+    fn from(e: KeyError) -> Self {
+        Self::new("invalid_identity", e.to_string())
+    }
+}
+
+/// A handler's failure. The gate rolls the transaction back in every case.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// The input is wrong for the business (no retry will fix it): dead-letter it.
+    #[error("rejected: {0}")]
+    Reject(RejectReason),
+    /// A transient failure: nack the delivery so the broker redelivers it.
+    #[error("transient: {0}")]
+    Transient(#[source] BoxError),
+    /// The store failed under the handler's writes.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl HandlerError {
+    /// Whether a redelivery can succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Reject(_) => false,
+            Self::Transient(_) => true,
+            Self::Store(e) => e.is_retryable(),
+        }
+    }
+}
+
+/// The crate's umbrella error, for callers that want one type.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// See [`KeyError`].
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// See [`StoreError`].
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// See [`AckError`].
+    #[error(transparent)]
+    Ack(#[from] AckError),
+    /// See [`PublishError`].
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    /// See [`HandlerError`].
+    #[error(transparent)]
+    Handler(#[from] HandlerError),
+    /// A consumer's delivery stream failed.
+    #[error("delivery stream failed: {0}")]
+    Stream(#[source] BoxError),
+    /// Waited too long for something (a connection, a lease).
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+impl Error {
+    /// Whether retrying can help.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Key(_) => false,
+            Self::Store(e) => e.is_retryable(),
+            Self::Ack(e) => e.is_retryable(),
+            Self::Publish(e) => e.is_retryable(),
+            Self::Handler(e) => e.is_retryable(),
+            Self::Stream(_) | Self::Timeout(_) => true,
+        }
+    }
+}

@@ -1,0 +1,550 @@
+//! The [`Gate`]: claim → handler → commit → ack, one delivery or one batch at a time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::audit;
+use crate::delivery::{AckProof, Acker, CommitReceipt, Delivery, Headers};
+use crate::error::{AckError, Error, HandlerError, RejectReason, StoreError};
+use crate::key::IdempotencyKey;
+use crate::store::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx};
+
+/// A delivery identified: its key, its subject, and the parsed input the handler needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submission<I> {
+    /// The idempotency key derived from the delivery.
+    pub key: IdempotencyKey,
+    /// The business id (stored with the claim, shown in audit events).
+    pub subject: String,
+    /// What the handler works on.
+    pub input: I,
+}
+
+/// The business side of a pipeline: how a delivery is identified and what its effect is.
+///
+/// # Contract
+/// - [`identify`](Handler::identify) is pure: the same bytes give the same key. Bad input
+///   is a [`RejectReason`] (the delivery is dead-lettered), never a panic.
+/// - [`handle`](Handler::handle) writes only through `tx`, so its writes commit or roll
+///   back with the claim. It never sees the acker. Returning `Err` rolls back;
+///   [`HandlerError::Reject`] dead-letters the delivery and any other error nacks it for
+///   redelivery.
+#[async_trait]
+pub trait Handler<Tx: Send>: Send + Sync {
+    /// What `identify` parses out of a delivery.
+    type Input: Send + Sync;
+
+    /// Derives the key and parses the input from the raw delivery.
+    fn identify(
+        &self,
+        payload: &[u8],
+        headers: &Headers,
+    ) -> Result<Submission<Self::Input>, RejectReason>;
+
+    /// Applies the effect inside the claim's transaction.
+    async fn handle(
+        &self,
+        tx: &mut Tx,
+        submission: &Submission<Self::Input>,
+    ) -> Result<(), HandlerError>;
+}
+
+/// The coarse kind of an [`Outcome`], for counters and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OutcomeKind {
+    /// Committed and acked.
+    Processed,
+    /// Already committed before: rolled back and acked.
+    Duplicate,
+    /// Claimed elsewhere and not finished: nacked with a delay.
+    Deferred,
+    /// Bad input: dead-lettered with a reason.
+    Rejected,
+    /// Rolled back and nacked for redelivery.
+    Failed,
+}
+
+impl OutcomeKind {
+    /// A lowercase name (`processed`, `duplicate`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Processed => "processed",
+            Self::Duplicate => "duplicate",
+            Self::Deferred => "deferred",
+            Self::Rejected => "rejected",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// What happened to one delivery. Each variant carries the result of settling it with the
+/// broker: a commit that succeeded followed by a failed ack is `Processed` with an `Err`
+/// settlement — the redelivery will be skipped as a duplicate.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Committed, then acked.
+    Processed {
+        /// The submission's key.
+        key: IdempotencyKey,
+        /// The ack's result.
+        settle: Result<(), AckError>,
+    },
+    /// The key was already committed: rolled back, touched nothing, acked.
+    Duplicate {
+        /// The submission's key.
+        key: IdempotencyKey,
+        /// The ack's result.
+        settle: Result<(), AckError>,
+    },
+    /// Claimed elsewhere and still live: nacked with the defer delay.
+    Deferred {
+        /// The submission's key.
+        key: IdempotencyKey,
+        /// The nack's result.
+        settle: Result<(), AckError>,
+    },
+    /// Bad input: dead-lettered with the reason.
+    Rejected {
+        /// Why.
+        reason: RejectReason,
+        /// The dead-letter's result (on `Err` the delivery stays in the source).
+        settle: Result<(), AckError>,
+    },
+    /// Rolled back and nacked for redelivery.
+    Failed {
+        /// The key, when it could be derived.
+        key: Option<IdempotencyKey>,
+        /// What failed.
+        error: Error,
+        /// The nack's result.
+        settle: Result<(), AckError>,
+    },
+}
+
+impl Outcome {
+    /// The coarse kind.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            Self::Processed { .. } => OutcomeKind::Processed,
+            Self::Duplicate { .. } => OutcomeKind::Duplicate,
+            Self::Deferred { .. } => OutcomeKind::Deferred,
+            Self::Rejected { .. } => OutcomeKind::Rejected,
+            Self::Failed { .. } => OutcomeKind::Failed,
+        }
+    }
+
+    /// The key, when one was derived.
+    pub fn key(&self) -> Option<&IdempotencyKey> {
+        match self {
+            Self::Processed { key, .. }
+            | Self::Duplicate { key, .. }
+            | Self::Deferred { key, .. } => Some(key),
+            Self::Failed { key, .. } => key.as_ref(),
+            Self::Rejected { .. } => None,
+        }
+    }
+
+    /// The settlement error, if settling with the broker failed.
+    pub fn settle_error(&self) -> Option<&AckError> {
+        match self {
+            Self::Processed { settle, .. }
+            | Self::Duplicate { settle, .. }
+            | Self::Deferred { settle, .. }
+            | Self::Rejected { settle, .. }
+            | Self::Failed { settle, .. } => settle.as_ref().err(),
+        }
+    }
+}
+
+/// How the gate settles what it cannot process now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GateConfig {
+    /// The nack delay of a [`OutcomeKind::Deferred`] delivery (a key held elsewhere).
+    pub defer_delay: Duration,
+    /// The nack delay of a [`OutcomeKind::Failed`] delivery (`None`: at once).
+    pub retry_delay: Option<Duration>,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        Self {
+            defer_delay: Duration::from_secs(1),
+            retry_delay: None,
+        }
+    }
+}
+
+impl GateConfig {
+    /// Sets the defer delay.
+    #[must_use]
+    pub fn with_defer_delay(mut self, d: Duration) -> Self {
+        self.defer_delay = d;
+        self
+    }
+
+    /// Sets the retry delay.
+    #[must_use]
+    pub fn with_retry_delay(mut self, d: Option<Duration>) -> Self {
+        self.retry_delay = d;
+        self
+    }
+}
+
+/// The claim → commit → ack state machine.
+///
+/// For one delivery ([`process`](Gate::process)):
+/// 1. identify it (bad input → dead-letter with the reason: [`Outcome::Rejected`]);
+/// 2. begin a transaction and claim the key;
+/// 3. `Claimed` → run the handler in the transaction → commit → ack
+///    ([`Outcome::Processed`]); `Duplicate` → roll back → ack ([`Outcome::Duplicate`]);
+///    `InProgress` → roll back → nack with a delay ([`Outcome::Deferred`]);
+/// 4. any error → roll back → nack ([`Outcome::Failed`]), or dead-letter for
+///    [`HandlerError::Reject`].
+///
+/// The ack needs an [`AckProof`], which only a commit or a duplicate claim mints.
+///
+/// ```
+/// # use idem_core::*;
+/// # async fn demo<S, H, A>(gate: Gate<S, H>, delivery: Delivery<A>)
+/// # where S: ClaimStore, H: Handler<S::Tx>, A: Acker {
+/// match gate.process(delivery).await {
+///     Outcome::Processed { key, .. } => println!("{} committed", key.short()),
+///     Outcome::Duplicate { .. } => println!("skipped a redelivery"),
+///     other => println!("{:?}", other.kind()),
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Gate<S, H> {
+    store: S,
+    handler: H,
+    config: GateConfig,
+}
+
+impl<S, H> Gate<S, H>
+where
+    S: ClaimStore,
+    H: Handler<S::Tx>,
+{
+    /// A gate with the default configuration.
+    pub fn new(store: S, handler: H) -> Self {
+        Self::with_config(store, handler, GateConfig::default())
+    }
+
+    /// A gate with `config`.
+    pub fn with_config(store: S, handler: H, config: GateConfig) -> Self {
+        Self {
+            store,
+            handler,
+            config,
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The handler.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GateConfig {
+        &self.config
+    }
+
+    /// Processes one delivery: see the type's docs.
+    pub async fn process<A: Acker>(&self, delivery: Delivery<A>) -> Outcome {
+        match self.handler.identify(&delivery.payload, &delivery.headers) {
+            Ok(sub) => self.process_identified(delivery, sub).await,
+            Err(reason) => self.reject(delivery, None, reason).await,
+        }
+    }
+
+    async fn reject<A: Acker>(
+        &self,
+        delivery: Delivery<A>,
+        subject: Option<&str>,
+        reason: RejectReason,
+    ) -> Outcome {
+        audit::rejected(subject, reason.code);
+        let Delivery {
+            payload,
+            headers,
+            acker,
+        } = delivery;
+        let settle = acker.dead_letter(&payload, &headers, &reason).await;
+        Outcome::Rejected { reason, settle }
+    }
+
+    async fn fail<A: Acker>(&self, acker: A, key: Option<IdempotencyKey>, error: Error) -> Outcome {
+        tracing::warn!(
+            target: "idem::gate",
+            key = key.as_ref().map(IdempotencyKey::short).unwrap_or_default(),
+            retryable = error.is_retryable(),
+            error = %error,
+            "delivery failed; rolled back and nacked"
+        );
+        let settle = acker.nack(self.config.retry_delay).await;
+        Outcome::Failed { key, error, settle }
+    }
+
+    async fn process_identified<A: Acker>(
+        &self,
+        delivery: Delivery<A>,
+        sub: Submission<H::Input>,
+    ) -> Outcome {
+        let key = sub.key;
+        let mut tx = match self.store.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return self.fail(delivery.acker, Some(key), e.into()).await,
+        };
+        let meta = ClaimMeta::new(sub.subject.clone());
+        let claimed = match tx.claim(&key, &meta).await {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return self.fail(delivery.acker, Some(key), e.into()).await;
+            }
+        };
+        match claimed {
+            ClaimOutcome::Duplicate => {
+                // Roll back first: nothing of this delivery may remain. A failed rollback
+                // is harmless (nothing was written), so the duplicate is still acked.
+                let _ = tx.rollback().await;
+                audit::duplicate(&key, &sub.subject);
+                let settle = delivery.acker.ack(AckProof::duplicate(key)).await;
+                Outcome::Duplicate { key, settle }
+            }
+            ClaimOutcome::InProgress => {
+                let _ = tx.rollback().await;
+                let settle = delivery.acker.nack(Some(self.config.defer_delay)).await;
+                Outcome::Deferred { key, settle }
+            }
+            ClaimOutcome::Claimed => match self.handler.handle(&mut tx, &sub).await {
+                Err(HandlerError::Reject(reason)) => {
+                    let _ = tx.rollback().await;
+                    self.reject(delivery, Some(&sub.subject), reason).await
+                }
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    self.fail(delivery.acker, Some(key), e.into()).await
+                }
+                Ok(()) => match tx.commit().await {
+                    Err(e) => self.fail(delivery.acker, Some(key), e.into()).await,
+                    Ok(()) => {
+                        let receipt = CommitReceipt::new();
+                        audit::processed(&key, &sub.subject);
+                        let settle = delivery.acker.ack(AckProof::committed(&receipt, key)).await;
+                        Outcome::Processed { key, settle }
+                    }
+                },
+            },
+        }
+    }
+
+    /// Processes a batch in one transaction: one round-trip claim of every key (where the
+    /// store can), the handler on each claimed submission, one commit, then acks for all
+    /// (duplicates too). A key twice in one batch is one effect. Bad input is
+    /// dead-lettered first. If the handler or the commit fails, the batch falls back to
+    /// one-by-one processing so a poison message cannot block its neighbours.
+    ///
+    /// Returns one outcome per delivery, in input order.
+    pub async fn process_batch<A: Acker>(&self, deliveries: Vec<Delivery<A>>) -> Vec<Outcome> {
+        let n = deliveries.len();
+        let mut outcomes: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
+        let mut valid: Vec<(usize, Delivery<A>, Submission<H::Input>)> = Vec::with_capacity(n);
+        for (i, d) in deliveries.into_iter().enumerate() {
+            match self.handler.identify(&d.payload, &d.headers) {
+                Ok(sub) => valid.push((i, d, sub)),
+                Err(reason) => outcomes[i] = Some(self.reject(d, None, reason).await),
+            }
+        }
+        if valid.len() == 1 {
+            if let Some((i, d, sub)) = valid.pop() {
+                outcomes[i] = Some(self.process_identified(d, sub).await);
+            }
+        } else if !valid.is_empty() {
+            self.batch_identified(valid, &mut outcomes).await;
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(unreachable_outcome))
+            .collect()
+    }
+
+    async fn batch_identified<A: Acker>(
+        &self,
+        valid: Vec<(usize, Delivery<A>, Submission<H::Input>)>,
+        outcomes: &mut [Option<Outcome>],
+    ) {
+        // The first position of each key claims it; later copies are in-batch duplicates.
+        let mut first: HashMap<IdempotencyKey, usize> = HashMap::with_capacity(valid.len());
+        let mut unique: Vec<usize> = Vec::with_capacity(valid.len());
+        for (pos, (_, _, sub)) in valid.iter().enumerate() {
+            first.entry(sub.key).or_insert_with(|| {
+                unique.push(pos);
+                pos
+            });
+        }
+        let items: Vec<(IdempotencyKey, ClaimMeta)> = unique
+            .iter()
+            .map(|&p| (valid[p].2.key, ClaimMeta::new(valid[p].2.subject.clone())))
+            .collect();
+
+        let attempt = self.try_batch(&valid, &unique, &items).await;
+        let claims = match attempt {
+            Ok(c) => c,
+            Err(BatchFailure::Store(e)) => {
+                // The store itself failed: nack everything for redelivery.
+                let shared = std::sync::Arc::new(e);
+                for (i, d, sub) in valid {
+                    let err = Error::Store(StoreError::Other {
+                        message: "batch failed".into(),
+                        retryable: shared.is_retryable(),
+                        source: Some(Box::new(ArcError(shared.clone()))),
+                    });
+                    outcomes[i] = Some(self.fail(d.acker, Some(sub.key), err).await);
+                }
+                return;
+            }
+            Err(BatchFailure::Handler) => {
+                // Fall back to one by one: each delivery gets its own transaction.
+                for (i, d, sub) in valid {
+                    outcomes[i] = Some(self.process_identified(d, sub).await);
+                }
+                return;
+            }
+        };
+        let receipt = CommitReceipt::new();
+        let by_key: HashMap<IdempotencyKey, ClaimOutcome> = unique
+            .iter()
+            .zip(&claims)
+            .map(|(&p, &c)| (valid[p].2.key, c))
+            .collect();
+
+        let mut to_ack: Vec<(usize, IdempotencyKey, bool, A)> = Vec::new();
+        let mut to_nack: Vec<(usize, IdempotencyKey, A)> = Vec::new();
+        for (pos, (i, d, sub)) in valid.into_iter().enumerate() {
+            let is_first = first.get(&sub.key) == Some(&pos);
+            match by_key
+                .get(&sub.key)
+                .copied()
+                .unwrap_or(ClaimOutcome::InProgress)
+            {
+                ClaimOutcome::Claimed if is_first => {
+                    audit::processed(&sub.key, &sub.subject);
+                    to_ack.push((i, sub.key, true, d.acker));
+                }
+                ClaimOutcome::Claimed | ClaimOutcome::Duplicate => {
+                    audit::duplicate(&sub.key, &sub.subject);
+                    to_ack.push((i, sub.key, false, d.acker));
+                }
+                ClaimOutcome::InProgress => to_nack.push((i, sub.key, d.acker)),
+            }
+        }
+        let mut meta = Vec::with_capacity(to_ack.len());
+        let mut items = Vec::with_capacity(to_ack.len());
+        for (i, key, processed, acker) in to_ack {
+            let proof = if processed {
+                AckProof::committed(&receipt, key)
+            } else {
+                AckProof::duplicate(key)
+            };
+            meta.push((i, key, processed));
+            items.push((acker, proof));
+        }
+        let results = A::ack_all(items).await;
+        for ((i, key, processed), settle) in meta.into_iter().zip(results) {
+            outcomes[i] = Some(if processed {
+                Outcome::Processed { key, settle }
+            } else {
+                Outcome::Duplicate { key, settle }
+            });
+        }
+        for (i, key, acker) in to_nack {
+            let settle = acker.nack(Some(self.config.defer_delay)).await;
+            outcomes[i] = Some(Outcome::Deferred { key, settle });
+        }
+    }
+
+    async fn try_batch<A: Acker>(
+        &self,
+        valid: &[(usize, Delivery<A>, Submission<H::Input>)],
+        unique: &[usize],
+        items: &[(IdempotencyKey, ClaimMeta)],
+    ) -> Result<Vec<ClaimOutcome>, BatchFailure> {
+        let mut tx = self.store.begin().await.map_err(BatchFailure::Store)?;
+        let claims = match tx.claim_batch(items).await {
+            Ok(c) if c.len() == items.len() => c,
+            Ok(_) => {
+                let _ = tx.rollback().await;
+                return Err(BatchFailure::Store(StoreError::other(
+                    "claim_batch returned a different number of outcomes",
+                    false,
+                )));
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Err(BatchFailure::Store(e));
+            }
+        };
+        for (&p, claim) in unique.iter().zip(&claims) {
+            if *claim == ClaimOutcome::Claimed {
+                if let Err(e) = self.handler.handle(&mut tx, &valid[p].2).await {
+                    tracing::debug!(target: "idem::gate", error = %e, "handler failed in a batch; falling back to one by one");
+                    let _ = tx.rollback().await;
+                    return Err(BatchFailure::Handler);
+                }
+            }
+        }
+        match tx.commit().await {
+            Ok(()) => Ok(claims),
+            // The outcome of a failed commit is unknown; one by one, each delivery finds
+            // out through its own claim (a committed one is then a duplicate).
+            Err(e) => {
+                tracing::debug!(target: "idem::gate", error = %e, "batch commit failed; falling back to one by one");
+                Err(BatchFailure::Handler)
+            }
+        }
+    }
+}
+
+enum BatchFailure {
+    Store(StoreError),
+    Handler,
+}
+
+#[derive(Debug)]
+struct ArcError(std::sync::Arc<StoreError>);
+
+impl std::fmt::Display for ArcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ArcError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+#[cold]
+fn unreachable_outcome() -> Outcome {
+    // Every position is filled above; this keeps the function total without a panic.
+    Outcome::Failed {
+        key: None,
+        error: Error::Store(StoreError::other(
+            "internal: delivery left unsettled",
+            false,
+        )),
+        settle: Ok(()),
+    }
+}

@@ -1,0 +1,48 @@
+//! # idem-core
+//!
+//! Exactly-once *effect* for consumers of at-least-once brokers. A broker that never saw
+//! the ack must redeliver; this crate makes the redelivery harmless:
+//!
+//! 1. a deterministic [`IdempotencyKey`] from the submission's identity and the SHA-256 of
+//!    its payload ([`IdempotencyKey::derive`], byte-identical to the reference);
+//! 2. an atomic **claim** of that key ([`ClaimTx::claim`]) before any work;
+//! 3. the claim, the business write and an [`OutboxEvent`] in **one transaction**;
+//! 4. the **ack only after the commit** — [`Acker::ack`] takes an [`AckProof`] that only
+//!    this crate mints, after a commit or a duplicate claim; a duplicate rolls back and
+//!    acks;
+//! 5. a [`Relay`] that publishes the outbox at least once with deterministic [`EventId`]s.
+//!
+//! The [`Gate`] runs that state machine for one delivery or one batch; [`consumer::run`]
+//! drives a gate over a stream of deliveries with bounded concurrency and graceful
+//! shutdown. Stores (`idem-store-sqlite`, `idem-store-postgres`, `idem-store-redis`) and
+//! broker adapters (`idem-broker`) live in their own crates: this one has no runtime and
+//! no driver.
+//!
+//! ```
+//! use idem_core::IdempotencyKey;
+//! let key = IdempotencyKey::derive("A-2026-014", "2026-07-01T09:00:00Z", br#"{"amount_cents":1}"#)?;
+//! println!("claiming {}", key.short());
+//! # Ok::<(), idem_core::KeyError>(())
+//! ```
+
+pub mod audit;
+pub mod consumer;
+pub mod delivery;
+pub mod error;
+pub mod gate;
+pub mod key;
+pub mod outbox;
+pub mod store;
+
+pub use consumer::{ConsumerConfig, ConsumerStats};
+pub use delivery::{AckProof, AckReason, Acker, Delivery, Headers};
+pub use error::{
+    AckError, BoxError, Error, HandlerError, KeyError, PublishError, RejectReason, StoreError,
+};
+pub use gate::{Gate, GateConfig, Handler, Outcome, OutcomeKind, Submission};
+pub use key::{sha256_hex, IdempotencyKey};
+pub use outbox::{EventId, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay, RelayStats};
+pub use store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
+
+/// Re-exported so implementors of the traits use the same macro version.
+pub use async_trait::async_trait;

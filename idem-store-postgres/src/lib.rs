@@ -1,0 +1,1 @@
+//! Postgres dedup store, transactional outbox and relay source for idem.

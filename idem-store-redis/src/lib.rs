@@ -1,0 +1,1 @@
+//! Redis lease claim store and front filter for idem.
