@@ -19,9 +19,6 @@ pub enum KeyError {
     /// The subject id contains `|`, which would let two identities collide.
     #[error("the subject id contains '|', which would make two identities collide")]
     SeparatorInSubject,
-    /// The timestamp contains `|`, which would let two identities collide.
-    #[error("the submission timestamp contains '|', which would make two identities collide")]
-    SeparatorInTimestamp,
     /// Not 64 hex characters.
     #[error("an idempotency key is 64 hex characters")]
     InvalidHex,
