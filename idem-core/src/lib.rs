@@ -29,6 +29,7 @@ pub mod audit;
 pub mod consumer;
 pub mod delivery;
 pub mod error;
+pub mod filter;
 pub mod gate;
 pub mod key;
 pub mod outbox;
@@ -39,6 +40,7 @@ pub use delivery::{AckProof, AckReason, Acker, Delivery, Headers};
 pub use error::{
     AckError, BoxError, Error, HandlerError, KeyError, PublishError, RejectReason, StoreError,
 };
+pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx};
 pub use gate::{Gate, GateConfig, Handler, Outcome, OutcomeKind, Submission};
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{EventId, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay, RelayStats};

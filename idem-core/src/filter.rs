@@ -1,0 +1,223 @@
+//! A front filter: a fast cache of *committed* keys in front of a durable store.
+//!
+//! [`Filtered`] asks its [`DoneFilter`] before the durable claim and answers
+//! [`ClaimOutcome::Duplicate`] only for keys the filter has seen committed. The mark is
+//! written *after* the durable commit, so "the filter says done, the store has no row"
+//! cannot happen by construction; a miss, an error or a timeout from the filter falls
+//! through to the durable claim. (Marking before the commit would lose a message when the
+//! worker dies between the mark and the commit: the redelivery would be skipped.)
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::key::IdempotencyKey;
+use crate::outbox::OutboxEvent;
+use crate::store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
+
+/// A cache of keys whose durable commit has happened.
+///
+/// # Contract
+/// - [`seen`](DoneFilter::seen) answers `true` only for keys passed to
+///   [`mark_done`](DoneFilter::mark_done) (which the wrapper calls after the durable
+///   commit). A false negative is fine (the durable store decides); a false positive
+///   loses a message and must never happen.
+/// - Errors are never fatal: the wrapper treats an `Err` as "not seen" and falls through.
+#[async_trait]
+pub trait DoneFilter: Send + Sync {
+    /// For each key, whether its commit is known. One round trip for the whole slice.
+    async fn seen(&self, keys: &[IdempotencyKey]) -> Result<Vec<bool>, StoreError>;
+
+    /// Records committed keys (after the durable commit).
+    async fn mark_done(&self, keys: &[IdempotencyKey]) -> Result<(), StoreError>;
+}
+
+/// Counters of a [`Filtered`] store.
+#[derive(Debug, Default)]
+pub struct FilterStats {
+    hits: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl FilterStats {
+    /// Claims answered `Duplicate` by the filter alone.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Filter errors that fell through to the durable store.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+}
+
+/// A durable store behind a [`DoneFilter`].
+#[derive(Debug, Clone)]
+pub struct Filtered<S, F> {
+    store: S,
+    filter: Arc<F>,
+    stats: Arc<FilterStats>,
+}
+
+impl<S: ClaimStore, F: DoneFilter> Filtered<S, F> {
+    /// Puts `filter` in front of `store`.
+    pub fn new(store: S, filter: F) -> Self {
+        Self {
+            store,
+            filter: Arc::new(filter),
+            stats: Arc::default(),
+        }
+    }
+
+    /// The durable store.
+    pub fn inner(&self) -> &S {
+        &self.store
+    }
+
+    /// The filter.
+    pub fn filter(&self) -> &F {
+        &self.filter
+    }
+
+    /// Hit and error counters.
+    pub fn stats(&self) -> &FilterStats {
+        &self.stats
+    }
+}
+
+/// The transaction of a [`Filtered`] store: the durable transaction plus the keys to mark
+/// after its commit.
+#[derive(Debug)]
+pub struct FilteredTx<T, F> {
+    inner: T,
+    filter: Arc<F>,
+    stats: Arc<FilterStats>,
+    claimed: Vec<IdempotencyKey>,
+}
+
+impl<T, F> FilteredTx<T, F> {
+    /// The durable transaction, for the handler's business writes.
+    pub fn inner_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+}
+
+#[async_trait]
+impl<S, F> ClaimStore for Filtered<S, F>
+where
+    S: ClaimStore,
+    F: DoneFilter + 'static,
+{
+    type Tx = FilteredTx<S::Tx, F>;
+
+    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+        Ok(FilteredTx {
+            inner: self.store.begin().await?,
+            filter: self.filter.clone(),
+            stats: self.stats.clone(),
+            claimed: Vec::new(),
+        })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+}
+
+async fn lookup<F: DoneFilter>(
+    filter: &F,
+    stats: &FilterStats,
+    keys: &[IdempotencyKey],
+) -> Vec<bool> {
+    match filter.seen(keys).await {
+        Ok(v) if v.len() == keys.len() => v,
+        Ok(_) | Err(_) => {
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+            vec![false; keys.len()]
+        }
+    }
+}
+
+#[async_trait]
+impl<T, F> ClaimTx for FilteredTx<T, F>
+where
+    T: ClaimTx,
+    F: DoneFilter + 'static,
+{
+    async fn claim(
+        &mut self,
+        key: &IdempotencyKey,
+        meta: &ClaimMeta,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if lookup(&*self.filter, &self.stats, std::slice::from_ref(key)).await[0] {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(ClaimOutcome::Duplicate);
+        }
+        let out = self.inner.claim(key, meta).await?;
+        if out == ClaimOutcome::Claimed {
+            self.claimed.push(*key);
+        }
+        Ok(out)
+    }
+
+    async fn claim_batch(
+        &mut self,
+        items: &[(IdempotencyKey, ClaimMeta)],
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let keys: Vec<IdempotencyKey> = items.iter().map(|(k, _)| *k).collect();
+        let seen = lookup(&*self.filter, &self.stats, &keys).await;
+        let misses: Vec<(IdempotencyKey, ClaimMeta)> = items
+            .iter()
+            .zip(&seen)
+            .filter(|(_, s)| !**s)
+            .map(|(i, _)| i.clone())
+            .collect();
+        let mut inner = if misses.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.inner.claim_batch(&misses).await?.into_iter()
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for ((key, _), hit) in items.iter().zip(seen) {
+            if hit {
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                out.push(ClaimOutcome::Duplicate);
+            } else {
+                let o = inner.next().ok_or_else(|| {
+                    StoreError::other("inner claim_batch returned too few outcomes", false)
+                })?;
+                if o == ClaimOutcome::Claimed {
+                    self.claimed.push(*key);
+                }
+                out.push(o);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn commit(self) -> Result<(), StoreError> {
+        self.inner.commit().await?;
+        // Only now is the key durably done; a failed mark is a cache miss later, nothing more.
+        if !self.claimed.is_empty() && self.filter.mark_done(&self.claimed).await.is_err() {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        self.inner.rollback().await
+    }
+}
+
+#[async_trait]
+impl<T, F> OutboxWriter for FilteredTx<T, F>
+where
+    T: OutboxWriter,
+    F: DoneFilter + 'static,
+{
+    async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
+        self.inner.enqueue(event).await
+    }
+}

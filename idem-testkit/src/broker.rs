@@ -1,0 +1,288 @@
+//! A simulated at-least-once broker: unacked deliveries come back, nack requeues, acks can
+//! be "lost" (the broker redelivers anyway), a dead-letter queue, deterministic from a seed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    AckError, AckProof, Acker, Delivery, Headers, OutboxEvent, PublishError, Publisher,
+    RejectReason,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A message held by the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimMessage {
+    /// The broker's own id (not the idempotency key: a republish gets a new one).
+    pub id: u64,
+    /// The body.
+    pub payload: Vec<u8>,
+    /// The headers.
+    pub headers: Headers,
+    /// How many times it has been delivered.
+    pub deliveries: u32,
+}
+
+/// Counters of a [`SimBroker`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BrokerStats {
+    /// Messages published.
+    pub published: u64,
+    /// Deliveries handed out (first deliveries and redeliveries).
+    pub deliveries: u64,
+    /// Deliveries that were redeliveries.
+    pub redeliveries: u64,
+    /// Acks received.
+    pub acks: u64,
+    /// Acks the broker "lost" on purpose (the message was redelivered anyway).
+    pub acks_lost: u64,
+    /// Nacks received.
+    pub nacks: u64,
+    /// Deliveries dropped unsettled (a crashed consumer) and requeued.
+    pub abandoned: u64,
+    /// Messages dead-lettered.
+    pub dead_lettered: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    ready: VecDeque<SimMessage>,
+    in_flight: HashMap<u64, SimMessage>,
+    dead: Vec<(SimMessage, RejectReason)>,
+    published_events: Vec<OutboxEvent>,
+    rng: StdRng,
+    redelivery_rate: f64,
+    next_id: u64,
+    next_tag: u64,
+    stats: BrokerStats,
+}
+
+/// The simulated broker. Clones share one queue.
+///
+/// - [`receive`](SimBroker::receive) hands out the next ready message as a [`Delivery`]
+///   whose [`SimAcker`] settles it.
+/// - An ack removes the message — except that with probability `redelivery_rate` the ack
+///   is "lost" and the message is redelivered (the at-least-once duplicate).
+/// - A nack, or an acker dropped unsettled (a crash), puts the message back at the end
+///   of the queue: a visibility timeout that elapses at once.
+/// - A dead-letter moves it to [`dead_letters`](SimBroker::dead_letters) with the reason.
+#[derive(Debug, Clone)]
+pub struct SimBroker {
+    state: Arc<Mutex<State>>,
+}
+
+impl SimBroker {
+    /// A broker whose random choices come from `seed`; no acks are lost.
+    pub fn new(seed: u64) -> Self {
+        Self::with_redelivery_rate(seed, 0.0)
+    }
+
+    /// A broker that redelivers an acked message with probability `rate`.
+    pub fn with_redelivery_rate(seed: u64, rate: f64) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State {
+                ready: VecDeque::new(),
+                in_flight: HashMap::new(),
+                dead: Vec::new(),
+                published_events: Vec::new(),
+                rng: StdRng::seed_from_u64(seed),
+                redelivery_rate: rate.clamp(0.0, 1.0),
+                next_id: 0,
+                next_tag: 0,
+                stats: BrokerStats::default(),
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Publishes a message; returns its broker id.
+    pub fn publish(&self, payload: impl Into<Vec<u8>>) -> u64 {
+        self.publish_with_headers(payload, Vec::new())
+    }
+
+    /// Publishes a message with headers.
+    pub fn publish_with_headers(&self, payload: impl Into<Vec<u8>>, headers: Headers) -> u64 {
+        let mut st = self.lock();
+        st.next_id += 1;
+        let id = st.next_id;
+        st.ready.push_back(SimMessage {
+            id,
+            payload: payload.into(),
+            headers,
+            deliveries: 0,
+        });
+        st.stats.published += 1;
+        id
+    }
+
+    /// The next ready message, if any.
+    pub fn receive(&self) -> Option<Delivery<SimAcker>> {
+        let mut st = self.lock();
+        let mut msg = st.ready.pop_front()?;
+        msg.deliveries += 1;
+        st.stats.deliveries += 1;
+        if msg.deliveries > 1 {
+            st.stats.redeliveries += 1;
+        }
+        st.next_tag += 1;
+        let tag = st.next_tag;
+        let delivery = Delivery {
+            payload: msg.payload.clone(),
+            headers: msg.headers.clone(),
+            acker: SimAcker {
+                broker: self.clone(),
+                tag,
+                settled: false,
+            },
+        };
+        st.in_flight.insert(tag, msg);
+        Some(delivery)
+    }
+
+    /// Up to `max` ready messages.
+    pub fn receive_many(&self, max: usize) -> Vec<Delivery<SimAcker>> {
+        std::iter::from_fn(|| self.receive()).take(max).collect()
+    }
+
+    /// Messages waiting to be delivered.
+    pub fn ready_len(&self) -> usize {
+        self.lock().ready.len()
+    }
+
+    /// Deliveries handed out and not settled.
+    pub fn in_flight_len(&self) -> usize {
+        self.lock().in_flight.len()
+    }
+
+    /// Nothing ready and nothing in flight: every delivery was settled.
+    pub fn is_settled(&self) -> bool {
+        let st = self.lock();
+        st.ready.is_empty() && st.in_flight.is_empty()
+    }
+
+    /// The dead-lettered messages with their reasons.
+    pub fn dead_letters(&self) -> Vec<(SimMessage, RejectReason)> {
+        self.lock().dead.clone()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> BrokerStats {
+        self.lock().stats
+    }
+
+    /// Events received through the [`Publisher`] implementation.
+    pub fn published_events(&self) -> Vec<OutboxEvent> {
+        self.lock().published_events.clone()
+    }
+
+    fn settle(&self, tag: u64, how: Settlement) {
+        let mut st = self.lock();
+        let Some(msg) = st.in_flight.remove(&tag) else {
+            return;
+        };
+        match how {
+            Settlement::Ack => {
+                st.stats.acks += 1;
+                let rate = st.redelivery_rate;
+                if rate > 0.0 && st.rng.gen_bool(rate) {
+                    st.stats.acks_lost += 1;
+                    st.ready.push_back(msg);
+                }
+            }
+            Settlement::Nack => {
+                st.stats.nacks += 1;
+                st.ready.push_back(msg);
+            }
+            Settlement::Abandon => {
+                st.stats.abandoned += 1;
+                st.ready.push_back(msg);
+            }
+            Settlement::Dead(reason) => {
+                st.stats.dead_lettered += 1;
+                st.dead.push((msg, reason));
+            }
+        }
+    }
+}
+
+enum Settlement {
+    Ack,
+    Nack,
+    Abandon,
+    Dead(RejectReason),
+}
+
+/// Settles one [`SimBroker`] delivery. Dropping it unsettled is a crash: the message
+/// comes back.
+#[derive(Debug)]
+pub struct SimAcker {
+    broker: SimBroker,
+    tag: u64,
+    settled: bool,
+}
+
+impl SimAcker {
+    fn finish(mut self, how: Settlement) {
+        self.settled = true;
+        self.broker.settle(self.tag, how);
+    }
+}
+
+impl Drop for SimAcker {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.broker.settle(self.tag, Settlement::Abandon);
+        }
+    }
+}
+
+#[async_trait]
+impl Acker for SimAcker {
+    async fn ack(self, _proof: AckProof) -> Result<(), AckError> {
+        self.finish(Settlement::Ack);
+        Ok(())
+    }
+
+    async fn nack(self, _delay: Option<Duration>) -> Result<(), AckError> {
+        self.finish(Settlement::Nack);
+        Ok(())
+    }
+
+    async fn dead_letter(
+        self,
+        _payload: &[u8],
+        _headers: &Headers,
+        reason: &RejectReason,
+    ) -> Result<(), AckError> {
+        self.finish(Settlement::Dead(reason.clone()));
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Publisher for SimBroker {
+    async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
+        let mut st = self.lock();
+        st.published_events.extend_from_slice(events);
+        for ev in events {
+            st.next_id += 1;
+            let id = st.next_id;
+            st.ready.push_back(SimMessage {
+                id,
+                payload: ev.payload.clone(),
+                headers: ev.headers(),
+                deliveries: 0,
+            });
+            st.stats.published += 1;
+        }
+        Ok(())
+    }
+}

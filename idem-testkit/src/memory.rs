@@ -1,0 +1,413 @@
+//! An in-memory transactional store: the reference implementation of the claim contract,
+//! always available, so property tests run with nothing installed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent,
+    OutboxWriter, StoreError,
+};
+use tokio::sync::Notify;
+
+/// A business row: column name → value.
+pub type Row = BTreeMap<String, String>;
+
+/// A committed claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRecord {
+    /// The claim's subject.
+    pub subject: String,
+    /// The commit sequence number (a logical clock).
+    pub committed_seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    claims: HashMap<IdempotencyKey, ClaimRecord>,
+    pending: HashMap<IdempotencyKey, u64>,
+    tables: BTreeMap<String, Vec<Row>>,
+    outbox: Vec<(u64, OutboxEvent, bool)>,
+    outbox_locked: HashSet<u64>,
+    seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    released: Notify,
+    next_tx: AtomicU64,
+    fail_outbox: AtomicBool,
+    lock_timeout: Mutex<Option<Duration>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panicking test thread may poison the lock; the state itself stays consistent
+        // because every mutation is a single step under the lock.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The in-memory store. Clones share one database.
+///
+/// Claims behave as Postgres's unique index does: a second claim of a key held by an open
+/// transaction waits until that transaction commits (→ `Duplicate`) or rolls back
+/// (→ `Claimed`), or answers `InProgress` after the optional lock timeout.
+///
+/// ```
+/// # tokio_test();
+/// # fn tokio_test() { tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+/// use idem_testkit::MemoryStore;
+///
+/// let store = MemoryStore::new();
+/// let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").unwrap();
+/// let mut tx = store.begin().await.unwrap();
+/// assert_eq!(tx.claim(&key, &ClaimMeta::new("A-1")).await.unwrap(), ClaimOutcome::Claimed);
+/// tx.commit().await.unwrap();
+/// let mut tx = store.begin().await.unwrap();
+/// assert_eq!(tx.claim(&key, &ClaimMeta::new("A-1")).await.unwrap(), ClaimOutcome::Duplicate);
+/// # }) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Answers `InProgress` when a key stays held by another transaction for `timeout`.
+    #[must_use]
+    pub fn with_lock_timeout(self, timeout: Duration) -> Self {
+        if let Ok(mut t) = self.shared.lock_timeout.lock() {
+            *t = Some(timeout);
+        }
+        self
+    }
+
+    /// From now on, every outbox insert fails (to test that the whole transaction rolls
+    /// back with it).
+    pub fn fail_outbox_inserts(&self, fail: bool) {
+        self.shared.fail_outbox.store(fail, Ordering::SeqCst);
+    }
+
+    /// The committed claim of `key`.
+    pub fn claim_record(&self, key: &IdempotencyKey) -> Option<ClaimRecord> {
+        self.shared.lock().claims.get(key).cloned()
+    }
+
+    /// How many claims are committed.
+    pub fn claim_count(&self) -> usize {
+        self.shared.lock().claims.len()
+    }
+
+    /// The committed rows of `table`.
+    pub fn rows(&self, table: &str) -> Vec<Row> {
+        self.shared
+            .lock()
+            .tables
+            .get(table)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Every committed outbox event with whether it has been published.
+    pub fn outbox(&self) -> Vec<(OutboxEvent, bool)> {
+        self.shared
+            .lock()
+            .outbox
+            .iter()
+            .map(|(_, e, p)| (e.clone(), *p))
+            .collect()
+    }
+
+    /// How many transactions hold claims right now.
+    pub fn open_claims(&self) -> usize {
+        self.shared.lock().pending.len()
+    }
+}
+
+/// A transaction of a [`MemoryStore`]: writes are staged and vanish on rollback or drop.
+#[derive(Debug)]
+pub struct MemoryTx {
+    shared: Arc<Shared>,
+    id: u64,
+    claimed: Vec<(IdempotencyKey, String)>,
+    rows: Vec<(String, Row)>,
+    outbox: Vec<OutboxEvent>,
+    finished: bool,
+}
+
+impl MemoryTx {
+    /// Stages a business row in `table`.
+    pub fn insert(&mut self, table: &str, row: Row) {
+        self.rows.push((table.to_owned(), row));
+    }
+
+    fn release(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let mut st = self.shared.lock();
+        for (k, _) in &self.claimed {
+            if st.pending.get(k) == Some(&self.id) {
+                st.pending.remove(k);
+            }
+        }
+        drop(st);
+        self.shared.released.notify_waiters();
+    }
+}
+
+impl Drop for MemoryTx {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[async_trait]
+impl ClaimStore for MemoryStore {
+    type Tx = MemoryTx;
+
+    async fn begin(&self) -> Result<MemoryTx, StoreError> {
+        Ok(MemoryTx {
+            shared: self.shared.clone(),
+            id: self.shared.next_tx.fetch_add(1, Ordering::Relaxed) + 1,
+            claimed: Vec::new(),
+            rows: Vec::new(),
+            outbox: Vec::new(),
+            finished: false,
+        })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::TRANSACTIONAL
+    }
+}
+
+impl MemoryTx {
+    fn try_claim(&mut self, key: &IdempotencyKey, meta: &ClaimMeta) -> Option<ClaimOutcome> {
+        let mut st = self.shared.lock();
+        if st.claims.contains_key(key) {
+            return Some(ClaimOutcome::Duplicate);
+        }
+        match st.pending.get(key) {
+            Some(&owner) if owner == self.id => Some(ClaimOutcome::Duplicate),
+            Some(_) => None,
+            None => {
+                st.pending.insert(*key, self.id);
+                drop(st);
+                self.claimed.push((*key, meta.subject.clone()));
+                Some(ClaimOutcome::Claimed)
+            }
+        }
+    }
+
+    async fn claim_waiting(&mut self, key: &IdempotencyKey, meta: &ClaimMeta) -> ClaimOutcome {
+        let shared = self.shared.clone();
+        loop {
+            let notified = shared.released.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(out) = self.try_claim(key, meta) {
+                return out;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[async_trait]
+impl ClaimTx for MemoryTx {
+    async fn claim(
+        &mut self,
+        key: &IdempotencyKey,
+        meta: &ClaimMeta,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if self.finished {
+            return Err(StoreError::other("transaction already finished", false));
+        }
+        let timeout = self.shared.lock_timeout.lock().ok().and_then(|t| *t);
+        match timeout {
+            None => Ok(self.claim_waiting(key, meta).await),
+            Some(t) => match tokio::time::timeout(t, self.claim_waiting(key, meta)).await {
+                Ok(out) => Ok(out),
+                Err(_) => Ok(ClaimOutcome::InProgress),
+            },
+        }
+    }
+
+    async fn commit(mut self) -> Result<(), StoreError> {
+        if self.finished {
+            return Err(StoreError::other("transaction already finished", false));
+        }
+        {
+            let mut st = self.shared.lock();
+            st.seq += 1;
+            let seq = st.seq;
+            for (k, subject) in &self.claimed {
+                st.pending.remove(k);
+                st.claims.insert(
+                    *k,
+                    ClaimRecord {
+                        subject: subject.clone(),
+                        committed_seq: seq,
+                    },
+                );
+            }
+            for (table, row) in self.rows.drain(..) {
+                st.tables.entry(table).or_default().push(row);
+            }
+            for ev in self.outbox.drain(..) {
+                st.seq += 1;
+                let s = st.seq;
+                st.outbox.push((s, ev, false));
+            }
+        }
+        self.finished = true;
+        self.shared.released.notify_waiters();
+        Ok(())
+    }
+
+    async fn rollback(mut self) -> Result<(), StoreError> {
+        self.release();
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl OutboxWriter for MemoryTx {
+    async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
+        if self.shared.fail_outbox.load(Ordering::SeqCst) {
+            return Err(StoreError::Rejected {
+                message: "outbox insert refused (injected)".into(),
+                source: None,
+            });
+        }
+        if !self.outbox.iter().any(|e| e.event_id == event.event_id) {
+            self.outbox.push(event.clone());
+        }
+        Ok(())
+    }
+}
+
+/// A relay source over a [`MemoryStore`]'s outbox (for relay tests without a database).
+#[derive(Debug, Clone)]
+pub struct MemoryOutbox {
+    store: MemoryStore,
+    poll: Duration,
+}
+
+impl MemoryOutbox {
+    /// A source that polls every `poll` when idle.
+    pub fn new(store: MemoryStore, poll: Duration) -> Self {
+        Self { store, poll }
+    }
+}
+
+/// A leased batch of a [`MemoryOutbox`].
+#[derive(Debug)]
+pub struct MemoryOutboxBatch {
+    shared: Arc<Shared>,
+    seqs: Vec<u64>,
+    events: Vec<OutboxEvent>,
+    done: bool,
+}
+
+impl MemoryOutboxBatch {
+    fn unlock(&mut self, publish: bool) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let mut st = self.shared.lock();
+        for s in &self.seqs {
+            st.outbox_locked.remove(s);
+        }
+        if publish {
+            for row in st.outbox.iter_mut() {
+                if self.seqs.contains(&row.0) {
+                    row.2 = true;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for MemoryOutboxBatch {
+    fn drop(&mut self) {
+        self.unlock(false);
+    }
+}
+
+#[async_trait]
+impl idem_core::OutboxBatch for MemoryOutboxBatch {
+    fn events(&self) -> &[OutboxEvent] {
+        &self.events
+    }
+
+    async fn mark_published(mut self) -> Result<(), StoreError> {
+        self.unlock(true);
+        Ok(())
+    }
+
+    async fn release(mut self) -> Result<(), StoreError> {
+        self.unlock(false);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl idem_core::OutboxSource for MemoryOutbox {
+    type Batch = MemoryOutboxBatch;
+
+    async fn lease(&self, max: usize) -> Result<MemoryOutboxBatch, StoreError> {
+        let shared = self.store.shared.clone();
+        let mut st = shared.lock();
+        let mut blocked: HashSet<String> = HashSet::new();
+        let mut seqs = Vec::new();
+        let mut events = Vec::new();
+        for (seq, ev, published) in &st.outbox {
+            if *published {
+                continue;
+            }
+            // A subject with an earlier event held elsewhere waits: order per subject.
+            if st.outbox_locked.contains(seq) {
+                blocked.insert(ev.subject.clone());
+                continue;
+            }
+            if blocked.contains(&ev.subject) || seqs.len() >= max {
+                blocked.insert(ev.subject.clone());
+                continue;
+            }
+            seqs.push(*seq);
+            events.push(ev.clone());
+        }
+        for s in &seqs {
+            st.outbox_locked.insert(*s);
+        }
+        drop(st);
+        Ok(MemoryOutboxBatch {
+            shared,
+            seqs,
+            events,
+            done: false,
+        })
+    }
+
+    async fn wait(&self) -> Result<(), StoreError> {
+        tokio::time::sleep(self.poll).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,228 @@
+//! A driver that runs a whole schedule — deliveries, redeliveries, crashes at every
+//! point — through a gate on any store, and checks the exactly-once property.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use idem_core::{ClaimStore, Delivery, Gate, Handler, Outcome, OutcomeKind};
+use tokio::task::JoinSet;
+
+use crate::broker::{BrokerStats, SimAcker, SimBroker};
+use crate::fault::{CrashPoint, FaultPlan, FaultyAcker, FaultyHandler, FaultyStore, InjectedCrash};
+use crate::harness::{encode_submission, EffectHandler, EffectHandlerFor, TestStore};
+use crate::ledger::Ledger;
+
+/// How the driver takes deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Tasks in flight at once.
+    pub concurrency: usize,
+    /// Deliveries per task (a batch transaction above one).
+    pub batch_size: usize,
+    /// Gives up (an error) after this many deliveries: a schedule that never settles.
+    pub max_deliveries: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 4,
+            batch_size: 1,
+            max_deliveries: 1_000_000,
+        }
+    }
+}
+
+/// What a driven run did.
+#[derive(Debug, Clone, Default)]
+pub struct SimReport {
+    /// Outcomes by kind (a crashed task's deliveries have none).
+    pub outcomes: BTreeMap<OutcomeKind, u64>,
+    /// Tasks that crashed.
+    pub crashed_tasks: u64,
+    /// Injected crashes by point.
+    pub crashes: BTreeMap<CrashPoint, u64>,
+    /// The broker's counters.
+    pub broker: BrokerStats,
+    /// Settlements that returned an error.
+    pub settle_failures: u64,
+}
+
+impl SimReport {
+    /// The count of one outcome kind.
+    pub fn count(&self, kind: OutcomeKind) -> u64 {
+        self.outcomes.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// All injected crashes.
+    pub fn total_crashes(&self) -> u64 {
+        self.crashes.values().sum()
+    }
+}
+
+/// Runs `gate` over `broker` until every delivery is settled.
+///
+/// Each batch runs in its own task with its ackers wrapped in [`FaultyAcker`]s of `plan`;
+/// an injected crash ends only that task (its transaction rolls back and its deliveries
+/// come back). Other panics propagate.
+///
+/// # Errors
+/// When the run passes `config.max_deliveries` without settling.
+pub async fn drive<S, H>(
+    gate: Arc<Gate<S, H>>,
+    broker: &SimBroker,
+    plan: &Arc<FaultPlan>,
+    config: &SimConfig,
+    observe: impl Fn(&Outcome),
+) -> Result<SimReport, String>
+where
+    S: ClaimStore + 'static,
+    H: Handler<S::Tx> + 'static,
+{
+    let mut report = SimReport::default();
+    let mut tasks: JoinSet<Vec<Outcome>> = JoinSet::new();
+    let concurrency = config.concurrency.max(1);
+    let batch_size = config.batch_size.max(1);
+    loop {
+        while tasks.len() < concurrency {
+            let batch: Vec<Delivery<FaultyAcker<SimAcker>>> = broker
+                .receive_many(batch_size)
+                .into_iter()
+                .map(|d| Delivery {
+                    payload: d.payload,
+                    headers: d.headers,
+                    acker: FaultyAcker::new(d.acker, plan.clone()),
+                })
+                .collect();
+            if batch.is_empty() {
+                break;
+            }
+            let gate = gate.clone();
+            tasks.spawn(async move {
+                if batch.len() == 1 {
+                    let mut batch = batch;
+                    match batch.pop() {
+                        Some(d) => vec![gate.process(d).await],
+                        None => Vec::new(),
+                    }
+                } else {
+                    gate.process_batch(batch).await
+                }
+            });
+        }
+        let Some(joined) = tasks.join_next().await else {
+            if broker.ready_len() == 0 {
+                break;
+            }
+            continue;
+        };
+        match joined {
+            Ok(outcomes) => {
+                for o in &outcomes {
+                    *report.outcomes.entry(o.kind()).or_insert(0) += 1;
+                    if o.settle_error().is_some() {
+                        report.settle_failures += 1;
+                    }
+                    observe(o);
+                }
+            }
+            Err(e) if e.is_panic() => {
+                let payload = e.into_panic();
+                if payload.downcast_ref::<InjectedCrash>().is_some() {
+                    report.crashed_tasks += 1;
+                } else {
+                    std::panic::resume_unwind(payload);
+                }
+            }
+            Err(e) => return Err(format!("task failed: {e}")),
+        }
+        if broker.stats().deliveries > config.max_deliveries {
+            tasks.abort_all();
+            return Err(format!(
+                "no convergence after {} deliveries ({} ready)",
+                config.max_deliveries,
+                broker.ready_len()
+            ));
+        }
+    }
+    report.broker = broker.stats();
+    report.crashes = plan.crashes().into_iter().collect();
+    Ok(report)
+}
+
+/// One schedule of the exactly-once property.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// Submissions as (subject, timestamp, amount); repeats are duplicate submissions.
+    pub submissions: Vec<(String, String, i64)>,
+    /// Poison messages to mix in.
+    pub poison: usize,
+    /// Probability that the broker redelivers an acked message.
+    pub redelivery_rate: f64,
+    /// Crashes: the nth time each point is reached.
+    pub crashes: Vec<(CrashPoint, u64)>,
+    /// Tasks in flight.
+    pub concurrency: usize,
+    /// Deliveries per transaction.
+    pub batch_size: usize,
+    /// Seed of the broker and of the commit coin.
+    pub seed: u64,
+}
+
+/// Runs `case` against `store` and checks the property: every distinct valid submission
+/// has exactly one effect, every poison message is dead-lettered, every delivery settled.
+///
+/// # Errors
+/// A description of what was violated.
+pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<SimReport, String> {
+    let broker = SimBroker::with_redelivery_rate(case.seed, case.redelivery_rate);
+    let mut ledger = Ledger::new();
+    for (i, (subject, ts, amount)) in case.submissions.iter().enumerate() {
+        let body = encode_submission(subject, ts, *amount);
+        let sub = EffectHandler::parse(&body)
+            .map_err(|e| format!("case generator made bad input: {e}"))?;
+        ledger.expect(sub.key, subject.clone(), *amount);
+        broker.publish(body);
+        if i % 3 == 0 && i / 3 < case.poison {
+            broker.publish(format!("poison-{i}").into_bytes());
+        }
+    }
+    let poison_published = case.poison.min(case.submissions.len().div_ceil(3));
+    let plan = FaultPlan::scripted(case.crashes.iter().copied(), case.seed);
+    let gate = Arc::new(Gate::new(
+        FaultyStore::new(store.clone(), plan.clone()),
+        FaultyHandler::new(EffectHandlerFor::<S>::new(), plan.clone()),
+    ));
+    let config = SimConfig {
+        concurrency: case.concurrency,
+        batch_size: case.batch_size,
+        max_deliveries: 200 + 50 * case.submissions.len() as u64,
+    };
+    let report = drive(gate, &broker, &plan, &config, |_| {}).await?;
+    if !broker.is_settled() {
+        return Err(format!(
+            "unsettled: {} ready, {} in flight",
+            broker.ready_len(),
+            broker.in_flight_len()
+        ));
+    }
+    let dead = broker.dead_letters().len();
+    if dead != poison_published {
+        return Err(format!(
+            "{dead} dead letters for {poison_published} poison messages"
+        ));
+    }
+    let effects = store.effects().await.map_err(|e| e.to_string())?;
+    let violations = ledger.violations(&effects);
+    if !violations.is_empty() {
+        return Err(format!(
+            "exactly-once violated: {}",
+            violations
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    Ok(report)
+}
