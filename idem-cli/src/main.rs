@@ -1,1 +1,75 @@
-fn main() {}
+//! `idem`: the command for people who run exactly-once consumers.
+//!
+//! Subcommands: `key`, `demo`, `migrate`, `consume`, `relay`, `publish`, `purge`,
+//! `inspect` — see `idem --help` and DESIGN.md's command contract. Bad input gets a
+//! one-line error and exit status 2; a failed run exits 1.
+
+mod cmd;
+mod error;
+mod stores;
+
+use clap::{Parser, Subcommand};
+
+pub(crate) use error::CliError;
+
+/// Exactly-once effect for at-least-once consumers.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about, propagate_version = true)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = cmd::LogFormat::Text)]
+    log_format: cmd::LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Derives a submission's idempotency key (payload from FILE or stdin).
+    Key(cmd::key::Args),
+    /// Runs the grant pipeline over a simulated at-least-once broker and checks exactly-once.
+    Demo(cmd::demo::Args),
+    /// Creates or updates the store's tables.
+    Migrate(cmd::migrate::Args),
+    /// Consumes submissions from a broker into a store.
+    Consume(cmd::consume::Args),
+    /// Publishes committed outbox events to a broker.
+    Relay(cmd::relay::Args),
+    /// Publishes each line of a file as one message, unvalidated.
+    Publish(cmd::publish::Args),
+    /// Deletes dedup records and published outbox rows older than a cutoff.
+    Purge(cmd::purge::Args),
+    /// Shows whether a key or award was processed, when, and its outbox events.
+    Inspect(cmd::inspect::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    cmd::init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("idem: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Key(a) => cmd::key::run(a).await,
+            Command::Demo(a) => cmd::demo::run(a).await,
+            Command::Migrate(a) => cmd::migrate::run(a).await,
+            Command::Consume(a) => cmd::consume::run(a).await,
+            Command::Relay(a) => cmd::relay::run(a).await,
+            Command::Publish(a) => cmd::publish::run(a).await,
+            Command::Purge(a) => cmd::purge::run(a).await,
+            Command::Inspect(a) => cmd::inspect::run(a).await,
+        }
+    });
+    if let Err(e) = result {
+        eprintln!("idem: {e}");
+        std::process::exit(e.exit_code());
+    }
+}

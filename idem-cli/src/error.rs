@@ -1,0 +1,55 @@
+//! The command's errors: bad input exits 2, a failure exits 1.
+
+use idem_core::StoreError;
+
+/// A command's failure.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CliError {
+    /// Bad input (arguments, files, URLs): exit status 2.
+    #[error("{0}")]
+    Usage(String),
+    /// The run failed (a store or broker error, a violated check): exit status 1.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl CliError {
+    pub(crate) fn usage(msg: impl Into<String>) -> Self {
+        Self::Usage(msg.into())
+    }
+
+    pub(crate) fn failed(msg: impl Into<String>) -> Self {
+        Self::Failed(msg.into())
+    }
+
+    pub(crate) fn exit_code(&self) -> i32 {
+        match self {
+            Self::Usage(_) => 2,
+            Self::Failed(_) => 1,
+        }
+    }
+}
+
+impl From<StoreError> for CliError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Config(m) => Self::Usage(m),
+            other => Self::Failed(error_chain(&other)),
+        }
+    }
+}
+
+/// An error and its sources on one line.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let t = src.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = src.source();
+    }
+    s
+}

@@ -1,0 +1,1 @@
+//! Opening stores from URLs.

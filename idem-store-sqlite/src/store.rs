@@ -1,0 +1,325 @@
+//! The SQLite claim store.
+
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use idem_core::{
+    Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent,
+    OutboxWriter, StoreError,
+};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, Transaction};
+
+use crate::config::SqliteConfig;
+use crate::error::map;
+
+const MIGRATION: &str = include_str!("../migrations/0001_init.sql");
+
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// The embedded store. Clones share one connection pool.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+/// A committed claim, as `idem inspect` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRow {
+    /// The key.
+    pub idempotency_key: String,
+    /// The award (subject) id.
+    pub award_id: Option<String>,
+    /// When it was claimed (UTC, ISO 8601).
+    pub claimed_at: String,
+}
+
+/// An outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    /// The deterministic event id.
+    pub event_id: String,
+    /// The event type.
+    pub event_type: String,
+    /// The key of the submission that caused it.
+    pub idempotency_key: String,
+    /// When it was written.
+    pub created_at: String,
+    /// When the relay published it.
+    pub published_at: Option<String>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `path` — a file path or a
+    /// `sqlite://PATH` URL — in WAL mode.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the file cannot be opened.
+    pub async fn open(path: &str, config: SqliteConfig) -> Result<Self, StoreError> {
+        let path = path
+            .strip_prefix("sqlite://")
+            .or_else(|| path.strip_prefix("sqlite:"))
+            .unwrap_or(path);
+        if path.is_empty() {
+            return Err(StoreError::Config(
+                "an SQLite store needs a file path (sqlite://PATH)".into(),
+            ));
+        }
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
+            .map_err(|e| StoreError::Config(format!("invalid SQLite path {path:?}: {e}")))?
+            .create_if_missing(config.create_if_missing)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(config.busy_timeout)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(config.max_connections.max(1))
+            .connect_with(options)
+            .await
+            .map_err(|e| map("opening the SQLite database", e))?;
+        Ok(Self { pool })
+    }
+
+    /// Wraps an existing pool.
+    pub fn from_pool(pool: SqlitePool) -> Self {
+        Self { pool }
+    }
+
+    /// The pool, for the application's own queries.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Creates the tables if they are missing. Idempotent.
+    ///
+    /// # Errors
+    /// A store error if the DDL fails.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::raw_sql(MIGRATION)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map("migrating", e))?;
+        Ok(())
+    }
+
+    /// The committed claim of `key`.
+    ///
+    /// # Errors
+    /// A store error if the query fails.
+    pub async fn claim_of(&self, key: &IdempotencyKey) -> Result<Option<ClaimRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT idempotency_key, award_id, claimed_at FROM processed_messages WHERE idempotency_key = ?",
+        )
+        .bind(key.to_hex())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| map("reading a claim", e))?;
+        Ok(row.map(|r| claim_row(&r)))
+    }
+
+    /// Every committed claim of `award_id`, oldest first.
+    ///
+    /// # Errors
+    /// A store error if the query fails.
+    pub async fn claims_of_subject(&self, award_id: &str) -> Result<Vec<ClaimRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT idempotency_key, award_id, claimed_at FROM processed_messages WHERE award_id = ? ORDER BY claimed_at",
+        )
+        .bind(award_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| map("reading claims", e))?;
+        Ok(rows.iter().map(claim_row).collect())
+    }
+
+    /// The outbox rows caused by `key`.
+    ///
+    /// # Errors
+    /// A store error if the query fails.
+    pub async fn outbox_of(&self, key: &IdempotencyKey) -> Result<Vec<OutboxRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT event_id, event_type, idempotency_key, created_at, published_at FROM outbox WHERE idempotency_key = ? ORDER BY id",
+        )
+        .bind(key.to_hex())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| map("reading the outbox", e))?;
+        Ok(rows
+            .iter()
+            .map(|r| OutboxRow {
+                event_id: r.get(0),
+                event_type: r.get(1),
+                idempotency_key: r.get(2),
+                created_at: r.get(3),
+                published_at: r.get(4),
+            })
+            .collect())
+    }
+
+    /// `SELECT count(*)` of a table this store owns or the caller names; `table` must be
+    /// a plain identifier.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for an invalid name, a store error if the query fails.
+    pub async fn count(&self, table: &str) -> Result<i64, StoreError> {
+        let table = identifier(table)?;
+        sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM \"{table}\""))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| map("counting rows", e))
+    }
+}
+
+/// Validates a plain SQL identifier.
+///
+/// # Errors
+/// [`StoreError::Config`] unless it matches `[A-Za-z_][A-Za-z0-9_]{0,62}`.
+pub(crate) fn identifier(name: &str) -> Result<&str, StoreError> {
+    let mut chars = name.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 63;
+    if ok {
+        Ok(name)
+    } else {
+        Err(StoreError::Config(format!(
+            "{name:?} is not a valid SQL identifier"
+        )))
+    }
+}
+
+fn claim_row(r: &sqlx::sqlite::SqliteRow) -> ClaimRow {
+    ClaimRow {
+        idempotency_key: r.get(0),
+        award_id: r.get(1),
+        claimed_at: r.get(2),
+    }
+}
+
+/// A claim transaction (`BEGIN IMMEDIATE`). The handler writes its business rows through
+/// [`conn`](SqliteTx::conn). Dropping it without commit rolls back.
+#[derive(Debug)]
+pub struct SqliteTx {
+    tx: Transaction<'static, Sqlite>,
+}
+
+impl SqliteTx {
+    /// The transaction's connection, for business writes.
+    pub fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+#[async_trait]
+impl ClaimStore for SqliteStore {
+    type Tx = SqliteTx;
+
+    async fn begin(&self) -> Result<SqliteTx, StoreError> {
+        let tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| map("beginning a transaction", e))?;
+        Ok(SqliteTx { tx })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::TRANSACTIONAL
+    }
+}
+
+#[async_trait]
+impl ClaimTx for SqliteTx {
+    async fn claim(
+        &mut self,
+        key: &IdempotencyKey,
+        meta: &ClaimMeta,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let done = sqlx::query(&format!(
+            "INSERT INTO processed_messages (idempotency_key, award_id, claimed_at) VALUES (?, ?, {NOW}) \
+             ON CONFLICT (idempotency_key) DO NOTHING"
+        ))
+        .bind(key.to_hex())
+        .bind(&meta.subject)
+        .execute(&mut *self.tx)
+        .await
+        .map_err(|e| map("claiming a key", e))?;
+        Ok(if done.rows_affected() == 1 {
+            ClaimOutcome::Claimed
+        } else {
+            ClaimOutcome::Duplicate
+        })
+    }
+
+    async fn claim_batch(
+        &mut self,
+        items: &[(IdempotencyKey, ClaimMeta)],
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let mut out = Vec::with_capacity(items.len());
+        // SQLite allows 32766 bound variables; 2 per row, so chunk well below that.
+        for chunk in items.chunks(4000) {
+            let mut sql = String::from(
+                "INSERT INTO processed_messages (idempotency_key, award_id, claimed_at) VALUES ",
+            );
+            for i in 0..chunk.len() {
+                if i > 0 {
+                    sql.push(',');
+                }
+                sql.push_str("(?, ?, ");
+                sql.push_str(NOW);
+                sql.push(')');
+            }
+            sql.push_str(" ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key");
+            let mut q = sqlx::query(&sql);
+            for (key, meta) in chunk {
+                q = q.bind(key.to_hex()).bind(meta.subject.clone());
+            }
+            let rows = q
+                .fetch_all(&mut *self.tx)
+                .await
+                .map_err(|e| map("claiming a batch", e))?;
+            let mut claimed: std::collections::HashSet<String> =
+                rows.iter().map(|r| r.get::<String, _>(0)).collect();
+            for (key, _) in chunk {
+                // The first occurrence of a returned key is the claim; repeats are duplicates.
+                out.push(if claimed.remove(&key.to_hex()) {
+                    ClaimOutcome::Claimed
+                } else {
+                    ClaimOutcome::Duplicate
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn commit(self) -> Result<(), StoreError> {
+        self.tx.commit().await.map_err(|e| map("committing", e))
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        self.tx.rollback().await.map_err(|e| map("rolling back", e))
+    }
+}
+
+#[async_trait]
+impl OutboxWriter for SqliteTx {
+    async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
+        let payload = std::str::from_utf8(&event.payload).map_err(|_| StoreError::Rejected {
+            message: "outbox payload is not UTF-8 JSON".into(),
+            source: None,
+        })?;
+        sqlx::query(&format!(
+            "INSERT INTO outbox (event_id, event_type, subject, idempotency_key, payload, created_at) \
+             VALUES (?, ?, ?, ?, ?, {NOW}) ON CONFLICT (event_id) DO NOTHING"
+        ))
+        .bind(event.event_id.to_string())
+        .bind(&event.event_type)
+        .bind(&event.subject)
+        .bind(event.idempotency_key.to_hex())
+        .bind(payload)
+        .execute(&mut *self.tx)
+        .await
+        .map_err(|e| map("writing an outbox event", e))?;
+        Ok(())
+    }
+}
