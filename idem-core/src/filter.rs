@@ -85,6 +85,11 @@ impl<S: ClaimStore, F: DoneFilter> Filtered<S, F> {
     pub fn stats(&self) -> &FilterStats {
         &self.stats
     }
+
+    /// A shared handle on the counters, to read them while the store is in use.
+    pub fn stats_handle(&self) -> Arc<FilterStats> {
+        self.stats.clone()
+    }
 }
 
 /// The transaction of a [`Filtered`] store: the durable transaction plus the keys to mark

@@ -49,6 +49,21 @@ pub trait Handler<Tx: Send>: Send + Sync {
         tx: &mut Tx,
         submission: &Submission<Self::Input>,
     ) -> Result<(), HandlerError>;
+
+    /// Applies the effects of several claimed submissions of one batch, in one
+    /// transaction. The default calls [`handle`](Handler::handle) for each; override it
+    /// to write a batch in a few round trips. An `Err` rolls the whole batch back and the
+    /// gate retries its deliveries one by one.
+    async fn handle_batch(
+        &self,
+        tx: &mut Tx,
+        submissions: &[&Submission<Self::Input>],
+    ) -> Result<(), HandlerError> {
+        for sub in submissions {
+            self.handle(tx, sub).await?;
+        }
+        Ok(())
+    }
 }
 
 /// The coarse kind of an [`Outcome`], for counters and reports.
@@ -495,13 +510,17 @@ where
                 return Err(BatchFailure::Store(e));
             }
         };
-        for (&p, claim) in unique.iter().zip(&claims) {
-            if *claim == ClaimOutcome::Claimed {
-                if let Err(e) = self.handler.handle(&mut tx, &valid[p].2).await {
-                    tracing::debug!(target: "idem::gate", error = %e, "handler failed in a batch; falling back to one by one");
-                    let _ = tx.rollback().await;
-                    return Err(BatchFailure::Handler);
-                }
+        let claimed: Vec<&Submission<H::Input>> = unique
+            .iter()
+            .zip(&claims)
+            .filter(|(_, c)| **c == ClaimOutcome::Claimed)
+            .map(|(&p, _)| &valid[p].2)
+            .collect();
+        if !claimed.is_empty() {
+            if let Err(e) = self.handler.handle_batch(&mut tx, &claimed).await {
+                tracing::debug!(target: "idem::gate", error = %e, "handler failed in a batch; falling back to one by one");
+                let _ = tx.rollback().await;
+                return Err(BatchFailure::Handler);
             }
         }
         match tx.commit().await {

@@ -353,6 +353,18 @@ where
         }
         Ok(())
     }
+
+    async fn handle_batch(
+        &self,
+        tx: &mut FaultyTx<T>,
+        subs: &[&Submission<H::Input>],
+    ) -> Result<(), HandlerError> {
+        self.inner.handle_batch(&mut tx.inner, subs).await?;
+        if self.plan.hit(CrashPoint::AfterHandler) {
+            crash(CrashPoint::AfterHandler);
+        }
+        Ok(())
+    }
 }
 
 /// An acker that crashes before the ack, or "sends" it and loses it.

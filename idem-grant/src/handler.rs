@@ -1,0 +1,156 @@
+//! The disbursement handler.
+
+use async_trait::async_trait;
+use idem_core::{
+    ClaimTx, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent, OutboxWriter,
+    RejectReason, StoreError, Submission,
+};
+
+use crate::submission::{parse_submission, Grant, DEFAULT_MAX_BODY};
+
+/// The type of the outbox event each disbursement writes.
+pub const EVENT_DISBURSEMENT_RECORDED: &str = "disbursement.recorded";
+
+/// A transaction that can record disbursements: the business write of the grant
+/// pipeline, in the claim's transaction.
+///
+/// # Contract
+/// Rows written here commit and roll back with the claim.
+#[async_trait]
+pub trait GrantBook: ClaimTx + OutboxWriter {
+    /// Inserts one `disbursements` row into `table` (an already validated, possibly
+    /// schema-qualified name).
+    async fn record_disbursement(
+        &mut self,
+        table: &str,
+        grant: &Grant,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError>;
+
+    /// Inserts several rows and their outbox events. The default is one statement each;
+    /// stores override it with a few round trips for the whole batch.
+    async fn record_batch(
+        &mut self,
+        table: &str,
+        items: &[(&Grant, &IdempotencyKey)],
+        events: &[OutboxEvent],
+    ) -> Result<(), StoreError> {
+        for (grant, key) in items {
+            self.record_disbursement(table, grant, key).await?;
+        }
+        for ev in events {
+            self.enqueue(ev).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The disbursement handler: one `disbursements` row and one
+/// [`EVENT_DISBURSEMENT_RECORDED`] outbox event carrying `{"award_id": …}` per
+/// submission.
+#[derive(Debug, Clone)]
+pub struct GrantHandler {
+    table: String,
+    max_body: usize,
+}
+
+impl Default for GrantHandler {
+    fn default() -> Self {
+        Self {
+            table: crate::GRANT_TABLE.to_owned(),
+            max_body: DEFAULT_MAX_BODY,
+        }
+    }
+}
+
+impl GrantHandler {
+    /// The handler for the unqualified `disbursements` table and a 1 MiB body limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes to `table` instead — a name the store built and validated (for example
+    /// `"grants"."disbursements"` on Postgres).
+    #[must_use]
+    pub fn with_table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Rejects bodies over `max_body` bytes.
+    #[must_use]
+    pub fn with_max_body(mut self, max_body: usize) -> Self {
+        self.max_body = max_body;
+        self
+    }
+
+    /// The event a disbursement writes.
+    pub fn event(key: &IdempotencyKey, grant: &Grant) -> OutboxEvent {
+        let payload = serde_json::json!({ "award_id": grant.award_id }).to_string();
+        OutboxEvent::new(
+            *key,
+            EVENT_DISBURSEMENT_RECORDED,
+            grant.award_id.clone(),
+            payload,
+        )
+    }
+}
+
+#[async_trait]
+impl<T: GrantBook> Handler<T> for GrantHandler {
+    type Input = Grant;
+
+    fn identify(
+        &self,
+        payload: &[u8],
+        _headers: &Headers,
+    ) -> Result<Submission<Grant>, RejectReason> {
+        parse_submission(payload, self.max_body)
+    }
+
+    async fn handle(&self, tx: &mut T, sub: &Submission<Grant>) -> Result<(), HandlerError> {
+        tx.record_disbursement(&self.table, &sub.input, &sub.key)
+            .await?;
+        tx.enqueue(&Self::event(&sub.key, &sub.input)).await?;
+        Ok(())
+    }
+
+    async fn handle_batch(
+        &self,
+        tx: &mut T,
+        subs: &[&Submission<Grant>],
+    ) -> Result<(), HandlerError> {
+        let items: Vec<(&Grant, &IdempotencyKey)> =
+            subs.iter().map(|s| (&s.input, &s.key)).collect();
+        let events: Vec<OutboxEvent> = subs.iter().map(|s| Self::event(&s.key, &s.input)).collect();
+        tx.record_batch(&self.table, &items, &events).await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<T, F> GrantBook for idem_core::FilteredTx<T, F>
+where
+    T: GrantBook,
+    F: idem_core::DoneFilter + 'static,
+{
+    async fn record_disbursement(
+        &mut self,
+        table: &str,
+        grant: &Grant,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
+        self.inner_mut()
+            .record_disbursement(table, grant, key)
+            .await
+    }
+
+    async fn record_batch(
+        &mut self,
+        table: &str,
+        items: &[(&Grant, &IdempotencyKey)],
+        events: &[OutboxEvent],
+    ) -> Result<(), StoreError> {
+        self.inner_mut().record_batch(table, items, events).await
+    }
+}

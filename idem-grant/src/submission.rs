@@ -1,0 +1,197 @@
+//! The submission wire format.
+
+use idem_core::{IdempotencyKey, RejectReason, Submission};
+use serde_json::Value;
+
+/// The default body size limit: 1 MiB.
+pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+
+/// A parsed grant submission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The award id (the subject of the key).
+    pub award_id: String,
+    /// The submission timestamp, exactly as sent (part of the key).
+    pub submission_timestamp: String,
+    /// The amount to disburse, in cents (non-negative).
+    pub amount_cents: i64,
+}
+
+fn field<'a>(obj: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, RejectReason> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Err(RejectReason::new(
+            "missing_field",
+            format!("`{name}` is missing"),
+        )),
+        Some(Value::String(s)) if s.is_empty() => Err(RejectReason::new(
+            "missing_field",
+            format!("`{name}` is empty"),
+        )),
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(RejectReason::new(
+            "wrong_type",
+            format!("`{name}` must be a string"),
+        )),
+    }
+}
+
+/// Parses a submission body and derives its key from `award_id`, `submission_timestamp`
+/// and the SHA-256 of the *raw body bytes* (so a resubmission with a changed payload gets
+/// a new key).
+///
+/// # Errors
+/// A [`RejectReason`] whose `code` is one of `empty_body`, `too_large`, `not_utf8`,
+/// `not_json`, `not_object`, `missing_field`, `wrong_type`, `not_integer`,
+/// `negative_amount`, `invalid_identity` (an `award_id` containing `|`). The detail never
+/// quotes the payload.
+pub fn parse_submission(body: &[u8], max_body: usize) -> Result<Submission<Grant>, RejectReason> {
+    if body.is_empty() {
+        return Err(RejectReason::new("empty_body", "the body is empty"));
+    }
+    if body.len() > max_body {
+        return Err(RejectReason::new(
+            "too_large",
+            format!(
+                "the body is {} bytes, over the {max_body}-byte limit",
+                body.len()
+            ),
+        ));
+    }
+    let text = std::str::from_utf8(body).map_err(|e| {
+        RejectReason::new(
+            "not_utf8",
+            format!("the body is not UTF-8 (at byte {})", e.valid_up_to()),
+        )
+    })?;
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        RejectReason::new(
+            "not_json",
+            format!(
+                "the body is not JSON (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
+        )
+    })?;
+    let Value::Object(obj) = value else {
+        return Err(RejectReason::new(
+            "not_object",
+            "the body is not a JSON object",
+        ));
+    };
+    let award_id = field(&obj, "award_id")?;
+    let timestamp = field(&obj, "submission_timestamp")?;
+    let amount_cents = match obj.get("amount_cents") {
+        None | Some(Value::Null) => {
+            return Err(RejectReason::new(
+                "missing_field",
+                "`amount_cents` is missing",
+            ));
+        }
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(a) if a < 0 => {
+                return Err(RejectReason::new(
+                    "negative_amount",
+                    "`amount_cents` is negative",
+                ));
+            }
+            Some(a) => a,
+            None if n.is_u64() => {
+                return Err(RejectReason::new(
+                    "not_integer",
+                    "`amount_cents` is out of range",
+                ));
+            }
+            None => {
+                return Err(RejectReason::new(
+                    "not_integer",
+                    "`amount_cents` is not an integer",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(RejectReason::new(
+                "wrong_type",
+                "`amount_cents` must be a number",
+            ))
+        }
+    };
+    let key = IdempotencyKey::derive(award_id, timestamp, body)?;
+    Ok(Submission {
+        key,
+        subject: award_id.to_owned(),
+        input: Grant {
+            award_id: award_id.to_owned(),
+            submission_timestamp: timestamp.to_owned(),
+            amount_cents,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(body: &[u8]) -> &'static str {
+        parse_submission(body, 64).unwrap_err().code
+    }
+
+    #[test]
+    fn every_kind_of_bad_input_has_its_code() {
+        assert_eq!(code(b""), "empty_body");
+        assert_eq!(code(&[b' '; 65]), "too_large");
+        assert_eq!(code(&[0xff, 0xfe]), "not_utf8");
+        assert_eq!(code(b"{not json"), "not_json");
+        assert_eq!(code(b"[1,2]"), "not_object");
+        assert_eq!(
+            code(br#"{"submission_timestamp":"t","amount_cents":1}"#),
+            "missing_field"
+        );
+        assert_eq!(
+            code(br#"{"award_id":"","submission_timestamp":"t","amount_cents":1}"#),
+            "missing_field"
+        );
+        assert_eq!(
+            code(br#"{"award_id":7,"submission_timestamp":"t","amount_cents":1}"#),
+            "wrong_type"
+        );
+        assert_eq!(
+            code(br#"{"award_id":"A","submission_timestamp":"t"}"#),
+            "missing_field"
+        );
+        assert_eq!(
+            code(br#"{"award_id":"A","submission_timestamp":"t","amount_cents":"1"}"#),
+            "wrong_type"
+        );
+        assert_eq!(
+            code(br#"{"award_id":"A","submission_timestamp":"t","amount_cents":1.5}"#),
+            "not_integer"
+        );
+        assert_eq!(
+            code(br#"{"award_id":"A","submission_timestamp":"t","amount_cents":-1}"#),
+            "negative_amount"
+        );
+        assert_eq!(
+            code(br#"{"award_id":"A|B","submission_timestamp":"t","amount_cents":1}"#),
+            "invalid_identity"
+        );
+    }
+
+    #[test]
+    fn the_key_covers_the_raw_bytes() {
+        let a = br#"{"award_id":"A","submission_timestamp":"t","amount_cents":1}"#;
+        let b = br#"{"award_id": "A","submission_timestamp":"t","amount_cents":1}"#;
+        let ka = parse_submission(a, 1024).unwrap().key;
+        let kb = parse_submission(b, 1024).unwrap().key;
+        assert_ne!(ka, kb, "a changed payload is a new submission");
+        assert_eq!(ka, IdempotencyKey::derive("A", "t", a).unwrap());
+    }
+
+    #[test]
+    fn a_reason_never_quotes_the_payload() {
+        let secret =
+            br#"{"award_id":"SECRET-PAYLOAD","submission_timestamp":"t","amount_cents":-5}"#;
+        let r = parse_submission(secret, 1024).unwrap_err();
+        assert!(!r.detail.contains("SECRET"));
+    }
+}
