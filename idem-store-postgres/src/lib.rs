@@ -1,1 +1,59 @@
-//! Postgres dedup store, transactional outbox and relay source for idem.
+//! # idem-store-postgres
+//!
+//! The durable dedup store of idem on Postgres, through sqlx:
+//!
+//! - [`PgStore`] — a [`ClaimStore`](idem_core::ClaimStore) whose claim is `INSERT INTO
+//!   processed_messages … ON CONFLICT DO NOTHING` **inside the caller's transaction**
+//!   ([`PgTx`]); the handler writes its business rows through [`PgTx::conn`] and its
+//!   outbox events through [`OutboxWriter`](idem_core::OutboxWriter), and all of it
+//!   commits at once. Batch claims are one round trip.
+//! - [`PgOutboxSource`] — the relay's source: `FOR UPDATE SKIP LOCKED` batches, per-subject
+//!   order across several relays, LISTEN/NOTIFY wake-ups with a polling fallback.
+//! - [`PgStore::purge`] — retention in bounded batches, with a three-year floor
+//!   (2 CFR §200.334) that is only crossed on purpose.
+//! - [`PgStore::inspect_key`] / [`PgStore::inspect_subject`] — the audit questions.
+//! - [`PgStore::migrate`] — the embedded, idempotent schema (`migrations/`).
+//!
+//! Tables are the reference's (`processed_messages(idempotency_key, award_id,
+//! claimed_at)`, `outbox(event_type, payload, created_at, …)`), in a configurable
+//! schema; a `processed_messages` created by another program with only those three
+//! columns is used unchanged.
+//!
+//! Errors on the claim path are [`idem_core::StoreError`]s chosen by SQLSTATE
+//! ([`error::map_sqlx`]); the crate's own operations return [`PgError`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter};
+//! use idem_store_postgres::{PgConfig, PgStore};
+//!
+//! let store = PgStore::connect("postgres://postgres@127.0.0.1/test", PgConfig::new("grants")?).await?;
+//! store.migrate().await?;
+//! let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", br#"{"amount_cents":5}"#)?;
+//! let mut tx = store.begin().await?;
+//! match tx.claim(&key, &ClaimMeta::new("A-1")).await? {
+//!     ClaimOutcome::Claimed => {
+//!         tx.enqueue(&OutboxEvent::new(key, "disbursement.recorded", "A-1", r#"{"award_id":"A-1"}"#)).await?;
+//!         tx.commit().await?;
+//!     }
+//!     ClaimOutcome::Duplicate | ClaimOutcome::InProgress => tx.rollback().await?,
+//! }
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod error;
+pub mod inspect;
+mod outbox;
+pub mod retention;
+pub mod source;
+pub mod store;
+
+pub use config::PgConfig;
+pub use error::PgError;
+pub use inspect::{ClaimRecord, OutboxRecord, Timestamp};
+pub use retention::{
+    PurgeOptions, PurgeProgress, PurgeReport, PurgeTable, DEFAULT_RETENTION_FLOOR,
+};
+pub use source::{PgOutboxBatch, PgOutboxSource};
+pub use store::{PgStore, PgTx};

@@ -1,0 +1,53 @@
+-- idem-store-postgres schema, version 1. Idempotent: every statement is IF NOT EXISTS.
+-- `{schema}` is replaced by the validated, quoted schema name before execution.
+
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- The dedup table. Its three columns are the reference's: a table created by another
+-- program with exactly these columns is used as it is (CREATE ... IF NOT EXISTS leaves it
+-- alone). The claim relies only on the primary key (or any unique index) on the key.
+CREATE TABLE IF NOT EXISTS {schema}.processed_messages (
+    idempotency_key text PRIMARY KEY,
+    award_id        text,
+    claimed_at      timestamptz DEFAULT now()
+);
+
+-- Retention scans by age; `inspect --award-id` looks records up by subject.
+CREATE INDEX IF NOT EXISTS processed_messages_claimed_at_idx
+    ON {schema}.processed_messages (claimed_at);
+CREATE INDEX IF NOT EXISTS processed_messages_award_id_idx
+    ON {schema}.processed_messages (award_id);
+
+-- The transactional outbox. `event_type, payload, created_at` are the reference's columns;
+-- the rest are ours. A reference outbox created by another program is upgraded in place
+-- by the ADD COLUMN IF NOT EXISTS statements below.
+CREATE TABLE IF NOT EXISTS {schema}.outbox (
+    id              bigserial PRIMARY KEY,
+    event_id        text,
+    event_type      text NOT NULL,
+    subject         text,
+    idempotency_key text,
+    payload         jsonb NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    published_at    timestamptz
+);
+
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS id bigserial;
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS event_id text;
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS subject text;
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS idempotency_key text;
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS published_at timestamptz;
+
+-- One row per event id: `ON CONFLICT (event_id) DO NOTHING` needs this unique index.
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_event_id_key
+    ON {schema}.outbox (event_id);
+-- The relay scans unpublished rows in id order and checks each subject's earlier rows.
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_unpublished_idx
+    ON {schema}.outbox (id) WHERE published_at IS NULL;
+CREATE INDEX IF NOT EXISTS outbox_unpublished_subject_idx
+    ON {schema}.outbox (subject, id) WHERE published_at IS NULL;
+-- Retention deletes published rows by age; inspect finds a key's events.
+CREATE INDEX IF NOT EXISTS outbox_created_at_idx
+    ON {schema}.outbox (created_at) WHERE published_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS outbox_idempotency_key_idx
+    ON {schema}.outbox (idempotency_key);

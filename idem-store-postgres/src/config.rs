@@ -1,0 +1,156 @@
+//! [`PgConfig`]: the schema, the lock timeout and the pool's size.
+
+use std::time::Duration;
+
+use crate::error::PgError;
+
+/// How a [`PgStore`](crate::PgStore) talks to its database.
+///
+/// Build it with [`PgConfig::new`] (which validates the schema name) and adjust the
+/// public fields or use the `with_*` methods:
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_store_postgres::PgConfig;
+///
+/// let config = PgConfig::new("grants")?
+///     .with_lock_timeout(Some(Duration::from_millis(500)))
+///     .with_max_connections(16);
+/// assert_eq!(config.schema, "grants");
+/// assert!(PgConfig::new("grants; DROP TABLE x").is_err());
+/// # Ok::<(), idem_store_postgres::PgError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PgConfig {
+    /// The schema holding `processed_messages` and `outbox` (and, by convention, the
+    /// business tables). An SQL identifier: `^[A-Za-z_][A-Za-z0-9_]{0,62}$`. It is always
+    /// quoted, so its case is kept. Default `public`.
+    pub schema: String,
+    /// When set, a claim that waits longer than this for a concurrent transaction holding
+    /// the same key answers [`ClaimOutcome::InProgress`](idem_core::ClaimOutcome) instead
+    /// of waiting (`SET LOCAL lock_timeout` at the start of each claim transaction).
+    /// Default `None`: wait until the other transaction ends.
+    pub lock_timeout: Option<Duration>,
+    /// The pool's maximum number of connections ([`PgStore::connect`](crate::PgStore::connect)
+    /// only). Default 10.
+    pub max_connections: u32,
+    /// How long [`begin`](idem_core::ClaimStore::begin) waits for a free connection before
+    /// answering [`StoreError::Unavailable`](idem_core::StoreError). Default 30 s.
+    pub acquire_timeout: Duration,
+    /// Whether an outbox insert also sends `pg_notify` (delivered on commit only) so that
+    /// [`PgOutboxSource::wait`](crate::PgOutboxSource) wakes at once. Without it the relay
+    /// finds new events at its polling interval. Default `true`.
+    pub notify: bool,
+}
+
+impl Default for PgConfig {
+    fn default() -> Self {
+        Self {
+            schema: "public".to_owned(),
+            lock_timeout: None,
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(30),
+            notify: true,
+        }
+    }
+}
+
+impl PgConfig {
+    /// The default configuration for `schema`.
+    ///
+    /// # Errors
+    /// [`PgError::InvalidSchema`] when `schema` is not an SQL identifier.
+    pub fn new(schema: impl Into<String>) -> Result<Self, PgError> {
+        let schema = schema.into();
+        validate_identifier(&schema)?;
+        Ok(Self {
+            schema,
+            ..Self::default()
+        })
+    }
+
+    /// Sets [`lock_timeout`](PgConfig::lock_timeout).
+    #[must_use]
+    pub fn with_lock_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// Sets [`max_connections`](PgConfig::max_connections) (at least 1).
+    #[must_use]
+    pub fn with_max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Sets [`acquire_timeout`](PgConfig::acquire_timeout).
+    #[must_use]
+    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Sets [`notify`](PgConfig::notify).
+    #[must_use]
+    pub fn with_notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
+    /// Checks the fields that [`PgConfig::new`] checks (the fields are public, so a
+    /// config may have been changed since).
+    ///
+    /// # Errors
+    /// [`PgError::InvalidSchema`] or [`PgError::InvalidOption`].
+    pub fn validate(&self) -> Result<(), PgError> {
+        validate_identifier(&self.schema)?;
+        if self.max_connections == 0 {
+            return Err(PgError::InvalidOption(
+                "max_connections must be at least 1".into(),
+            ));
+        }
+        if self.lock_timeout.is_some_and(|t| t.as_millis() == 0) {
+            return Err(PgError::InvalidOption(
+                "lock_timeout must be at least 1 ms (use None for no timeout)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` matches `^[A-Za-z_][A-Za-z0-9_]{0,62}$`.
+///
+/// ```
+/// use idem_store_postgres::config::is_identifier;
+/// assert!(is_identifier("public"));
+/// assert!(is_identifier("_Grants_2026"));
+/// assert!(!is_identifier("2026"));
+/// assert!(!is_identifier("a\"b"));
+/// assert!(!is_identifier(&"a".repeat(64)));
+/// ```
+pub fn is_identifier(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && (bytes[0].is_ascii_alphabetic() || bytes[0] == b'_')
+        && bytes[1..]
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+}
+
+pub(crate) fn validate_identifier(name: &str) -> Result<(), PgError> {
+    if is_identifier(name) {
+        Ok(())
+    } else {
+        Err(PgError::InvalidSchema {
+            name: name.chars().take(80).collect(),
+        })
+    }
+}
+
+/// Quotes a validated identifier (`"name"`).
+pub(crate) fn quote(name: &str) -> String {
+    // Validated identifiers contain no quote; doubling keeps this correct regardless.
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

@@ -1,0 +1,418 @@
+//! [`PgStore`] and its transaction [`PgTx`]: the claim, the business writes and the
+//! outbox rows in one Postgres transaction.
+
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use idem_core::{
+    Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
+
+use crate::config::{quote, PgConfig};
+use crate::error::{map_sqlx, sqlstate, LOCK_NOT_AVAILABLE};
+
+/// The embedded migration, with `{schema}` standing for the quoted schema name.
+const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
+
+/// Statements built once per store from the validated schema name.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) claim: String,
+    pub(crate) claim_batch: String,
+    pub(crate) enqueue: String,
+    pub(crate) enqueue_many: String,
+    pub(crate) lease: String,
+    pub(crate) mark_published: String,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: PgConfig,
+    pub(crate) qschema: String,
+    pub(crate) channel: String,
+    pub(crate) begin: String,
+    pub(crate) sql: Sql,
+}
+
+impl Shared {
+    fn new(config: PgConfig) -> Result<Self, StoreError> {
+        config.validate()?;
+        let qschema = quote(&config.schema);
+        let pm = format!("{qschema}.\"processed_messages\"");
+        let ob = format!("{qschema}.\"outbox\"");
+        let notify_tail = if config.notify {
+            " RETURNING 1) SELECT pg_notify($6, '') FROM ins LIMIT 1"
+        } else {
+            " RETURNING 1) SELECT 1 FROM ins LIMIT 1"
+        };
+        let sql = Sql {
+            claim: format!(
+                "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) VALUES ($1, $2, now()) \
+                 ON CONFLICT (idempotency_key) DO NOTHING"
+            ),
+            claim_batch: format!(
+                "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) \
+                 SELECT k, a, now() FROM unnest($1::text[], $2::text[]) AS t(k, a) \
+                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
+            ),
+            enqueue: format!(
+                "WITH ins AS (INSERT INTO {ob} \
+                 (event_id, event_type, subject, idempotency_key, payload, created_at) \
+                 VALUES ($1, $2, $3, $4, $5::jsonb, now()) \
+                 ON CONFLICT (event_id) DO NOTHING{notify_tail}"
+            ),
+            enqueue_many: format!(
+                "WITH ins AS (INSERT INTO {ob} \
+                 (event_id, event_type, subject, idempotency_key, payload, created_at) \
+                 SELECT e, t, s, k, p::jsonb, now() \
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
+                 WITH ORDINALITY AS u(e, t, s, k, p, n) ORDER BY n \
+                 ON CONFLICT (event_id) DO NOTHING{notify_tail}"
+            ),
+            lease: format!(
+                "WITH c AS ( \
+                   SELECT id, event_id, event_type, subject, idempotency_key, payload FROM {ob} \
+                   WHERE published_at IS NULL AND event_id IS NOT NULL \
+                   ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+                 SELECT c.id, c.event_id, c.event_type, c.subject, c.idempotency_key, \
+                   c.payload::text, \
+                   EXISTS (SELECT 1 FROM {ob} e WHERE e.subject = c.subject AND e.id < c.id \
+                     AND e.published_at IS NULL AND e.event_id IS NOT NULL \
+                     AND e.id NOT IN (SELECT id FROM c)) AS blocked \
+                 FROM c ORDER BY c.id"
+            ),
+            mark_published: format!(
+                "UPDATE {ob} SET published_at = now() WHERE id = ANY($1::bigint[])"
+            ),
+        };
+        let begin = match config.lock_timeout {
+            // One round trip: a simple query with two statements.
+            Some(t) => format!("BEGIN; SET LOCAL lock_timeout = '{}ms'", t.as_millis()),
+            None => "BEGIN".to_owned(),
+        };
+        // Channel names are identifiers of at most 63 bytes; a truncated name shared by
+        // two schemas only causes a spurious wake-up.
+        let mut channel = format!("idem_outbox.{}", config.schema);
+        channel.truncate(63);
+        Ok(Self {
+            config,
+            qschema,
+            channel,
+            begin,
+            sql,
+        })
+    }
+}
+
+/// The Postgres claim store: a [`PgPool`] and a validated schema. Clones share the pool.
+///
+/// # Contract
+/// - A claim is `INSERT INTO processed_messages … ON CONFLICT (idempotency_key) DO
+///   NOTHING` in the caller's transaction: a concurrent claim of the same key waits on
+///   the unique index until the first transaction commits (`Duplicate`) or rolls back
+///   (`Claimed`), or answers `InProgress` after [`PgConfig::lock_timeout`].
+/// - It uses only the reference columns `idempotency_key, award_id, claimed_at` of
+///   `processed_messages`, so a table created by another program works unchanged (it
+///   needs a primary key or unique index on `idempotency_key`).
+/// - [`ClaimTx::claim_batch`] is one round trip.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+/// use idem_store_postgres::{PgConfig, PgStore};
+///
+/// let store = PgStore::connect("postgres://postgres@127.0.0.1/test", PgConfig::new("grants")?).await?;
+/// store.migrate().await?;
+/// let key = IdempotencyKey::derive("A-2026-014", "2026-07-01T09:00:00Z", b"{}")?;
+/// let mut tx = store.begin().await?;
+/// if tx.claim(&key, &ClaimMeta::new("A-2026-014")).await? == ClaimOutcome::Claimed {
+///     let sql = format!("INSERT INTO {} (award_id, amount_cents, idempotency_key) VALUES ($1, $2, $3)",
+///         store.table("disbursements"));
+///     sqlx::query(&sql).bind("A-2026-014").bind(125_000_i64).bind(key.to_hex())
+///         .execute(tx.conn()).await?;
+///     tx.commit().await?;
+/// } else {
+///     tx.rollback().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    shared: Arc<Shared>,
+}
+
+impl PgStore {
+    /// Connects a pool of at most [`PgConfig::max_connections`] to `url`.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for an invalid URL or schema, [`StoreError::Unavailable`]
+    /// when the server cannot be reached.
+    pub async fn connect(url: &str, config: PgConfig) -> Result<Self, StoreError> {
+        let shared = Shared::new(config)?;
+        let options = PgConnectOptions::from_str(url).map_err(|e| map_sqlx(e, "parse URL"))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(shared.config.max_connections)
+            .acquire_timeout(shared.config.acquire_timeout)
+            // A ping per acquire would add a round trip to every claim transaction; a
+            // broken connection surfaces as an Unavailable error on first use instead.
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await
+            .map_err(|e| map_sqlx(e, "connect to Postgres"))?;
+        Ok(Self {
+            pool,
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// Wraps an existing pool.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for an invalid schema.
+    pub fn from_pool(pool: PgPool, config: PgConfig) -> Result<Self, StoreError> {
+        Ok(Self {
+            pool,
+            shared: Arc::new(Shared::new(config)?),
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PgConfig {
+        &self.shared.config
+    }
+
+    /// The schema name (unquoted).
+    pub fn schema(&self) -> &str {
+        &self.shared.config.schema
+    }
+
+    /// The quoted, schema-qualified name of `name`, for example `"grants"."disbursements"`.
+    /// `name` is quoted as given (any `"` doubled), so it cannot break out of the
+    /// identifier.
+    pub fn table(&self, name: &str) -> String {
+        format!("{}.{}", self.shared.qschema, quote(name))
+    }
+
+    /// The NOTIFY channel of this schema's outbox.
+    pub fn channel(&self) -> &str {
+        &self.shared.channel
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Creates the schema, `processed_messages` and `outbox` if missing, and adds this
+    /// crate's columns and indexes to an `outbox` that lacks them. Idempotent, and safe
+    /// to run from several processes at once (an advisory lock serialises them). Business
+    /// tables (`disbursements`, …) are their owners' to create.
+    ///
+    /// # Errors
+    /// [`StoreError`] from the database.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let sql = MIGRATION.replace("{schema}", &self.shared.qschema);
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| map_sqlx(e, "begin migration"))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(format!("idem-migrate.{}", self.schema()))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx(e, "lock for migration"))?;
+        // A simple (multi-statement) query: the script has no parameters.
+        tx.execute(sql.as_str())
+            .await
+            .map_err(|e| map_sqlx(e, "migrate"))?;
+        tx.commit()
+            .await
+            .map_err(|e| map_sqlx(e, "commit migration"))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ClaimStore for PgStore {
+    type Tx = PgTx;
+
+    async fn begin(&self) -> Result<PgTx, StoreError> {
+        let tx = self
+            .pool
+            .begin_with(self.shared.begin.clone())
+            .await
+            .map_err(|e| map_sqlx(e, "begin"))?;
+        Ok(PgTx {
+            tx,
+            shared: self.shared.clone(),
+            aborted: false,
+            claimed: false,
+        })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::TRANSACTIONAL
+    }
+}
+
+/// A claim transaction. Write business rows through [`PgTx::conn`] and outbox events
+/// through [`OutboxWriter`](idem_core::OutboxWriter); all of it commits with the claim.
+///
+/// Dropping it without [`commit`](ClaimTx::commit) rolls back (a crash).
+///
+/// A statement of this transaction that failed (including a claim that answered
+/// `InProgress` after the lock timeout) aborts the transaction on the server; `commit`
+/// then rolls back and returns an error rather than a silent success. Handlers must
+/// propagate errors of their own statements on [`PgTx::conn`] for the same reason.
+#[derive(Debug)]
+pub struct PgTx {
+    tx: Transaction<'static, Postgres>,
+    shared: Arc<Shared>,
+    aborted: bool,
+    claimed: bool,
+}
+
+impl PgTx {
+    /// The transaction's connection, for the handler's business writes.
+    pub fn conn(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+
+    /// The quoted, schema-qualified name of `name` (see [`PgStore::table`]).
+    pub fn table(&self, name: &str) -> String {
+        format!("{}.{}", self.shared.qschema, quote(name))
+    }
+
+    /// The schema name (unquoted).
+    pub fn schema(&self) -> &str {
+        &self.shared.config.schema
+    }
+
+    pub(crate) fn shared_arc(&self) -> std::sync::Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// Records that a statement failed: the server aborted the transaction.
+    pub(crate) fn mark_aborted(&mut self) {
+        self.aborted = true;
+    }
+}
+
+#[async_trait]
+impl ClaimTx for PgTx {
+    /// One `INSERT … ON CONFLICT DO NOTHING`: one row inserted → `Claimed`, none →
+    /// `Duplicate`; a `lock_timeout` (SQLSTATE 55P03) → `InProgress`.
+    async fn claim(
+        &mut self,
+        key: &IdempotencyKey,
+        meta: &ClaimMeta,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let res = sqlx::query(&self.shared.sql.claim)
+            .bind(key.to_hex())
+            .bind(meta.subject.as_str())
+            .execute(&mut *self.tx)
+            .await;
+        match res {
+            Ok(r) if r.rows_affected() == 1 => {
+                self.claimed = true;
+                Ok(ClaimOutcome::Claimed)
+            }
+            Ok(_) => Ok(ClaimOutcome::Duplicate),
+            Err(e) => {
+                self.aborted = true;
+                if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
+                    Ok(ClaimOutcome::InProgress)
+                } else {
+                    Err(map_sqlx(e, "claim"))
+                }
+            }
+        }
+    }
+
+    /// One round trip: `INSERT … SELECT … FROM unnest($1, $2) ON CONFLICT DO NOTHING
+    /// RETURNING idempotency_key`. Keys are inserted in sorted order (so two concurrent
+    /// batches cannot deadlock on each other's keys) and the answers mapped back to input
+    /// order. A lock timeout answers `InProgress` for every key (nothing was claimed).
+    async fn claim_batch(
+        &mut self,
+        items: &[(IdempotencyKey, ClaimMeta)],
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by(|&a, &b| items[a].0.as_bytes().cmp(items[b].0.as_bytes()));
+        order.dedup_by(|a, b| items[*a].0 == items[*b].0);
+        let keys: Vec<String> = order.iter().map(|&i| items[i].0.to_hex()).collect();
+        let subjects: Vec<&str> = order.iter().map(|&i| items[i].1.subject.as_str()).collect();
+        let res: Result<Vec<(String,)>, sqlx::Error> = sqlx::query_as(&self.shared.sql.claim_batch)
+            .bind(&keys)
+            .bind(&subjects)
+            .fetch_all(&mut *self.tx)
+            .await;
+        let inserted: HashSet<String> = match res {
+            Ok(rows) => rows.into_iter().map(|(k,)| k).collect(),
+            Err(e) => {
+                self.aborted = true;
+                if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
+                    return Ok(vec![ClaimOutcome::InProgress; items.len()]);
+                }
+                return Err(map_sqlx(e, "claim batch"));
+            }
+        };
+        if !inserted.is_empty() {
+            self.claimed = true;
+        }
+        let mut seen: HashSet<&IdempotencyKey> = HashSet::with_capacity(items.len());
+        Ok(items
+            .iter()
+            .map(|(k, _)| {
+                if seen.insert(k) && inserted.contains(&k.to_hex()) {
+                    ClaimOutcome::Claimed
+                } else {
+                    ClaimOutcome::Duplicate
+                }
+            })
+            .collect())
+    }
+
+    /// Commits. After a failed statement the server has aborted the transaction (its
+    /// `COMMIT` would silently roll back): this rolls back and returns
+    /// [`StoreError::Conflict`] instead, so nothing is acked that was not committed.
+    async fn commit(self) -> Result<(), StoreError> {
+        if self.aborted {
+            let claimed = self.claimed;
+            let _ = self.tx.rollback().await;
+            return Err(StoreError::Conflict {
+                message: format!(
+                    "the transaction was aborted by an earlier failed statement and has been \
+                     rolled back{}",
+                    if claimed {
+                        " (its claims are released)"
+                    } else {
+                        ""
+                    }
+                ),
+                source: None,
+            });
+        }
+        self.tx.commit().await.map_err(|e| map_sqlx(e, "commit"))
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        self.tx
+            .rollback()
+            .await
+            .map_err(|e| map_sqlx(e, "rollback"))
+    }
+}
