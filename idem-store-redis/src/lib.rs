@@ -1,1 +1,41 @@
-//! Redis lease claim store and front filter for idem.
+//! # idem-store-redis
+//!
+//! Redis for [idem](idem_core), in the two roles where it is safe:
+//!
+//! - [`RedisLeaseStore`]: a **lease** claim store (`SET key token NX PX lease`; commit
+//!   turns the lease into a done-mark kept for the retention period; rollback deletes it
+//!   if the token is still ours). On its own, with the business write elsewhere, it gives
+//!   an **at-least-once** effect that is **never lost**: a crashed worker's lease expires
+//!   and the redelivery runs again. It is effectively once only for handlers that are
+//!   idempotent or finish within their lease. The [module docs](store) say exactly what
+//!   holds.
+//! - [`RedisFilter`]: a **front filter** in front of a durable, transactional store
+//!   (Postgres, SQLite), used as `idem_core::Filtered::new(durable_store, redis_filter)`.
+//!   It answers `Duplicate` only for keys whose *durable commit already happened* (the
+//!   mark is written after the commit), so it can never lose a message; a miss, an error,
+//!   a timeout or a Redis outage falls through to the durable claim.
+//!
+//! What this crate deliberately does not offer is the naive filter — `SET NX` *before*
+//! the work — which skips a redelivery whose first attempt died before its commit and so
+//! loses the message (the crate's tests show it doing exactly that).
+//!
+//! ## Clients and features
+//! - `fred` (default): the [`fred`](https://docs.rs/fred) client; standalone servers and
+//!   Redis Cluster (`redis-cluster://host:port,host:port,…`).
+//! - `redis-rs`: the [`redis`](https://docs.rs/redis) crate instead, for teams that
+//!   already use it; standalone servers. With both features on, [`RedisConfig::client`]
+//!   chooses.
+//!
+//! Both run the same code above a handful of pipelined operations, and the same tests.
+//! Lua scripts live in `scripts/` beside this crate's sources. Needs Redis 7.0 or later.
+
+mod client;
+pub mod config;
+pub mod error;
+pub mod filter;
+pub mod store;
+
+pub use config::{ClientKind, RedisConfig};
+pub use error::RedisError;
+pub use filter::RedisFilter;
+pub use store::{KeyState, RedisLeaseStore, RedisLeaseTx};

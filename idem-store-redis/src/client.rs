@@ -1,0 +1,566 @@
+//! The one place that knows the client libraries: a handful of pipelined operations,
+//! implemented once for `fred` and once for `redis` (redis-rs). Everything above this
+//! module is client-agnostic, so both clients run the same store, filter and tests.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::config::{ClientKind, RedisConfig};
+use crate::error::RedisError;
+
+#[cfg(not(any(feature = "fred", feature = "redis-rs")))]
+compile_error!("idem-store-redis needs a client: enable the `fred` or the `redis-rs` feature");
+
+/// A connection handle, cheap to clone (clones share the connection).
+#[derive(Clone)]
+pub(crate) struct Conn {
+    inner: Inner,
+    timeout: Duration,
+    cluster: bool,
+}
+
+#[derive(Clone)]
+enum Inner {
+    #[cfg(feature = "fred")]
+    Fred(fred::prelude::Client),
+    #[cfg(feature = "redis-rs")]
+    RedisRs(rs::Lazy),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let client = match &self.inner {
+            #[cfg(feature = "fred")]
+            Inner::Fred(_) => "fred",
+            #[cfg(feature = "redis-rs")]
+            Inner::RedisRs(_) => "redis-rs",
+        };
+        f.debug_struct("Conn")
+            .field("client", &client)
+            .field("cluster", &self.cluster)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Conn {
+    /// Connects. With `wait`, the first connection must succeed (and answer PING) within
+    /// the timeout; without, the handle is returned at once and connects (and reconnects)
+    /// in the background, every command failing until then.
+    pub(crate) async fn open(config: &RedisConfig, wait: bool) -> Result<Self, RedisError> {
+        config.validate()?;
+        let url = config.normalized_url()?;
+        let cluster = config.is_cluster();
+        let inner = match config.client {
+            #[cfg(feature = "fred")]
+            ClientKind::Fred => Inner::Fred(fred_impl::open(&url, config.timeout, wait).await?),
+            #[cfg(feature = "redis-rs")]
+            ClientKind::RedisRs => {
+                if cluster {
+                    return Err(RedisError::Config(
+                        "Redis Cluster needs the fred client (feature `fred`)".into(),
+                    ));
+                }
+                Inner::RedisRs(rs::Lazy::new(&url, config.timeout)?)
+            }
+        };
+        let conn = Self {
+            inner,
+            timeout: config.timeout,
+            cluster,
+        };
+        if wait {
+            conn.ping().await?;
+        }
+        Ok(conn)
+    }
+
+    async fn bounded<T, F>(&self, action: &'static str, f: F) -> Result<T, RedisError>
+    where
+        F: Future<Output = Result<T, RedisError>>,
+    {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(r) => r,
+            Err(_) => Err(RedisError::Timeout {
+                action,
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    /// `PING`.
+    pub(crate) async fn ping(&self) -> Result<(), RedisError> {
+        const A: &str = "ping the server";
+        self.bounded(A, async {
+            match &self.inner {
+                #[cfg(feature = "fred")]
+                Inner::Fred(c) => fred_impl::ping(c, A).await,
+                #[cfg(feature = "redis-rs")]
+                Inner::RedisRs(c) => c.ping(A).await,
+            }
+        })
+        .await
+    }
+
+    /// `SET key value NX PX ms GET` for each key, in one pipelined round trip: `None`
+    /// where the key was set, the value already there otherwise.
+    pub(crate) async fn set_nx_get(
+        &self,
+        action: &'static str,
+        keys: &[String],
+        value: &str,
+        px: i64,
+    ) -> Result<Vec<Option<String>>, RedisError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = self
+            .bounded(action, async {
+                match &self.inner {
+                    #[cfg(feature = "fred")]
+                    Inner::Fred(c) => fred_impl::set_nx_get(c, action, keys, value, px).await,
+                    #[cfg(feature = "redis-rs")]
+                    Inner::RedisRs(c) => c.set_nx_get(action, keys, value, px).await,
+                }
+            })
+            .await?;
+        check_len(action, keys.len(), out)
+    }
+
+    /// `SET key value PX ms` for each key, in one pipelined round trip.
+    pub(crate) async fn set_px(
+        &self,
+        action: &'static str,
+        keys: &[String],
+        value: &str,
+        px: i64,
+    ) -> Result<(), RedisError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.bounded(action, async {
+            match &self.inner {
+                #[cfg(feature = "fred")]
+                Inner::Fred(c) => fred_impl::set_px(c, action, keys, value, px).await,
+                #[cfg(feature = "redis-rs")]
+                Inner::RedisRs(c) => c.set_px(action, keys, value, px).await,
+            }
+        })
+        .await
+    }
+
+    /// The value of each key, in one round trip (`MGET` on one server, pipelined `GET`s
+    /// on a cluster, where keys live in different slots).
+    pub(crate) async fn get_many(
+        &self,
+        action: &'static str,
+        keys: &[String],
+    ) -> Result<Vec<Option<String>>, RedisError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cluster = self.cluster;
+        let out = self
+            .bounded(action, async {
+                match &self.inner {
+                    #[cfg(feature = "fred")]
+                    Inner::Fred(c) => fred_impl::get_many(c, action, keys, cluster).await,
+                    #[cfg(feature = "redis-rs")]
+                    Inner::RedisRs(c) => {
+                        let _ = cluster;
+                        c.get_many(action, keys).await
+                    }
+                }
+            })
+            .await?;
+        check_len(action, keys.len(), out)
+    }
+
+    /// `EVAL script 1 key args...` for each key, in one pipelined round trip; each
+    /// script returns an integer. (`EVAL`, not `EVALSHA`: a restarted server has an empty
+    /// script cache, and these scripts are a few hundred bytes.)
+    pub(crate) async fn eval_each(
+        &self,
+        action: &'static str,
+        script: &'static str,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Vec<i64>, RedisError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = self
+            .bounded(action, async {
+                match &self.inner {
+                    #[cfg(feature = "fred")]
+                    Inner::Fred(c) => fred_impl::eval_each(c, action, script, keys, args).await,
+                    #[cfg(feature = "redis-rs")]
+                    Inner::RedisRs(c) => c.eval_each(action, script, keys, args).await,
+                }
+            })
+            .await?;
+        check_len(action, keys.len(), out)
+    }
+}
+
+fn check_len<T>(action: &'static str, want: usize, v: Vec<T>) -> Result<Vec<T>, RedisError> {
+    if v.len() == want {
+        Ok(v)
+    } else {
+        Err(RedisError::UnexpectedReply {
+            action,
+            detail: format!("{} replies for {want} commands", v.len()),
+        })
+    }
+}
+
+#[cfg(feature = "fred")]
+mod fred_impl {
+    use std::time::Duration;
+
+    use fred::prelude::*;
+    use fred::types::CustomCommand;
+
+    use crate::error::RedisError;
+
+    fn map_err(action: &'static str, e: Error) -> RedisError {
+        match e.kind() {
+            ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Timeout | ErrorKind::Routing => {
+                RedisError::Unavailable {
+                    action,
+                    source: Box::new(e),
+                }
+            }
+            ErrorKind::Config | ErrorKind::Url => RedisError::Config(e.to_string()),
+            // "CLUSTERDOWN", "LOADING", "TRYAGAIN", "MASTERDOWN", "BUSY": the server will
+            // answer later.
+            _ if ["CLUSTERDOWN", "LOADING", "TRYAGAIN", "MASTERDOWN", "BUSY"]
+                .iter()
+                .any(|p| e.details().starts_with(p)) =>
+            {
+                RedisError::Unavailable {
+                    action,
+                    source: Box::new(e),
+                }
+            }
+            _ => RedisError::Refused {
+                action,
+                source: Box::new(e),
+            },
+        }
+    }
+
+    pub(super) async fn open(
+        url: &str,
+        timeout: Duration,
+        wait: bool,
+    ) -> Result<Client, RedisError> {
+        let mut config =
+            Config::from_url(url).map_err(|e| RedisError::Config(format!("{url:?}: {e}")))?;
+        config.fail_fast = wait;
+        let client = Builder::from_config(config)
+            .with_connection_config(|c| {
+                c.connection_timeout = timeout.max(Duration::from_millis(500));
+                c.internal_command_timeout = timeout.max(Duration::from_secs(2));
+                // Our own timeout bounds every call; a command is not re-sent behind it.
+                c.max_command_attempts = 1;
+            })
+            .with_performance_config(|p| {
+                p.default_command_timeout = timeout;
+            })
+            // Keep reconnecting forever, at most every 2 s: a Redis outage must end by
+            // itself, while every command in the meantime fails within the timeout.
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            .build()
+            .map_err(|e| RedisError::Config(e.to_string()))?;
+        if wait {
+            client.init().await.map_err(|e| map_err("connect", e))?;
+        } else {
+            let _ = client.connect();
+        }
+        Ok(client)
+    }
+
+    pub(super) async fn ping(c: &Client, action: &'static str) -> Result<(), RedisError> {
+        let _: String = c.ping(None).await.map_err(|e| map_err(action, e))?;
+        Ok(())
+    }
+
+    fn collect<T>(
+        action: &'static str,
+        results: Vec<Result<Value, Error>>,
+        mut f: impl FnMut(Value) -> Result<T, RedisError>,
+    ) -> Result<Vec<T>, RedisError> {
+        results
+            .into_iter()
+            .map(|r| r.map_err(|e| map_err(action, e)).and_then(&mut f))
+            .collect()
+    }
+
+    fn opt_string(action: &'static str, v: Value) -> Result<Option<String>, RedisError> {
+        match v {
+            Value::Null => Ok(None),
+            other => other
+                .convert::<String>()
+                .map(Some)
+                .map_err(|e| RedisError::UnexpectedReply {
+                    action,
+                    detail: e.to_string(),
+                }),
+        }
+    }
+
+    pub(super) async fn set_nx_get(
+        c: &Client,
+        action: &'static str,
+        keys: &[String],
+        value: &str,
+        px: i64,
+    ) -> Result<Vec<Option<String>>, RedisError> {
+        let p = c.pipeline();
+        for k in keys {
+            let () = p
+                .set(
+                    k.as_str(),
+                    value,
+                    Some(Expiration::PX(px)),
+                    Some(SetOptions::NX),
+                    true,
+                )
+                .await
+                .map_err(|e| map_err(action, e))?;
+        }
+        collect(action, p.try_all::<Value>().await, |v| {
+            opt_string(action, v)
+        })
+    }
+
+    pub(super) async fn set_px(
+        c: &Client,
+        action: &'static str,
+        keys: &[String],
+        value: &str,
+        px: i64,
+    ) -> Result<(), RedisError> {
+        let p = c.pipeline();
+        for k in keys {
+            let () = p
+                .set(k.as_str(), value, Some(Expiration::PX(px)), None, false)
+                .await
+                .map_err(|e| map_err(action, e))?;
+        }
+        collect(action, p.try_all::<Value>().await, |_| Ok(()))?;
+        Ok(())
+    }
+
+    pub(super) async fn get_many(
+        c: &Client,
+        action: &'static str,
+        keys: &[String],
+        cluster: bool,
+    ) -> Result<Vec<Option<String>>, RedisError> {
+        if !cluster {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let v: Value = c.mget(keys).await.map_err(|e| map_err(action, e))?;
+            return match v {
+                Value::Array(items) => items.into_iter().map(|v| opt_string(action, v)).collect(),
+                other => Err(RedisError::UnexpectedReply {
+                    action,
+                    detail: format!("MGET answered {:?}", other.kind()),
+                }),
+            };
+        }
+        let p = c.pipeline();
+        for k in keys {
+            let () = p.get(k.as_str()).await.map_err(|e| map_err(action, e))?;
+        }
+        collect(action, p.try_all::<Value>().await, |v| {
+            opt_string(action, v)
+        })
+    }
+
+    pub(super) async fn eval_each(
+        c: &Client,
+        action: &'static str,
+        script: &'static str,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Vec<i64>, RedisError> {
+        // Pipelines have no `eval` in fred 10: a custom command, routed by the key's slot.
+        let p = c.pipeline();
+        for k in keys {
+            let cmd = CustomCommand::new_static(
+                "EVAL",
+                fred::util::redis_keyslot(k.as_bytes()),
+                false,
+            );
+            let mut cmd_args: Vec<Value> = Vec::with_capacity(3 + args.len());
+            cmd_args.push(script.into());
+            cmd_args.push(1_i64.into());
+            cmd_args.push(k.as_str().into());
+            cmd_args.extend(args.iter().map(|a| Value::from(a.as_str())));
+            let () = p
+                .custom(cmd, cmd_args)
+                .await
+                .map_err(|e| map_err(action, e))?;
+        }
+        collect(action, p.try_all::<Value>().await, |v| {
+            v.convert::<i64>().map_err(|e| RedisError::UnexpectedReply {
+                action,
+                detail: e.to_string(),
+            })
+        })
+    }
+}
+
+#[cfg(feature = "redis-rs")]
+mod rs {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+    use tokio::sync::Mutex;
+
+    use crate::error::RedisError;
+
+    /// A connection manager made on first use (so a handle to a server that is down can
+    /// be had, and works once the server is up), which then reconnects by itself.
+    #[derive(Clone)]
+    pub(super) struct Lazy {
+        client: redis::Client,
+        timeout: Duration,
+        conn: Arc<Mutex<Option<ConnectionManager>>>,
+    }
+
+    fn map_err(action: &'static str, e: redis::RedisError) -> RedisError {
+        use redis::ErrorKind as K;
+        if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || matches!(
+                e.kind(),
+                K::BusyLoadingError | K::TryAgain | K::ClusterDown | K::MasterDown
+            )
+        {
+            RedisError::Unavailable {
+                action,
+                source: Box::new(e),
+            }
+        } else if matches!(e.kind(), K::TypeError) {
+            RedisError::UnexpectedReply {
+                action,
+                detail: e.to_string(),
+            }
+        } else {
+            RedisError::Refused {
+                action,
+                source: Box::new(e),
+            }
+        }
+    }
+
+    impl Lazy {
+        pub(super) fn new(url: &str, timeout: Duration) -> Result<Self, RedisError> {
+            let client = redis::Client::open(url)
+                .map_err(|e| RedisError::Config(format!("{url:?}: {e}")))?;
+            Ok(Self {
+                client,
+                timeout,
+                conn: Arc::new(Mutex::new(None)),
+            })
+        }
+
+        async fn conn(&self, action: &'static str) -> Result<ConnectionManager, RedisError> {
+            let mut slot = self.conn.lock().await;
+            if let Some(c) = slot.as_ref() {
+                return Ok(c.clone());
+            }
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(self.timeout.max(Duration::from_millis(500)))
+                .set_response_timeout(self.timeout)
+                .set_number_of_retries(1)
+                .set_max_delay(2_000);
+            let c = ConnectionManager::new_with_config(self.client.clone(), config)
+                .await
+                .map_err(|e| map_err(action, e))?;
+            *slot = Some(c.clone());
+            Ok(c)
+        }
+
+        pub(super) async fn ping(&self, action: &'static str) -> Result<(), RedisError> {
+            let mut c = self.conn(action).await?;
+            let _: String = redis::cmd("PING")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| map_err(action, e))?;
+            Ok(())
+        }
+
+        pub(super) async fn set_nx_get(
+            &self,
+            action: &'static str,
+            keys: &[String],
+            value: &str,
+            px: i64,
+        ) -> Result<Vec<Option<String>>, RedisError> {
+            let mut c = self.conn(action).await?;
+            let mut p = redis::pipe();
+            for k in keys {
+                p.cmd("SET")
+                    .arg(k)
+                    .arg(value)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(px)
+                    .arg("GET");
+            }
+            p.query_async(&mut c).await.map_err(|e| map_err(action, e))
+        }
+
+        pub(super) async fn set_px(
+            &self,
+            action: &'static str,
+            keys: &[String],
+            value: &str,
+            px: i64,
+        ) -> Result<(), RedisError> {
+            let mut c = self.conn(action).await?;
+            let mut p = redis::pipe();
+            for k in keys {
+                p.cmd("SET").arg(k).arg(value).arg("PX").arg(px).ignore();
+            }
+            p.query_async::<()>(&mut c)
+                .await
+                .map_err(|e| map_err(action, e))
+        }
+
+        pub(super) async fn get_many(
+            &self,
+            action: &'static str,
+            keys: &[String],
+        ) -> Result<Vec<Option<String>>, RedisError> {
+            let mut c = self.conn(action).await?;
+            redis::cmd("MGET")
+                .arg(keys)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| map_err(action, e))
+        }
+
+        pub(super) async fn eval_each(
+            &self,
+            action: &'static str,
+            script: &'static str,
+            keys: &[String],
+            args: &[String],
+        ) -> Result<Vec<i64>, RedisError> {
+            let mut c = self.conn(action).await?;
+            let mut p = redis::pipe();
+            for k in keys {
+                p.cmd("EVAL").arg(script).arg(1).arg(k).arg(args);
+            }
+            p.query_async(&mut c).await.map_err(|e| map_err(action, e))
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! [`RedisConfig`]: where the server is, which keys are ours, and how long things live.
+
+use std::time::Duration;
+
+use crate::error::RedisError;
+
+/// Which Redis client library talks to the server. Each variant exists only with its
+/// feature; [`ClientKind::default`] is `fred` when that feature is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ClientKind {
+    /// The `fred` crate (feature `fred`, the default): standalone servers and Redis Cluster.
+    #[cfg(feature = "fred")]
+    Fred,
+    /// The `redis` crate, a.k.a. redis-rs (feature `redis-rs`): standalone servers only.
+    #[cfg(feature = "redis-rs")]
+    RedisRs,
+}
+
+impl Default for ClientKind {
+    #[cfg(feature = "fred")]
+    fn default() -> Self {
+        Self::Fred
+    }
+
+    #[cfg(all(not(feature = "fred"), feature = "redis-rs"))]
+    fn default() -> Self {
+        Self::RedisRs
+    }
+}
+
+/// How to reach Redis and how this crate uses it.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_store_redis::RedisConfig;
+///
+/// let config = RedisConfig::new("redis://127.0.0.1:6379")
+///     .with_key_prefix("grants:")
+///     .with_lease(Duration::from_secs(60));
+/// assert!(config.validate().is_ok());
+/// assert!(RedisConfig::new("redis://127.0.0.1:6379").with_key_prefix("bad {prefix}").validate().is_err());
+/// ```
+///
+/// # URL forms
+/// - `redis://[user:password@]host[:port][/db]`: one server;
+/// - `redis-cluster://host:port,host:port,...` or fred's own
+///   `redis-cluster://host:port?node=host:port&node=host:port`: a Redis Cluster (any
+///   subset of its nodes; the client discovers the rest). Cluster mode needs the `fred`
+///   client.
+///
+/// Keys are `{key_prefix}l:{64 hex}` (leases and their done-marks) and
+/// `{key_prefix}f:{64 hex}` (front-filter marks). The prefix may not contain `{` or `}`,
+/// so no hash tag pins all keys to one cluster slot: keys spread over the cluster, and
+/// every command touches one key (batches are pipelines, never multi-key commands) so
+/// nothing ever crosses a slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// The server or cluster URL (see above).
+    pub url: String,
+    /// Prepended to every key: 1 to 64 printable ASCII characters, without spaces, hash-tag
+    /// braces `{}` or glob characters `*?[]`. Default `idem:`.
+    pub key_prefix: String,
+    /// How long a claim's lease lives unless committed, rolled back or extended
+    /// (default 30 s). A crashed worker's claim becomes free again after this.
+    pub lease: Duration,
+    /// How long a done-mark (a committed lease, or a front-filter mark) is kept
+    /// (default 7 days). A redelivery later than this is processed again.
+    pub retention: Duration,
+    /// The most one command (or one pipelined round trip) may take before it fails with
+    /// a retryable timeout (default 200 ms: the front filter must never slow the durable
+    /// path down by more).
+    pub timeout: Duration,
+    /// The client library.
+    pub client: ClientKind,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self::new("redis://127.0.0.1:6379")
+    }
+}
+
+impl RedisConfig {
+    /// The default prefix.
+    pub const DEFAULT_PREFIX: &'static str = "idem:";
+    /// The default lease.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+    /// The default retention of done-marks.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+    /// The default per-command timeout.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
+
+    /// A configuration for `url` with every default.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            key_prefix: Self::DEFAULT_PREFIX.to_owned(),
+            lease: Self::DEFAULT_LEASE,
+            retention: Self::DEFAULT_RETENTION,
+            timeout: Self::DEFAULT_TIMEOUT,
+            client: ClientKind::default(),
+        }
+    }
+
+    /// Sets the key prefix.
+    #[must_use]
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Sets the lease.
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the retention of done-marks.
+    #[must_use]
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets the per-command timeout.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the client library.
+    #[must_use]
+    pub fn with_client(mut self, client: ClientKind) -> Self {
+        self.client = client;
+        self
+    }
+
+    /// Whether the URL names a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        let scheme = self.url.split("://").next().unwrap_or("");
+        scheme.ends_with("-cluster")
+    }
+
+    /// Checks the prefix, the durations and the URL's form.
+    ///
+    /// # Errors
+    /// [`RedisError::Config`] naming the problem.
+    pub fn validate(&self) -> Result<(), RedisError> {
+        validate_prefix(&self.key_prefix)?;
+        for (name, d) in [
+            ("lease", self.lease),
+            ("retention", self.retention),
+            ("timeout", self.timeout),
+        ] {
+            if d.as_millis() == 0 {
+                return Err(RedisError::Config(format!("{name} must be at least 1 ms")));
+            }
+            if d.as_millis() > i64::MAX as u128 {
+                return Err(RedisError::Config(format!("{name} is too long")));
+            }
+        }
+        self.normalized_url().map(|_| ())
+    }
+
+    /// The URL in the form the client libraries parse: a comma-separated cluster node
+    /// list becomes fred's `?node=` form.
+    pub(crate) fn normalized_url(&self) -> Result<String, RedisError> {
+        let Some((scheme, rest)) = self.url.split_once("://") else {
+            return Err(RedisError::Config(
+                "the Redis URL needs a scheme (redis://, rediss://, redis-cluster://)".into(),
+            ));
+        };
+        let url = if self.is_cluster() && rest.contains(',') {
+            let (hosts, query) = match rest.split_once('?') {
+                Some((h, q)) => (h, Some(q)),
+                None => (rest, None),
+            };
+            let hosts = hosts.trim_end_matches('/');
+            let mut nodes = hosts.split(',').map(str::trim).filter(|s| !s.is_empty());
+            let first = nodes.next().unwrap_or("");
+            let mut params: Vec<String> = nodes.map(|n| format!("node={n}")).collect();
+            if let Some(q) = query {
+                params.push(q.to_owned());
+            }
+            if params.is_empty() {
+                format!("{scheme}://{first}")
+            } else {
+                format!("{scheme}://{first}?{}", params.join("&"))
+            }
+        } else {
+            self.url.clone()
+        };
+        url::Url::parse(&url)
+            .map_err(|e| RedisError::Config(format!("the Redis URL does not parse: {e}")))?;
+        Ok(url)
+    }
+
+    pub(crate) fn lease_ms(&self) -> i64 {
+        millis(self.lease)
+    }
+
+    pub(crate) fn retention_ms(&self) -> i64 {
+        millis(self.retention)
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+fn validate_prefix(prefix: &str) -> Result<(), RedisError> {
+    if prefix.is_empty() || prefix.len() > 64 {
+        return Err(RedisError::Config(
+            "the key prefix must be 1 to 64 characters".into(),
+        ));
+    }
+    if let Some(c) = prefix
+        .chars()
+        .find(|c| !c.is_ascii_graphic() || matches!(c, '{' | '}' | '*' | '?' | '[' | ']'))
+    {
+        return Err(RedisError::Config(format!(
+            "the key prefix may not contain {c:?} (printable ASCII only, no spaces, no hash-tag braces, no glob characters)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_are_validated() {
+        let ok = |p: &str| RedisConfig::default().with_key_prefix(p).validate().is_ok();
+        assert!(ok("idem:"));
+        assert!(ok("a"));
+        assert!(!ok(""));
+        assert!(!ok("has space"));
+        assert!(!ok("tag{x}"));
+        assert!(!ok("glob*"));
+        assert!(!ok("é"));
+        assert!(!ok(&"x".repeat(65)));
+    }
+
+    #[test]
+    fn durations_are_validated() {
+        assert!(RedisConfig::default()
+            .with_lease(Duration::ZERO)
+            .validate()
+            .is_err());
+        assert!(RedisConfig::default()
+            .with_timeout(Duration::from_micros(10))
+            .validate()
+            .is_err());
+    }
+
+    #[test]
+    fn cluster_urls_are_recognised_and_normalised() {
+        let c = RedisConfig::new("redis-cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103");
+        assert!(c.is_cluster());
+        assert_eq!(
+            c.normalized_url().unwrap(),
+            "redis-cluster://127.0.0.1:7101?node=127.0.0.1:7102&node=127.0.0.1:7103"
+        );
+        let single = RedisConfig::new("redis://127.0.0.1:6379");
+        assert!(!single.is_cluster());
+        assert_eq!(single.normalized_url().unwrap(), "redis://127.0.0.1:6379");
+        assert!(RedisConfig::new("127.0.0.1:6379").validate().is_err());
+    }
+}
