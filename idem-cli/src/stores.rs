@@ -1,1 +1,167 @@
-//! Opening stores from URLs.
+//! Opening a store from `--store URL [--schema NAME] [--front-filter URL]`, once, for
+//! every command: a visitor receives the concrete store type.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use idem_core::{ClaimStore, FilterStats, Handler};
+use idem_grant::{GrantDb, GrantHandler};
+use idem_store_sqlite::{SqliteConfig, SqliteStore};
+
+use crate::CliError;
+
+/// A parsed `--store` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoreUrl {
+    /// `sqlite://PATH`.
+    Sqlite(String),
+    /// `postgres://…` or `postgresql://…`.
+    Postgres(String),
+}
+
+impl StoreUrl {
+    pub(crate) fn parse(url: &str) -> Result<Self, CliError> {
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err(CliError::usage("--store sqlite://PATH needs a file path"));
+            }
+            Ok(Self::Sqlite(path.to_owned()))
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Self::Postgres(url.to_owned()))
+        } else {
+            Err(CliError::usage(format!(
+                "unsupported --store URL {:?}: use sqlite://PATH or postgres://…",
+                redact(url)
+            )))
+        }
+    }
+}
+
+/// A URL without its password, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Extras a visitor may use.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extras {
+    /// The front filter's counters, when one is in front of the store.
+    pub(crate) filter_stats: Option<Arc<FilterStats>>,
+}
+
+/// Receives the opened store with its concrete type.
+pub(crate) trait StoreVisitor {
+    type Output;
+
+    fn visit<S>(
+        self,
+        store: S,
+        db: Arc<dyn GrantDb>,
+        extras: Extras,
+    ) -> impl Future<Output = Result<Self::Output, CliError>> + Send
+    where
+        S: ClaimStore + Clone + 'static,
+        GrantHandler: Handler<S::Tx>;
+}
+
+/// Where and how to open a store.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreSpec {
+    pub(crate) url: StoreUrl,
+    #[allow(dead_code)] // read by the postgres:// branch
+    pub(crate) schema: Option<String>,
+    pub(crate) front_filter: Option<String>,
+    pub(crate) max_connections: Option<u32>,
+}
+
+impl StoreSpec {
+    pub(crate) fn new(
+        url: &str,
+        schema: Option<String>,
+        front_filter: Option<String>,
+    ) -> Result<Self, CliError> {
+        let url = StoreUrl::parse(url)?;
+        if let (StoreUrl::Sqlite(_), Some(_)) = (&url, &schema) {
+            return Err(CliError::usage(
+                "--schema applies to postgres:// stores only",
+            ));
+        }
+        if let Some(s) = &schema {
+            validate_identifier(s)?;
+        }
+        if let Some(f) = &front_filter {
+            if !f.starts_with("redis://") && !f.starts_with("rediss://") {
+                return Err(CliError::usage("--front-filter takes a redis:// URL"));
+            }
+        }
+        Ok(Self {
+            url,
+            schema,
+            front_filter,
+            max_connections: None,
+        })
+    }
+}
+
+/// Validates a schema name as a plain SQL identifier.
+pub(crate) fn validate_identifier(name: &str) -> Result<(), CliError> {
+    let mut chars = name.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 63;
+    if ok {
+        Ok(())
+    } else {
+        Err(CliError::usage(format!(
+            "invalid schema name {name:?}: use letters, digits and _ (at most 63, not starting with a digit)"
+        )))
+    }
+}
+
+/// Opens the store, migrates it if `migrate`, and hands it to `visitor`.
+pub(crate) async fn open<V: StoreVisitor>(
+    spec: &StoreSpec,
+    migrate: bool,
+    visitor: V,
+) -> Result<V::Output, CliError> {
+    match &spec.url {
+        StoreUrl::Sqlite(path) => {
+            let mut config = SqliteConfig::default();
+            if let Some(n) = spec.max_connections {
+                config.max_connections = n;
+            }
+            let store = SqliteStore::open(path, config).await?;
+            if migrate {
+                store.migrate_grants().await?;
+            }
+            with_filter(spec, store, visitor).await
+        }
+        StoreUrl::Postgres(_) => Err(CliError::usage(
+            "postgres:// stores are not available in this build yet",
+        )),
+    }
+}
+
+async fn with_filter<S, V>(spec: &StoreSpec, store: S, visitor: V) -> Result<V::Output, CliError>
+where
+    S: ClaimStore + GrantDb + Clone + 'static,
+    GrantHandler: Handler<S::Tx>,
+    V: StoreVisitor,
+{
+    let db: Arc<dyn GrantDb> = Arc::new(store.clone());
+    match &spec.front_filter {
+        None => visitor.visit(store, db, Extras::default()).await,
+        Some(_) => Err(CliError::usage(
+            "--front-filter is not available in this build yet",
+        )),
+    }
+}

@@ -24,6 +24,9 @@ pub struct SimMessage {
     pub headers: Headers,
     /// How many times it has been delivered.
     pub deliveries: u32,
+    /// Whether the broker has already redelivered it after an ack (it does so once at
+    /// most, so a redelivery rate of 1.0 still terminates).
+    pub echoed: bool,
 }
 
 /// Counters of a [`SimBroker`].
@@ -65,7 +68,7 @@ struct State {
 /// - [`receive`](SimBroker::receive) hands out the next ready message as a [`Delivery`]
 ///   whose [`SimAcker`] settles it.
 /// - An ack removes the message — except that with probability `redelivery_rate` the ack
-///   is "lost" and the message is redelivered (the at-least-once duplicate).
+///   is "lost" and the message is redelivered once more (the at-least-once duplicate).
 /// - A nack, or an acker dropped unsettled (a crash), puts the message back at the end
 ///   of the queue: a visibility timeout that elapses at once.
 /// - A dead-letter moves it to [`dead_letters`](SimBroker::dead_letters) with the reason.
@@ -118,6 +121,7 @@ impl SimBroker {
             payload: payload.into(),
             headers,
             deliveries: 0,
+            echoed: false,
         });
         st.stats.published += 1;
         id
@@ -192,8 +196,10 @@ impl SimBroker {
             Settlement::Ack => {
                 st.stats.acks += 1;
                 let rate = st.redelivery_rate;
-                if rate > 0.0 && st.rng.gen_bool(rate) {
+                if !msg.echoed && rate > 0.0 && st.rng.gen_bool(rate) {
                     st.stats.acks_lost += 1;
+                    let mut msg = msg;
+                    msg.echoed = true;
                     st.ready.push_back(msg);
                 }
             }
@@ -280,6 +286,7 @@ impl Publisher for SimBroker {
                 payload: ev.payload.clone(),
                 headers: ev.headers(),
                 deliveries: 0,
+                echoed: false,
             });
             st.stats.published += 1;
         }

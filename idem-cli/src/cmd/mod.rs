@@ -34,6 +34,7 @@ pub(crate) fn init_logging(format: LogFormat) {
 }
 
 /// Resolves when Ctrl-C or SIGTERM arrives.
+#[allow(dead_code)] // used by consume and relay
 pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
@@ -57,6 +58,7 @@ pub(crate) async fn shutdown_signal() {
 }
 
 /// Parses a duration such as `30s`, `15m`, `12h`, `90d`, `3y` (a year is 365 days).
+#[allow(dead_code)] // used by consume, relay and purge
 pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
