@@ -1,0 +1,669 @@
+//! One entry point over every broker compiled into this build, so a command parses a URL
+//! and dispatches once.
+//!
+//! | scheme | broker | feature |
+//! |---|---|---|
+//! | `amqp://`, `amqps://` | RabbitMQ | `rabbitmq` |
+//! | `nats://`, `tls://` | NATS JetStream | `nats` |
+//! | `redis://`, `rediss://` | Redis Streams | `redis-streams` |
+//! | `sqs://`, `kafka://` | not in this build (a later release) | — |
+//!
+//! Broker-specific settings ride in the URL's query and are removed before the URL is
+//! handed to the client:
+//!
+//! - NATS: `ack_wait` (a duration such as `30s`), `durable` (the consumer's name, default
+//!   `idem`);
+//! - Redis Streams: `group` (default `idem`), `consumer` (default: unique per process),
+//!   `min_idle` (pending entries of a silent consumer are taken over after it, default
+//!   `30s`), `block` (default `1s`).
+//!
+//! ```
+//! use idem_broker::any::{BrokerKind, BrokerUrl};
+//! let url = BrokerUrl::parse("nats://127.0.0.1:4222?ack_wait=5s")?;
+//! assert_eq!(url.kind(), BrokerKind::Nats);
+//! assert_eq!(url.param("ack_wait"), Some("5s"));
+//! assert!(BrokerUrl::parse("sqs://queue").unwrap_err().to_string().contains("not supported"));
+//! # Ok::<(), idem_broker::BrokerError>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use futures::Stream;
+use idem_core::{
+    AckError, AckProof, Acker, Delivery, Headers, OutboxEvent, PublishError, Publisher,
+    RejectReason,
+};
+
+use crate::{parse_duration, BrokerError};
+
+/// Which broker a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BrokerKind {
+    /// `amqp://`: RabbitMQ.
+    RabbitMq,
+    /// `nats://`: NATS JetStream.
+    Nats,
+    /// `redis://`: Redis Streams.
+    RedisStreams,
+}
+
+impl BrokerKind {
+    /// The cargo feature that compiles this broker's adapter.
+    pub fn feature(self) -> &'static str {
+        match self {
+            Self::RabbitMq => "rabbitmq",
+            Self::Nats => "nats",
+            Self::RedisStreams => "redis-streams",
+        }
+    }
+
+    /// Whether this build has the adapter.
+    pub fn is_enabled(self) -> bool {
+        match self {
+            Self::RabbitMq => cfg!(feature = "rabbitmq"),
+            Self::Nats => cfg!(feature = "nats"),
+            Self::RedisStreams => cfg!(feature = "redis-streams"),
+        }
+    }
+
+    fn params(self) -> &'static [&'static str] {
+        match self {
+            Self::RabbitMq => &[],
+            Self::Nats => &["ack_wait", "durable"],
+            Self::RedisStreams => &["group", "consumer", "min_idle", "block"],
+        }
+    }
+}
+
+impl fmt::Display for BrokerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::RabbitMq => "RabbitMQ",
+            Self::Nats => "NATS JetStream",
+            Self::RedisStreams => "Redis Streams",
+        })
+    }
+}
+
+/// A parsed broker URL: which broker, the URL for its client, and idem's settings from
+/// the query (see the module docs).
+#[derive(Clone, PartialEq, Eq)]
+pub struct BrokerUrl {
+    kind: BrokerKind,
+    client_url: String,
+    params: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for BrokerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BrokerUrl")
+            .field("kind", &self.kind)
+            .field("url", &crate::names::redact(&self.client_url))
+            .field("params", &self.params)
+            .finish()
+    }
+}
+
+impl fmt::Display for BrokerUrl {
+    /// The URL with its password masked.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&crate::names::redact(&self.client_url))
+    }
+}
+
+impl BrokerUrl {
+    /// Parses `url`.
+    ///
+    /// # Errors
+    /// [`BrokerError::InvalidUrl`] for a malformed URL, an unknown scheme or a bad
+    /// setting; [`BrokerError::Unsupported`] for `sqs://` and `kafka://` (a later release)
+    /// and for a broker whose feature is not compiled in.
+    pub fn parse(url: &str) -> Result<Self, BrokerError> {
+        let mut parsed = url::Url::parse(url)
+            .map_err(|e| BrokerError::InvalidUrl(format!("{}: {e}", crate::names::redact(url))))?;
+        let kind = match parsed.scheme() {
+            "amqp" | "amqps" => BrokerKind::RabbitMq,
+            "nats" | "tls" => BrokerKind::Nats,
+            "redis" | "rediss" => BrokerKind::RedisStreams,
+            s @ ("sqs" | "kafka") => {
+                return Err(BrokerError::Unsupported {
+                    scheme: s.to_owned(),
+                    hint: "its adapter comes in a later release; use amqp://, nats:// or redis://"
+                        .into(),
+                })
+            }
+            other => {
+                return Err(BrokerError::InvalidUrl(format!(
+                    "unknown scheme {other:?}: use amqp://, nats:// or redis://"
+                )))
+            }
+        };
+        if !kind.is_enabled() {
+            return Err(BrokerError::Unsupported {
+                scheme: parsed.scheme().to_owned(),
+                hint: format!("rebuild idem-broker with the {:?} feature", kind.feature()),
+            });
+        }
+        let mut params = BTreeMap::new();
+        let mut rest: Vec<(String, String)> = Vec::new();
+        for (k, v) in parsed.query_pairs() {
+            if kind.params().contains(&k.as_ref()) {
+                params.insert(k.into_owned(), v.into_owned());
+            } else {
+                rest.push((k.into_owned(), v.into_owned()));
+            }
+        }
+        for key in ["ack_wait", "min_idle", "block"] {
+            if let Some(v) = params.get(key) {
+                parse_duration(v).map_err(|e| BrokerError::InvalidUrl(format!("{key}: {e}")))?;
+            }
+        }
+        // Hand the client exactly what was written unless a setting has to come out
+        // (an AMQP URL's trailing "/" or "%2f" names the vhost).
+        let client_url = if params.is_empty() {
+            url.to_owned()
+        } else {
+            if rest.is_empty() {
+                parsed.set_query(None);
+            } else {
+                parsed.query_pairs_mut().clear().extend_pairs(rest);
+            }
+            parsed.to_string()
+        };
+        Ok(Self {
+            kind,
+            client_url,
+            params,
+        })
+    }
+
+    /// Which broker.
+    pub fn kind(&self) -> BrokerKind {
+        self.kind
+    }
+
+    /// The URL handed to the client (idem's settings removed). It may hold a password:
+    /// print the `BrokerUrl` itself (`Display` masks it).
+    pub fn client_url(&self) -> &str {
+        &self.client_url
+    }
+
+    /// One of idem's settings from the query.
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.params.get(key).map(String::as_str)
+    }
+
+    #[allow(dead_code)] // used by the broker features
+    fn duration(&self, key: &str) -> Option<Duration> {
+        self.param(key).and_then(|v| parse_duration(v).ok())
+    }
+
+    /// The RabbitMQ configuration for queue `name`.
+    #[cfg(feature = "rabbitmq")]
+    pub fn rabbitmq(&self, name: &str) -> crate::rabbitmq::RabbitConfig {
+        crate::rabbitmq::RabbitConfig::new(&self.client_url, name)
+    }
+
+    /// The JetStream configuration for subject `name`.
+    #[cfg(feature = "nats")]
+    pub fn nats(&self, name: &str) -> crate::nats::NatsConfig {
+        let mut c = crate::nats::NatsConfig::new(&self.client_url, name);
+        if let Some(d) = self.duration("ack_wait") {
+            c = c.with_ack_wait(d);
+        }
+        if let Some(d) = self.param("durable") {
+            c = c.with_durable(d);
+        }
+        c
+    }
+
+    /// The Redis Streams configuration for stream `name`.
+    #[cfg(feature = "redis-streams")]
+    pub fn redis_streams(&self, name: &str) -> crate::redis_streams::RedisStreamsConfig {
+        let mut c = crate::redis_streams::RedisStreamsConfig::new(&self.client_url, name);
+        if let Some(g) = self.param("group") {
+            c = c.with_group(g);
+        }
+        if let Some(n) = self.param("consumer") {
+            c = c.with_consumer(n);
+        }
+        if let Some(d) = self.duration("min_idle") {
+            c = c.with_min_idle(d);
+        }
+        if let Some(d) = self.duration("block") {
+            c = c.with_block(d);
+        }
+        c
+    }
+}
+
+/// Deliveries from any compiled-in broker, as a stream of
+/// `Result<Delivery<AnyAcker>, BrokerError>`.
+pub struct AnyConsumer {
+    inner: BoxStream<'static, Result<Delivery<AnyAcker>, BrokerError>>,
+    kind: BrokerKind,
+}
+
+impl fmt::Debug for AnyConsumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnyConsumer")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+#[allow(dead_code)] // used by the broker features
+fn wrap<S, A>(
+    stream: S,
+    f: fn(A) -> AnyAcker,
+) -> BoxStream<'static, Result<Delivery<AnyAcker>, BrokerError>>
+where
+    S: Stream<Item = Result<Delivery<A>, BrokerError>> + Send + 'static,
+    A: Acker,
+{
+    use futures::StreamExt;
+    stream
+        .map(move |r| {
+            r.map(|d| Delivery {
+                payload: d.payload,
+                headers: d.headers,
+                acker: f(d.acker),
+            })
+        })
+        .boxed()
+}
+
+impl AnyConsumer {
+    /// Connects to the broker of `url` and starts consuming `name` (created if missing),
+    /// with up to `prefetch` unsettled deliveries on hand (for a consumer running
+    /// `concurrency` batches of `batch_size`, `2 × concurrency × batch_size` keeps the
+    /// next batches waiting).
+    ///
+    /// # Errors
+    /// The broker cannot be reached; an invalid name.
+    #[allow(unused_variables)] // with no broker feature
+    pub async fn connect(
+        url: &BrokerUrl,
+        name: &str,
+        prefetch: usize,
+    ) -> Result<Self, BrokerError> {
+        let inner = match url.kind {
+            #[cfg(feature = "rabbitmq")]
+            BrokerKind::RabbitMq => wrap(
+                crate::rabbitmq::RabbitConsumer::connect(
+                    &url.rabbitmq(name).with_prefetch(prefetch),
+                )
+                .await?,
+                AnyAcker::RabbitMq,
+            ),
+            #[cfg(feature = "nats")]
+            BrokerKind::Nats => wrap(
+                crate::nats::NatsConsumer::connect(&url.nats(name).with_prefetch(prefetch)).await?,
+                AnyAcker::Nats,
+            ),
+            #[cfg(feature = "redis-streams")]
+            BrokerKind::RedisStreams => wrap(
+                crate::redis_streams::RedisStreamsConsumer::connect(
+                    &url.redis_streams(name).with_prefetch(prefetch),
+                )
+                .await?,
+                AnyAcker::RedisStreams,
+            ),
+            #[allow(unreachable_patterns)]
+            other => return Err(not_compiled(other)),
+        };
+        Ok(Self {
+            inner,
+            kind: url.kind,
+        })
+    }
+
+    /// Which broker.
+    pub fn kind(&self) -> BrokerKind {
+        self.kind
+    }
+}
+
+#[allow(dead_code)]
+fn not_compiled(kind: BrokerKind) -> BrokerError {
+    BrokerError::Unsupported {
+        scheme: kind.to_string(),
+        hint: format!("rebuild idem-broker with the {:?} feature", kind.feature()),
+    }
+}
+
+impl Stream for AnyConsumer {
+    type Item = Result<Delivery<AnyAcker>, BrokerError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+/// The acker of an [`AnyConsumer`]'s deliveries: the broker's own, behind one type.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnyAcker {
+    /// See [`crate::rabbitmq::RabbitAcker`].
+    #[cfg(feature = "rabbitmq")]
+    RabbitMq(crate::rabbitmq::RabbitAcker),
+    /// See [`crate::nats::NatsAcker`].
+    #[cfg(feature = "nats")]
+    Nats(crate::nats::NatsAcker),
+    /// See [`crate::redis_streams::RedisStreamsAcker`].
+    #[cfg(feature = "redis-streams")]
+    RedisStreams(crate::redis_streams::RedisStreamsAcker),
+}
+
+impl AnyAcker {
+    #[allow(dead_code)]
+    fn slot(&self) -> usize {
+        match *self {
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(_) => 0,
+            #[cfg(feature = "nats")]
+            Self::Nats(_) => 1,
+            #[cfg(feature = "redis-streams")]
+            Self::RedisStreams(_) => 2,
+        }
+    }
+}
+
+/// Acks `items` (all of one variant, unwrapped by `take`) with that broker's batch form.
+#[allow(dead_code)]
+async fn ack_group<A: Acker>(
+    items: Vec<(AnyAcker, AckProof)>,
+    take: fn(AnyAcker) -> Option<A>,
+) -> Vec<Result<(), AckError>> {
+    let mut inner = Vec::with_capacity(items.len());
+    for (a, p) in items {
+        match take(a) {
+            Some(a) => inner.push((a, p)),
+            None => {
+                return vec![Err(AckError::new(
+                    "mixed brokers in one ack batch",
+                    false,
+                    None,
+                ))]
+            }
+        }
+    }
+    A::ack_all(inner).await
+}
+
+#[async_trait]
+impl Acker for AnyAcker {
+    async fn ack(self, proof: AckProof) -> Result<(), AckError> {
+        match self {
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(a) => a.ack(proof).await,
+            #[cfg(feature = "nats")]
+            Self::Nats(a) => a.ack(proof).await,
+            #[cfg(feature = "redis-streams")]
+            Self::RedisStreams(a) => a.ack(proof).await,
+        }
+    }
+
+    async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
+        match self {
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(a) => a.nack(delay).await,
+            #[cfg(feature = "nats")]
+            Self::Nats(a) => a.nack(delay).await,
+            #[cfg(feature = "redis-streams")]
+            Self::RedisStreams(a) => a.nack(delay).await,
+        }
+    }
+
+    async fn dead_letter(
+        self,
+        payload: &[u8],
+        headers: &Headers,
+        reason: &RejectReason,
+    ) -> Result<(), AckError> {
+        match self {
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(a) => a.dead_letter(payload, headers, reason).await,
+            #[cfg(feature = "nats")]
+            Self::Nats(a) => a.dead_letter(payload, headers, reason).await,
+            #[cfg(feature = "redis-streams")]
+            Self::RedisStreams(a) => a.dead_letter(payload, headers, reason).await,
+        }
+    }
+
+    /// Groups the batch by broker and uses each broker's batch ack, keeping the order of
+    /// the results.
+    async fn ack_all(items: Vec<(Self, AckProof)>) -> Vec<Result<(), AckError>> {
+        let n = items.len();
+        let mut groups: [Vec<(usize, Self, AckProof)>; 3] = Default::default();
+        for (i, (a, p)) in items.into_iter().enumerate() {
+            groups[a.slot()].push((i, a, p));
+        }
+        let mut out: Vec<Option<Result<(), AckError>>> = (0..n).map(|_| None).collect();
+        for (slot, group) in groups.into_iter().enumerate() {
+            if group.is_empty() {
+                continue;
+            }
+            let (idx, batch): (Vec<usize>, Vec<(Self, AckProof)>) =
+                group.into_iter().map(|(i, a, p)| (i, (a, p))).unzip();
+            let results = match slot {
+                #[cfg(feature = "rabbitmq")]
+                0 => {
+                    ack_group(batch, |a| match a {
+                        Self::RabbitMq(a) => Some(a),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    })
+                    .await
+                }
+                #[cfg(feature = "nats")]
+                1 => {
+                    ack_group(batch, |a| match a {
+                        Self::Nats(a) => Some(a),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    })
+                    .await
+                }
+                #[cfg(feature = "redis-streams")]
+                2 => {
+                    ack_group(batch, |a| match a {
+                        Self::RedisStreams(a) => Some(a),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    })
+                    .await
+                }
+                _ => {
+                    drop(batch);
+                    Vec::new()
+                }
+            };
+            for (i, r) in idx.into_iter().zip(results) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(AckError::new("ack result missing", false, None))))
+            .collect()
+    }
+}
+
+/// A publisher to any compiled-in broker (for the relay and `idem publish`).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnyPublisher {
+    /// See [`crate::rabbitmq::RabbitPublisher`].
+    #[cfg(feature = "rabbitmq")]
+    RabbitMq(crate::rabbitmq::RabbitPublisher),
+    /// See [`crate::nats::NatsPublisher`].
+    #[cfg(feature = "nats")]
+    Nats(crate::nats::NatsPublisher),
+    /// See [`crate::redis_streams::RedisStreamsPublisher`].
+    #[cfg(feature = "redis-streams")]
+    RedisStreams(crate::redis_streams::RedisStreamsPublisher),
+}
+
+impl AnyPublisher {
+    /// Connects to the broker of `url` for publishing to `name` (created if missing).
+    ///
+    /// # Errors
+    /// The broker cannot be reached; an invalid name.
+    #[allow(unused_variables)] // with no broker feature
+    pub async fn connect(url: &BrokerUrl, name: &str) -> Result<Self, BrokerError> {
+        match url.kind {
+            #[cfg(feature = "rabbitmq")]
+            BrokerKind::RabbitMq => Ok(Self::RabbitMq(
+                crate::rabbitmq::RabbitPublisher::connect(&url.client_url, name).await?,
+            )),
+            #[cfg(feature = "nats")]
+            BrokerKind::Nats => Ok(Self::Nats(
+                crate::nats::NatsPublisher::connect(&url.client_url, name).await?,
+            )),
+            #[cfg(feature = "redis-streams")]
+            BrokerKind::RedisStreams => Ok(Self::RedisStreams(
+                crate::redis_streams::RedisStreamsPublisher::connect(&url.client_url, name).await?,
+            )),
+            #[allow(unreachable_patterns)]
+            other => Err(not_compiled(other)),
+        }
+    }
+
+    /// Publishes each body as it is, durably, in order, waiting for the broker's
+    /// confirmation. Equal bodies stay separate messages.
+    ///
+    /// # Errors
+    /// A failed or unconfirmed publish; bodies before it may have been published.
+    #[allow(unused_variables)] // with no broker feature
+    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        match self {
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(p) => p.publish_raw(bodies).await,
+            #[cfg(feature = "nats")]
+            Self::Nats(p) => p.publish_raw(bodies).await,
+            #[cfg(feature = "redis-streams")]
+            Self::RedisStreams(p) => p.publish_raw(bodies).await,
+        }
+    }
+}
+
+#[async_trait]
+impl Publisher for AnyPublisher {
+    #[allow(unused_variables)] // with no broker feature
+    async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
+        match self {
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(p) => p.publish(events).await,
+            #[cfg(feature = "nats")]
+            Self::Nats(p) => p.publish(events).await,
+            #[cfg(feature = "redis-streams")]
+            Self::RedisStreams(p) => p.publish(events).await,
+        }
+    }
+}
+
+/// Publishes each body to `name` as it is (see [`AnyPublisher::publish_raw`]).
+///
+/// # Errors
+/// As [`AnyPublisher::connect`] and [`AnyPublisher::publish_raw`].
+pub async fn publish_raw(
+    url: &BrokerUrl,
+    name: &str,
+    bodies: &[Vec<u8>],
+) -> Result<(), BrokerError> {
+    AnyPublisher::connect(url, name)
+        .await?
+        .publish_raw(bodies)
+        .await
+}
+
+/// What is left to settle in `name`, for tests and scripts:
+///
+/// - RabbitMQ: ready messages (unacked ones count again once their channel closes);
+/// - NATS: the durable consumer's pending plus ack-pending messages;
+/// - Redis Streams: the group's lag plus its pending entries.
+///
+/// # Errors
+/// The broker cannot be reached.
+#[allow(unused_variables)] // with no broker feature
+pub async fn pending_count(url: &BrokerUrl, name: &str) -> Result<u64, BrokerError> {
+    match url.kind {
+        #[cfg(feature = "rabbitmq")]
+        BrokerKind::RabbitMq => crate::rabbitmq::pending_count(&url.client_url, name).await,
+        #[cfg(feature = "nats")]
+        BrokerKind::Nats => {
+            let c = url.nats(name);
+            crate::nats::pending_count(&c.url, name, &c.durable).await
+        }
+        #[cfg(feature = "redis-streams")]
+        BrokerKind::RedisStreams => {
+            let c = url.redis_streams(name);
+            crate::redis_streams::pending_count(&c.url, name, &c.group).await
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(not_compiled(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn later_brokers_say_so() {
+        for u in ["sqs://q", "kafka://127.0.0.1:9092"] {
+            let e = BrokerUrl::parse(u).unwrap_err();
+            assert!(matches!(e, BrokerError::Unsupported { .. }), "{e}");
+            assert!(e.to_string().contains("not supported in this build"), "{e}");
+        }
+        assert!(matches!(
+            BrokerUrl::parse("ftp://x"),
+            Err(BrokerError::InvalidUrl(_))
+        ));
+        assert!(matches!(
+            BrokerUrl::parse("not a url"),
+            Err(BrokerError::InvalidUrl(_))
+        ));
+    }
+
+    #[cfg(feature = "redis-streams")]
+    #[test]
+    fn redis_settings_leave_the_client_url() {
+        let u = BrokerUrl::parse("redis://127.0.0.1:6379/0?min_idle=500ms&group=g").unwrap();
+        assert_eq!(u.kind(), BrokerKind::RedisStreams);
+        assert_eq!(u.client_url(), "redis://127.0.0.1:6379/0");
+        let c = u.redis_streams("s");
+        assert_eq!(c.group, "g");
+        assert_eq!(c.min_idle, Duration::from_millis(500));
+        assert!(BrokerUrl::parse("redis://127.0.0.1?min_idle=soon").is_err());
+    }
+
+    #[cfg(feature = "nats")]
+    #[test]
+    fn nats_settings() {
+        let u = BrokerUrl::parse("nats://127.0.0.1:4222?ack_wait=2s&durable=d").unwrap();
+        assert_eq!(u.client_url(), "nats://127.0.0.1:4222");
+        let c = u.nats("grants");
+        assert_eq!(c.ack_wait, Duration::from_secs(2));
+        assert_eq!(c.durable, "d");
+    }
+
+    #[cfg(feature = "rabbitmq")]
+    #[test]
+    fn amqp_urls_pass_through_and_passwords_are_masked() {
+        let u = BrokerUrl::parse("amqp://guest:secret@127.0.0.1:5672/%2f").unwrap();
+        assert_eq!(u.kind(), BrokerKind::RabbitMq);
+        assert_eq!(u.client_url(), "amqp://guest:secret@127.0.0.1:5672/%2f");
+        assert!(!u.to_string().contains("secret"));
+        assert!(!format!("{u:?}").contains("secret"));
+        let bare = BrokerUrl::parse("amqp://127.0.0.1:5672").unwrap();
+        assert_eq!(bare.client_url(), "amqp://127.0.0.1:5672");
+    }
+}

@@ -1,0 +1,130 @@
+//! The crate's one error type.
+
+use idem_core::{AckError, BoxError, PublishError};
+
+/// A broker adapter failed. Every variant says whether retrying can help
+/// ([`BrokerError::is_retryable`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// The broker URL cannot be used (bad syntax, unknown scheme, bad parameter).
+    #[error("invalid broker URL: {0}")]
+    InvalidUrl(String),
+    /// The scheme is known but its adapter is not compiled into this build.
+    #[error("{scheme}:// brokers are not supported in this build ({hint})")]
+    Unsupported {
+        /// The URL scheme (`sqs`, `kafka`, or one whose feature is off).
+        scheme: String,
+        /// What would enable it.
+        hint: String,
+    },
+    /// A queue, stream or subject name the broker cannot take.
+    #[error("invalid name {name:?}: {reason}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// The broker could not be reached, or refused the connection.
+    #[error("cannot connect to {broker}")]
+    Connect {
+        /// Which broker (`rabbitmq`, `nats`, `redis`).
+        broker: &'static str,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// An operation on an open connection failed.
+    #[error("{broker}: {action} failed")]
+    Operation {
+        /// Which broker.
+        broker: &'static str,
+        /// What was being done (`basic.ack`, `XREADGROUP`, …).
+        action: &'static str,
+        /// Whether a retry can help.
+        retryable: bool,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The broker answered a publish with a refusal (a nack, a returned message).
+    #[error("{broker} did not confirm a publish: {detail}")]
+    NotConfirmed {
+        /// Which broker.
+        broker: &'static str,
+        /// What the broker said.
+        detail: String,
+    },
+}
+
+impl BrokerError {
+    /// Whether running the same operation again can succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::InvalidUrl(_) | Self::Unsupported { .. } | Self::InvalidName { .. } => false,
+            Self::Connect { .. } | Self::NotConfirmed { .. } => true,
+            Self::Operation { retryable, .. } => *retryable,
+        }
+    }
+
+    #[allow(dead_code)] // used by the broker features
+    pub(crate) fn connect(broker: &'static str, source: impl Into<BoxError>) -> Self {
+        Self::Connect {
+            broker,
+            source: source.into(),
+        }
+    }
+
+    #[allow(dead_code)] // used by the broker features
+    pub(crate) fn op(
+        broker: &'static str,
+        action: &'static str,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Self::Operation {
+            broker,
+            action,
+            retryable: true,
+            source: source.into(),
+        }
+    }
+}
+
+impl From<BrokerError> for AckError {
+    fn from(e: BrokerError) -> Self {
+        let retryable = e.is_retryable();
+        AckError::new(e.to_string(), retryable, Some(Box::new(e)))
+    }
+}
+
+impl From<BrokerError> for PublishError {
+    fn from(e: BrokerError) -> Self {
+        let retryable = e.is_retryable();
+        PublishError::new(e.to_string(), retryable, Some(Box::new(e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryability_follows_the_variant() {
+        assert!(!BrokerError::InvalidUrl("x".into()).is_retryable());
+        assert!(!BrokerError::Unsupported {
+            scheme: "sqs".into(),
+            hint: "later".into()
+        }
+        .is_retryable());
+        assert!(BrokerError::connect("nats", std::io::Error::other("refused")).is_retryable());
+        let e: AckError = BrokerError::op("nats", "ack", std::io::Error::other("x")).into();
+        assert!(e.is_retryable());
+        let p: PublishError = BrokerError::NotConfirmed {
+            broker: "rabbitmq",
+            detail: "nack".into(),
+        }
+        .into();
+        assert!(p.is_retryable());
+    }
+}

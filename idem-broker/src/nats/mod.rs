@@ -1,0 +1,90 @@
+//! NATS JetStream through async-nats (feature `nats`).
+//!
+//! - **Names**: a `NAME` is a JetStream stream on subject `NAME`, file storage, created if
+//!   missing. JetStream stream names cannot contain `.`, so the stream is named after the
+//!   subject with `.` replaced by `_` ([`stream_name`]): the dead letters of `grants` are
+//!   on subject `grants.dead-letter`, in the stream `grants_dead-letter`.
+//! - **Consuming** ([`NatsConsumer`]): a durable pull consumer (default name `idem`,
+//!   explicit acks, [`NatsConfig::ack_wait`] configurable, unlimited redeliveries).
+//!   [`NatsAcker`]: `ack` → a double ack (the server confirms it); `nack(delay)` → `-NAK`
+//!   with the delay; `dead_letter` → a confirmed publish to `NAME.dead-letter` with the
+//!   reason in the [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER)
+//!   header, then `+TERM` (no more redeliveries). A delivery not acked within
+//!   `ack_wait` (a crash, a dropped consumer) is redelivered.
+//! - **Publishing** ([`NatsPublisher`]): each outbox event with its id both as
+//!   `Nats-Msg-Id` (the stream's duplicate window drops a republish) and in the
+//!   [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header; `publish` waits for
+//!   every JetStream publish ack.
+//! - **Counting** ([`pending_count`]): the durable consumer's pending (not yet delivered)
+//!   plus ack-pending (delivered, not acked) messages.
+
+mod config;
+mod consumer;
+mod publisher;
+
+pub use config::NatsConfig;
+pub use consumer::{NatsAcker, NatsConsumer};
+pub use publisher::{pending_count, publish_raw, NatsPublisher};
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+
+use crate::BrokerError;
+
+pub(crate) const BROKER: &str = "nats";
+
+/// The JetStream stream that holds subject `name`: `name` with `.` replaced by `_`.
+///
+/// ```
+/// assert_eq!(idem_broker::nats::stream_name("grants.dead-letter"), "grants_dead-letter");
+/// ```
+pub fn stream_name(name: &str) -> String {
+    name.replace('.', "_")
+}
+
+pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
+    let bad = |reason: &str| BrokerError::InvalidName {
+        name: name.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if name.is_empty() {
+        return Err(bad("empty"));
+    }
+    if name
+        .chars()
+        .any(|c| c.is_whitespace() || matches!(c, '*' | '>' | '/' | '\\'))
+    {
+        return Err(bad(
+            "a JetStream subject and stream name cannot contain whitespace, '*', '>', '/' or '\\'",
+        ));
+    }
+    if name.starts_with('.') || name.ends_with('.') || name.contains("..") {
+        return Err(bad("empty subject token"));
+    }
+    Ok(())
+}
+
+pub(crate) async fn connect(url: &str) -> Result<jetstream::Context, BrokerError> {
+    let client = async_nats::connect(url)
+        .await
+        .map_err(|e| BrokerError::connect(BROKER, e))?;
+    Ok(jetstream::new(client))
+}
+
+/// Gets or creates the file-backed stream for subject `name`.
+pub(crate) async fn ensure_stream(
+    js: &jetstream::Context,
+    name: &str,
+    duplicate_window: Duration,
+) -> Result<stream::Stream, BrokerError> {
+    js.get_or_create_stream(stream::Config {
+        name: stream_name(name),
+        subjects: vec![name.to_owned()],
+        storage: stream::StorageType::File,
+        duplicate_window,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| BrokerError::op(BROKER, "stream create", e))
+}

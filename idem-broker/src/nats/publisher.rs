@@ -1,0 +1,143 @@
+//! Publishing to a JetStream stream: [`NatsPublisher`] for the relay, [`publish_raw`] for
+//! bodies as they are, and [`pending_count`].
+
+use async_nats::jetstream::{self, context::PublishAckFuture};
+use async_nats::HeaderMap;
+use async_trait::async_trait;
+use idem_core::{OutboxEvent, PublishError, Publisher};
+
+use super::consumer::consumer_config;
+use super::{check_name, connect, ensure_stream, NatsConfig, BROKER};
+use crate::BrokerError;
+
+/// How many publishes are in flight before waiting for their acks.
+const ACK_WINDOW: usize = 1_000;
+
+/// Publishes `(payload, headers, msg_id)` in order to `subject` and waits for every
+/// JetStream publish ack.
+pub(super) async fn publish_confirmed(
+    js: &jetstream::Context,
+    subject: &str,
+    msgs: Vec<(Vec<u8>, Vec<(String, String)>, Option<String>)>,
+) -> Result<(), BrokerError> {
+    let mut pending: Vec<PublishAckFuture> = Vec::new();
+    for (payload, headers, msg_id) in msgs {
+        let mut h = HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(k.as_str(), v.as_str());
+        }
+        if let Some(id) = msg_id {
+            h.insert("Nats-Msg-Id", id.as_str());
+        }
+        let ack = js
+            .publish_with_headers(subject.to_owned(), h, payload.into())
+            .await
+            .map_err(|e| BrokerError::op(BROKER, "publish", e))?;
+        pending.push(ack);
+        if pending.len() >= ACK_WINDOW {
+            wait_all(std::mem::take(&mut pending)).await?;
+        }
+    }
+    wait_all(pending).await
+}
+
+async fn wait_all(pending: Vec<PublishAckFuture>) -> Result<(), BrokerError> {
+    for ack in pending {
+        ack.await.map_err(|e| BrokerError::NotConfirmed {
+            broker: BROKER,
+            detail: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// Publishes outbox events to a JetStream stream.
+///
+/// Each event carries its id as `Nats-Msg-Id` (a republish within the stream's duplicate
+/// window is dropped by the server) and in the
+/// [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header, and its type in
+/// [`EVENT_TYPE_HEADER`](idem_core::outbox::EVENT_TYPE_HEADER).
+#[derive(Debug)]
+pub struct NatsPublisher {
+    js: jetstream::Context,
+    subject: String,
+}
+
+impl NatsPublisher {
+    /// Connects and creates the stream for subject `name` if missing.
+    ///
+    /// # Errors
+    /// The server cannot be reached, or the name is refused.
+    pub async fn connect(url: &str, name: &str) -> Result<Self, BrokerError> {
+        check_name(name)?;
+        let js = connect(url).await?;
+        ensure_stream(&js, name, NatsConfig::new(url, name).duplicate_window).await?;
+        Ok(Self {
+            js,
+            subject: name.to_owned(),
+        })
+    }
+
+    /// Publishes each body as it is (no `Nats-Msg-Id`, so equal bodies stay two
+    /// messages), in order, waiting for every ack.
+    ///
+    /// # Errors
+    /// A failed or unacknowledged publish; bodies before it may have been published.
+    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        publish_confirmed(
+            &self.js,
+            &self.subject,
+            bodies
+                .iter()
+                .map(|b| (b.clone(), Vec::new(), None))
+                .collect(),
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl Publisher for NatsPublisher {
+    async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
+        let msgs = events
+            .iter()
+            .map(|e| (e.payload.clone(), e.headers(), Some(e.event_id.to_string())))
+            .collect();
+        publish_confirmed(&self.js, &self.subject, msgs)
+            .await
+            .map_err(Into::into)
+    }
+}
+
+/// Publishes each body to subject `name` as it is (see [`NatsPublisher::publish_raw`]).
+///
+/// # Errors
+/// As [`NatsPublisher::connect`] and [`NatsPublisher::publish_raw`].
+pub async fn publish_raw(url: &str, name: &str, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+    NatsPublisher::connect(url, name)
+        .await?
+        .publish_raw(bodies)
+        .await
+}
+
+/// What the durable consumer `durable` of `name` has not settled: messages not yet
+/// delivered plus messages delivered and not acked. The stream and the consumer are
+/// created if missing (a new consumer starts at the stream's first message).
+///
+/// # Errors
+/// The server cannot be reached.
+pub async fn pending_count(url: &str, name: &str, durable: &str) -> Result<u64, BrokerError> {
+    check_name(name)?;
+    let config = NatsConfig::new(url, name).with_durable(durable);
+    let js = connect(url).await?;
+    let stream = ensure_stream(&js, name, config.duplicate_window).await?;
+    let consumer: jetstream::consumer::PullConsumer = stream
+        .get_or_create_consumer(durable, consumer_config(&config))
+        .await
+        .map_err(|e| BrokerError::op(BROKER, "consumer info", e))?;
+    let info = consumer
+        .get_info()
+        .await
+        .map_err(|e| BrokerError::op(BROKER, "consumer info", e))?;
+    Ok(info.num_pending + info.num_ack_pending as u64)
+}

@@ -1,0 +1,212 @@
+//! Publishing to a queue with publisher confirms: [`RabbitPublisher`] for the relay,
+//! [`publish_raw`] for bodies as they are, and [`pending_count`].
+
+use async_trait::async_trait;
+use idem_core::{OutboxEvent, PublishError, Publisher};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Connection};
+
+use super::{check_name, confirm_channel, connect, declare, BROKER};
+use crate::BrokerError;
+
+/// How many publishes are in flight before waiting for their confirms.
+const CONFIRM_WINDOW: usize = 1_000;
+
+/// Persistent (survives a broker restart).
+const PERSISTENT: u8 = 2;
+
+pub(super) struct OutMessage<'a> {
+    pub(super) payload: &'a [u8],
+    pub(super) headers: &'a [(String, String)],
+    pub(super) message_id: Option<String>,
+}
+
+/// Publishes `msgs` in order through the default exchange to `queue` (persistent,
+/// mandatory) and waits until the broker confirmed every one.
+pub(super) async fn confirmed_publish(
+    channel: &Channel,
+    queue: &str,
+    msgs: &[OutMessage<'_>],
+) -> Result<(), BrokerError> {
+    for chunk in msgs.chunks(CONFIRM_WINDOW) {
+        let mut confirms = Vec::with_capacity(chunk.len());
+        for m in chunk {
+            let mut props = BasicProperties::default().with_delivery_mode(PERSISTENT);
+            if !m.headers.is_empty() {
+                let mut table = FieldTable::default();
+                for (k, v) in m.headers {
+                    table.insert(
+                        ShortString::from(k.as_str()),
+                        AMQPValue::LongString(v.as_str().into()),
+                    );
+                }
+                props = props.with_headers(table);
+            }
+            if let Some(id) = &m.message_id {
+                props = props.with_message_id(id.as_str().into());
+            }
+            let confirm = channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
+                    m.payload,
+                    props,
+                )
+                .await
+                .map_err(|e| BrokerError::op(BROKER, "basic.publish", e))?;
+            confirms.push(confirm);
+        }
+        for confirm in confirms {
+            let c = confirm
+                .await
+                .map_err(|e| BrokerError::op(BROKER, "publisher confirm", e))?;
+            if c.is_nack() {
+                return Err(BrokerError::NotConfirmed {
+                    broker: BROKER,
+                    detail: "the broker nacked a publish".into(),
+                });
+            }
+            if let Some(returned) = c.take_message() {
+                return Err(BrokerError::NotConfirmed {
+                    broker: BROKER,
+                    detail: format!(
+                        "message returned unroutable: {} {}",
+                        returned.reply_code, returned.reply_text
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Publishes outbox events to a durable queue, with publisher confirms.
+///
+/// Each event is persistent, carries its id in the
+/// [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header and as the AMQP
+/// `message_id`, and its type in
+/// [`EVENT_TYPE_HEADER`](idem_core::outbox::EVENT_TYPE_HEADER).
+/// [`publish`](Publisher::publish) returns once the broker confirmed every event.
+pub struct RabbitPublisher {
+    _connection: Connection,
+    channel: Channel,
+    queue: String,
+}
+
+impl std::fmt::Debug for RabbitPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitPublisher")
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitPublisher {
+    /// Connects and declares the durable queue `name`.
+    ///
+    /// # Errors
+    /// The broker cannot be reached, or the name is refused.
+    pub async fn connect(url: &str, name: &str) -> Result<Self, BrokerError> {
+        check_name(name)?;
+        let connection = connect(url).await?;
+        let channel = confirm_channel(&connection).await?;
+        declare(&channel, name).await?;
+        Ok(Self {
+            _connection: connection,
+            channel,
+            queue: name.to_owned(),
+        })
+    }
+
+    /// Publishes each body as it is (persistent, confirmed), in order.
+    ///
+    /// # Errors
+    /// A failed publish or a refused confirm; bodies before it may have been published.
+    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        let msgs: Vec<OutMessage<'_>> = bodies
+            .iter()
+            .map(|b| OutMessage {
+                payload: b,
+                headers: &[],
+                message_id: None,
+            })
+            .collect();
+        confirmed_publish(&self.channel, &self.queue, &msgs).await
+    }
+}
+
+#[async_trait]
+impl Publisher for RabbitPublisher {
+    async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
+        let headers: Vec<Vec<(String, String)>> = events.iter().map(OutboxEvent::headers).collect();
+        let msgs: Vec<OutMessage<'_>> = events
+            .iter()
+            .zip(&headers)
+            .map(|(e, h)| OutMessage {
+                payload: &e.payload,
+                headers: h,
+                message_id: Some(e.event_id.to_string()),
+            })
+            .collect();
+        confirmed_publish(&self.channel, &self.queue, &msgs)
+            .await
+            .map_err(Into::into)
+    }
+}
+
+/// Publishes each body to the durable queue `name` as it is (see
+/// [`RabbitPublisher::publish_raw`]).
+///
+/// # Errors
+/// As [`RabbitPublisher::connect`] and [`RabbitPublisher::publish_raw`].
+pub async fn publish_raw(url: &str, name: &str, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+    RabbitPublisher::connect(url, name)
+        .await?
+        .publish_raw(bodies)
+        .await
+}
+
+/// The ready messages of queue `name` (0 when it does not exist). AMQP does not report
+/// unacked deliveries; they count again once their consumer's channel closes.
+///
+/// # Errors
+/// The broker cannot be reached.
+pub async fn pending_count(url: &str, name: &str) -> Result<u64, BrokerError> {
+    check_name(name)?;
+    let connection = connect(url).await?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| BrokerError::op(BROKER, "channel.open", e))?;
+    let n = match channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+    {
+        Ok(q) => u64::from(q.message_count()),
+        // A passive declare of a missing queue closes the channel with NOT_FOUND.
+        Err(e) if is_not_found(&e) => 0,
+        Err(e) => return Err(BrokerError::op(BROKER, "queue.declare (passive)", e)),
+    };
+    let _ = connection.close(200, "done".into()).await;
+    Ok(n)
+}
+
+fn is_not_found(e: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        e.kind(),
+        lapin::ErrorKind::ProtocolError(p) if *p.kind() == AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)
+    )
+}

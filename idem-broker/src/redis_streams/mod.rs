@@ -1,0 +1,82 @@
+//! Redis Streams through fred (feature `redis-streams`).
+//!
+//! - **Names**: a `NAME` is a stream key with a consumer group (default `idem`), created
+//!   with `MKSTREAM` if missing, starting at the stream's first entry. An entry's body is
+//!   its [`PAYLOAD_FIELD`] field; every other field is a header.
+//! - **Consuming** ([`RedisStreamsConsumer`]): `XREADGROUP … >` for new entries, and
+//!   `XAUTOCLAIM` so a live consumer takes over the pending entries of a dead one once
+//!   they have been idle for [`RedisStreamsConfig::min_idle`]. [`RedisStreamsAcker`]:
+//!   `ack` → `XACK` (one `XACK` for a whole batch in
+//!   [`ack_all`](idem_core::Acker::ack_all)); `nack(delay)` → the entry stays pending and
+//!   its idle time is set (`XCLAIM … IDLE`) so it is reclaimed after `delay`;
+//!   `dead_letter` → `XADD NAME.dead-letter` with the payload, the original fields and
+//!   the reason in the [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER)
+//!   field, then `XACK`.
+//! - **Publishing** ([`RedisStreamsPublisher`]): `XADD` with the payload, the event id in
+//!   the [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) field and the event type
+//!   (pipelined, then every reply awaited).
+//! - **Counting** ([`pending_count`]): the group's lag (entries not yet delivered) plus
+//!   its pending entries list (delivered, not acked).
+//!
+//! Durability is the server's: with `appendonly yes` (and `appendfsync always` for
+//! zero loss) an acknowledged `XADD` survives a restart.
+
+mod config;
+mod consumer;
+mod publisher;
+
+pub use config::RedisStreamsConfig;
+pub use consumer::{RedisStreamsAcker, RedisStreamsConsumer};
+pub use publisher::{pending_count, publish_raw, RedisStreamsPublisher};
+
+use std::time::Duration;
+
+use fred::prelude::*;
+
+use crate::BrokerError;
+
+pub(crate) const BROKER: &str = "redis";
+
+/// The stream field that holds an entry's body.
+pub const PAYLOAD_FIELD: &str = "payload";
+
+pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
+    if name.is_empty() {
+        return Err(BrokerError::InvalidName {
+            name: name.to_owned(),
+            reason: "empty".into(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) async fn connect(url: &str) -> Result<Client, BrokerError> {
+    let config = Config::from_url(url).map_err(|e| BrokerError::InvalidUrl(e.to_string()))?;
+    let client = Builder::from_config(config)
+        .with_connection_config(|c| {
+            c.connection_timeout = Duration::from_secs(5);
+        })
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+        .build()
+        .map_err(|e| BrokerError::InvalidUrl(e.to_string()))?;
+    client
+        .init()
+        .await
+        .map_err(|e| BrokerError::connect(BROKER, e))?;
+    Ok(client)
+}
+
+/// Creates the group at the stream's start (and the stream), unless it exists.
+pub(crate) async fn ensure_group(
+    client: &Client,
+    name: &str,
+    group: &str,
+) -> Result<(), BrokerError> {
+    let r: Result<Value, Error> = client.xgroup_create(name, group, "0", true).await;
+    match r {
+        Ok(_) => Ok(()),
+        // The server's error code for "group exists".
+        Err(e) if e.details().starts_with("BUSYGROUP") => Ok(()),
+        Err(e) => Err(BrokerError::op(BROKER, "XGROUP CREATE", e)),
+    }
+}
