@@ -389,11 +389,8 @@ mod fred_impl {
         // Pipelines have no `eval` in fred 10: a custom command, routed by the key's slot.
         let p = c.pipeline();
         for k in keys {
-            let cmd = CustomCommand::new_static(
-                "EVAL",
-                fred::util::redis_keyslot(k.as_bytes()),
-                false,
-            );
+            let cmd =
+                CustomCommand::new_static("EVAL", fred::util::redis_keyslot(k.as_bytes()), false);
             let mut cmd_args: Vec<Value> = Vec::with_capacity(3 + args.len());
             cmd_args.push(script.into());
             cmd_args.push(1_i64.into());

@@ -6,10 +6,12 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use idem_core::{
-    async_trait, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter,
-    Filtered, FilteredTx, IdempotencyKey, OutboxEvent, StoreError,
+    async_trait, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter, Filtered,
+    FilteredTx, IdempotencyKey, OutboxEvent, StoreError,
 };
-use idem_store_redis::{ClientKind, KeyState, RedisConfig, RedisFilter, RedisLeaseStore, RedisLeaseTx};
+use idem_store_redis::{
+    ClientKind, KeyState, RedisConfig, RedisFilter, RedisLeaseStore, RedisLeaseTx,
+};
 use idem_testkit::{Effect, MemoryStore, MemoryTx, TestStore};
 
 /// Runs each listed `async fn name(kind: ClientKind)` of the enclosing file once per
@@ -160,7 +162,10 @@ impl TestStore for LeaseTestStore {
         Ok(())
     }
 
-    async fn enqueue_refused(_tx: &mut LeaseTestTx, _key: &IdempotencyKey) -> Result<(), StoreError> {
+    async fn enqueue_refused(
+        _tx: &mut LeaseTestTx,
+        _key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
         Err(StoreError::Rejected {
             message: "outbox refused".into(),
             source: None,
