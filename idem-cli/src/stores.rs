@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use idem_core::{ClaimStore, FilterStats, Handler};
 use idem_grant::{GrantDb, GrantHandler};
+use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 use crate::CliError;
@@ -77,7 +78,6 @@ pub(crate) trait StoreVisitor {
 #[derive(Debug, Clone)]
 pub(crate) struct StoreSpec {
     pub(crate) url: StoreUrl,
-    #[allow(dead_code)] // read by the postgres:// branch
     pub(crate) schema: Option<String>,
     pub(crate) front_filter: Option<String>,
     pub(crate) max_connections: Option<u32>,
@@ -145,9 +145,18 @@ pub(crate) async fn open<V: StoreVisitor>(
             }
             with_filter(spec, store, visitor).await
         }
-        StoreUrl::Postgres(_) => Err(CliError::usage(
-            "postgres:// stores are not available in this build yet",
-        )),
+        StoreUrl::Postgres(url) => {
+            let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
+            let mut config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
+            if let Some(n) = spec.max_connections {
+                config = config.with_max_connections(n);
+            }
+            let store = PgStore::connect(url, config).await?;
+            if migrate {
+                store.migrate_grants().await?;
+            }
+            with_filter(spec, store, visitor).await
+        }
     }
 }
 

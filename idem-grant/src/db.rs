@@ -195,3 +195,116 @@ mod memory {
         }
     }
 }
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use crate::handler::GrantBook;
+    use crate::submission::Grant;
+    use idem_core::OutboxEvent;
+    use idem_store_postgres::error::map_sqlx;
+    use idem_store_postgres::{PgStore, PgTx};
+    use sqlx::Row as _;
+
+    #[async_trait]
+    impl GrantBook for PgTx {
+        async fn record_disbursement(
+            &mut self,
+            table: &str,
+            grant: &Grant,
+            key: &IdempotencyKey,
+        ) -> Result<(), StoreError> {
+            sqlx::query(&format!(
+                "INSERT INTO {table} (award_id, amount_cents, idempotency_key) VALUES ($1, $2, $3)"
+            ))
+            .bind(&grant.award_id)
+            .bind(grant.amount_cents)
+            .bind(key.to_hex())
+            .execute(self.conn())
+            .await
+            .map_err(|e| map_sqlx(e, "recording a disbursement"))?;
+            Ok(())
+        }
+
+        async fn record_batch(
+            &mut self,
+            table: &str,
+            items: &[(&Grant, &IdempotencyKey)],
+            events: &[OutboxEvent],
+        ) -> Result<(), StoreError> {
+            let awards: Vec<&str> = items.iter().map(|(g, _)| g.award_id.as_str()).collect();
+            let amounts: Vec<i64> = items.iter().map(|(g, _)| g.amount_cents).collect();
+            let keys: Vec<String> = items.iter().map(|(_, k)| k.to_hex()).collect();
+            sqlx::query(&format!(
+                "INSERT INTO {table} (award_id, amount_cents, idempotency_key) \
+                 SELECT * FROM unnest($1::text[], $2::int8[], $3::text[])"
+            ))
+            .bind(&awards)
+            .bind(&amounts)
+            .bind(&keys)
+            .execute(self.conn())
+            .await
+            .map_err(|e| map_sqlx(e, "recording disbursements"))?;
+            self.enqueue_many(events).await
+        }
+    }
+
+    #[async_trait]
+    impl GrantDb for PgStore {
+        async fn migrate_grants(&self) -> Result<(), StoreError> {
+            self.migrate().await?;
+            let table = self.table(GRANT_TABLE);
+            sqlx::raw_sql(&format!(
+                "CREATE TABLE IF NOT EXISTS {table} (
+                    award_id text NOT NULL,
+                    amount_cents bigint NOT NULL CHECK (amount_cents >= 0),
+                    idempotency_key text NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS disbursements_award_id ON {table} (award_id);"
+            ))
+            .execute(self.pool())
+            .await
+            .map_err(|e| map_sqlx(e, "creating the disbursements table"))?;
+            Ok(())
+        }
+
+        async fn ledger(&self) -> Result<Vec<LedgerRow>, StoreError> {
+            let rows = sqlx::query(&format!(
+                "SELECT idempotency_key, award_id, amount_cents FROM {}",
+                self.table(GRANT_TABLE)
+            ))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| map_sqlx(e, "reading disbursements"))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(LedgerRow {
+                        key: parse_key(&r.get::<String, _>(0))?,
+                        award_id: r.get(1),
+                        amount_cents: r.get(2),
+                    })
+                })
+                .collect()
+        }
+
+        async fn claim_rows(&self) -> Result<u64, StoreError> {
+            count(self, "processed_messages").await
+        }
+
+        async fn outbox_rows(&self) -> Result<u64, StoreError> {
+            count(self, "outbox").await
+        }
+
+        fn grant_handler(&self) -> GrantHandler {
+            GrantHandler::new().with_table(self.table(GRANT_TABLE))
+        }
+    }
+
+    async fn count(store: &PgStore, table: &str) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table(table)))
+            .fetch_one(store.pool())
+            .await
+            .map_err(|e| map_sqlx(e, "counting rows"))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
