@@ -1,0 +1,173 @@
+//! The store works on a `processed_messages` created by another program with only the
+//! reference columns, and on a reference `outbox` (which `migrate` upgrades in place).
+
+mod common;
+
+use std::time::Duration;
+
+use idem_core::{
+    ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxBatch, OutboxEvent,
+    OutboxSource, OutboxWriter,
+};
+use idem_store_postgres::{PgConfig, PgOutboxSource, PgStore};
+
+async fn columns(store: &PgStore, table: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT column_name::text FROM information_schema.columns \
+         WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
+    )
+    .bind(store.schema())
+    .bind(table)
+    .fetch_all(store.pool())
+    .await
+    .expect("columns")
+}
+
+async fn reference_processed_messages(store: &PgStore) {
+    // As the reference program creates it.
+    sqlx::query(&format!(
+        "CREATE TABLE {} (idempotency_key text primary key, award_id text, claimed_at timestamptz default now())",
+        store.table("processed_messages")
+    ))
+    .execute(store.pool())
+    .await
+    .expect("create reference table");
+}
+
+fn key(n: &str) -> IdempotencyKey {
+    IdempotencyKey::derive(n, "2026-07-01T09:00:00Z", n.as_bytes()).expect("key")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_work_on_a_reference_table_without_any_migration() {
+    let store = common::bare_store(|c| c).await;
+    reference_processed_messages(&store).await;
+    // A row the other program wrote: our claim of the same key is a duplicate.
+    let theirs = key("theirs");
+    sqlx::query(&format!(
+        "INSERT INTO {} (idempotency_key, award_id) VALUES ($1, 'A-1')",
+        store.table("processed_messages")
+    ))
+    .bind(theirs.to_hex())
+    .execute(store.pool())
+    .await
+    .expect("their row");
+
+    let mut tx = store.begin().await.expect("begin");
+    assert_eq!(
+        tx.claim(&theirs, &ClaimMeta::new("A-1"))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Duplicate,
+        "a key the other program claimed must be a duplicate"
+    );
+    let ours = key("ours");
+    assert_eq!(
+        tx.claim(&ours, &ClaimMeta::new("A-2"))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    let batch = tx
+        .claim_batch(&[
+            (key("b1"), ClaimMeta::new("A-3")),
+            (theirs, ClaimMeta::new("A-1")),
+        ])
+        .await
+        .expect("batch");
+    assert_eq!(batch, vec![ClaimOutcome::Claimed, ClaimOutcome::Duplicate]);
+    tx.commit().await.expect("commit");
+
+    // What the other program reads back: its three columns, filled.
+    let row: (String, Option<String>, bool) = sqlx::query_as(&format!(
+        "SELECT idempotency_key, award_id, claimed_at IS NOT NULL FROM {} WHERE idempotency_key = $1",
+        store.table("processed_messages")
+    ))
+    .bind(ours.to_hex())
+    .fetch_one(store.pool())
+    .await
+    .expect("our row");
+    assert_eq!(row, (ours.to_hex(), Some("A-2".to_owned()), true));
+    assert_eq!(
+        columns(&store, "processed_messages").await,
+        ["idempotency_key", "award_id", "claimed_at"]
+    );
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_keeps_a_reference_table_and_upgrades_a_reference_outbox() {
+    let store = common::bare_store(|c| c).await;
+    reference_processed_messages(&store).await;
+    sqlx::query(&format!(
+        "CREATE TABLE {} (event_type text, payload jsonb, created_at timestamptz default now())",
+        store.table("outbox")
+    ))
+    .execute(store.pool())
+    .await
+    .expect("reference outbox");
+    // A row the other program left behind (no event id: not relayed by us).
+    sqlx::query(&format!(
+        "INSERT INTO {} (event_type, payload) VALUES ('disbursement.recorded', '{{\"award_id\":\"A-0\"}}')",
+        store.table("outbox")
+    ))
+    .execute(store.pool())
+    .await
+    .expect("their event");
+
+    store.migrate().await.expect("migrate");
+    store.migrate().await.expect("migrate is idempotent");
+    assert_eq!(
+        columns(&store, "processed_messages").await,
+        ["idempotency_key", "award_id", "claimed_at"],
+        "migrate altered the reference dedup table"
+    );
+
+    let k = key("after-migrate");
+    let mut tx = store.begin().await.expect("begin");
+    assert_eq!(
+        tx.claim(&k, &ClaimMeta::new("A-5")).await.expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    let ev = OutboxEvent::new(k, "disbursement.recorded", "A-5", "{\"award_id\":\"A-5\"}");
+    tx.enqueue(&ev)
+        .await
+        .expect("enqueue into the upgraded outbox");
+    tx.commit().await.expect("commit");
+
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(20));
+    let batch = source.lease(10).await.expect("lease");
+    assert_eq!(batch.events().len(), 1, "only our event is relayed");
+    assert_eq!(batch.events()[0].event_id, ev.event_id);
+    batch.mark_published().await.expect("mark");
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test]
+async fn invalid_schema_names_are_refused() {
+    for bad in ["", "1abc", "a-b", "a\"b", "a b", "x;drop", &"a".repeat(64)] {
+        assert!(PgConfig::new(bad).is_err(), "{bad:?} accepted");
+    }
+    assert!(PgConfig::new("A_b_9").is_ok());
+    let mut c = PgConfig::default();
+    assert_eq!(c.schema, "public");
+    c.schema = "no good".into();
+    let err = PgStore::connect(&common::url(), c)
+        .await
+        .expect_err("invalid schema");
+    assert!(matches!(err, idem_core::StoreError::Config(_)), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_names_are_quoted_and_qualified() {
+    let store = common::fresh_pg().await;
+    assert_eq!(
+        store.table("disbursements"),
+        format!("\"{}\".\"disbursements\"", store.schema())
+    );
+    assert_eq!(
+        store.table("we\"ird"),
+        format!("\"{}\".\"we\"\"ird\"", store.schema())
+    );
+    common::drop_schema(&store).await;
+}

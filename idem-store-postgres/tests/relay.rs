@@ -1,0 +1,326 @@
+//! The relay source: several relays at once never publish a row twice concurrently and
+//! keep each subject's order; a crash between publishing and marking republishes the same
+//! event ids; NOTIFY wakes the relay only on commit.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, EventId, IdempotencyKey, OutboxBatch,
+    OutboxEvent, OutboxSource, OutboxWriter, PublishError, Publisher, Relay,
+};
+use idem_store_postgres::{PgOutboxSource, PgStore};
+use idem_testkit::SimBroker;
+
+fn key(n: usize) -> IdempotencyKey {
+    IdempotencyKey::derive(
+        &format!("S-{n}"),
+        "2026-07-01T09:00:00Z",
+        n.to_string().as_bytes(),
+    )
+    .expect("key")
+}
+
+fn ids(events: &[OutboxEvent]) -> Vec<EventId> {
+    events.iter().map(|e| e.event_id).collect()
+}
+
+fn event(n: usize, subject: &str) -> OutboxEvent {
+    OutboxEvent::new(
+        key(n),
+        "effect.recorded",
+        subject,
+        format!("{{\"n\":{n},\"subject\":\"{subject}\"}}"),
+    )
+}
+
+/// Commits `events` in one claim transaction each.
+async fn commit_events(store: &PgStore, events: &[OutboxEvent]) {
+    for ev in events {
+        let mut tx = store.begin().await.expect("begin");
+        assert_eq!(
+            tx.claim(&ev.idempotency_key, &ClaimMeta::new(ev.subject.clone()))
+                .await
+                .expect("claim"),
+            ClaimOutcome::Claimed
+        );
+        tx.enqueue(ev).await.expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+}
+
+/// A publisher that takes its time, so relays overlap, and records which batches were
+/// in flight at once.
+#[derive(Clone)]
+struct SlowPublisher {
+    broker: SimBroker,
+    in_flight: Arc<std::sync::Mutex<HashSet<EventId>>>,
+    overlaps: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[async_trait]
+impl Publisher for SlowPublisher {
+    async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
+        {
+            let mut f = self.in_flight.lock().expect("lock");
+            for e in events {
+                if !f.insert(e.event_id) {
+                    self.overlaps
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let r = Publisher::publish(&self.broker, events).await;
+        let mut f = self.in_flight.lock().expect("lock");
+        for e in events {
+            f.remove(&e.event_id);
+        }
+        r
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_relays_publish_each_event_once_in_subject_order() {
+    let store = common::fresh_pg().await;
+    let subjects = ["A", "B", "C", "D", "E"];
+    let events: Vec<OutboxEvent> = (0..200)
+        .map(|n| event(n, subjects[(n * 7 + n / 3) % subjects.len()]))
+        .collect();
+    commit_events(&store, &events).await;
+
+    let publisher = SlowPublisher {
+        broker: SimBroker::new(1),
+        in_flight: Arc::default(),
+        overlaps: Arc::default(),
+    };
+    let mut relays = Vec::new();
+    for _ in 0..4 {
+        let relay = Relay::new(
+            PgOutboxSource::new(store.clone(), Duration::from_millis(20)),
+            publisher.clone(),
+            7,
+        );
+        relays.push(tokio::spawn(async move {
+            let mut n = 0;
+            // Run until this relay finds nothing three times in a row.
+            let mut idle = 0;
+            while idle < 3 {
+                match relay.run_once().await.expect("relay") {
+                    0 => {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    k => {
+                        idle = 0;
+                        n += k;
+                    }
+                }
+            }
+            n
+        }));
+    }
+    let mut per_relay = Vec::new();
+    for r in relays {
+        per_relay.push(r.await.expect("relay task"));
+    }
+    let published = publisher.broker.published_events();
+    assert_eq!(published.len(), events.len(), "each event published once");
+    assert_eq!(per_relay.iter().sum::<usize>(), events.len());
+    assert_eq!(
+        publisher.overlaps.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "one event was being published by two relays at once"
+    );
+    let ids: HashSet<EventId> = published.iter().map(|e| e.event_id).collect();
+    assert_eq!(ids.len(), events.len(), "an event was published twice");
+    // Per subject, publication order is commit (id) order.
+    let mut expected: HashMap<&str, Vec<EventId>> = HashMap::new();
+    for e in &events {
+        expected
+            .entry(e.subject.as_str())
+            .or_default()
+            .push(e.event_id);
+    }
+    let mut got: HashMap<&str, Vec<EventId>> = HashMap::new();
+    for e in &published {
+        got.entry(e.subject.as_str()).or_default().push(e.event_id);
+    }
+    assert_eq!(
+        got, expected,
+        "a subject's events were published out of order"
+    );
+    assert!(
+        per_relay.iter().filter(|&&n| n > 0).count() >= 2,
+        "the relays did not share the work: {per_relay:?}"
+    );
+    // Everything is marked: nothing left to lease.
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(20));
+    assert!(source.lease(100).await.expect("lease").events().is_empty());
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_held_by_one_relay_is_skipped_by_another() {
+    let store = common::fresh_pg().await;
+    // ids in order: a0 (A), b0 (B), a1 (A), b1 (B)
+    let evs = vec![event(0, "A"), event(1, "B"), event(2, "A"), event(3, "B")];
+    commit_events(&store, &evs).await;
+    let s1 = PgOutboxSource::new(store.clone(), Duration::from_millis(20));
+    let s2 = PgOutboxSource::new(store.clone(), Duration::from_millis(20));
+
+    let first = s1.lease(1).await.expect("lease");
+    assert_eq!(
+        ids(first.events()),
+        ids(&evs[..1]),
+        "the first relay takes the oldest row"
+    );
+    let second = s2.lease(10).await.expect("lease");
+    assert_eq!(
+        ids(second.events()),
+        ids(&[evs[1].clone(), evs[3].clone()]),
+        "the second relay must take only B's rows: A's next row waits for A's first"
+    );
+    second.mark_published().await.expect("mark");
+    // While A's first row is held, A's second stays unleased.
+    assert!(s2.lease(10).await.expect("lease").events().is_empty());
+    // Released unpublished, then both A rows come in order.
+    first.release().await.expect("release");
+    let again = s2.lease(10).await.expect("lease");
+    assert_eq!(ids(again.events()), ids(&[evs[0].clone(), evs[2].clone()]));
+    again.mark_published().await.expect("mark");
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_publishing_republishes_the_same_event_ids() {
+    let store = common::fresh_pg().await;
+    let evs: Vec<OutboxEvent> = (0..5).map(|n| event(n, &format!("S{}", n % 2))).collect();
+    commit_events(&store, &evs).await;
+    let broker = SimBroker::new(7);
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(20));
+
+    // Publish, then "crash" before marking: the batch is dropped, its transaction rolls
+    // back.
+    {
+        let batch = source.lease(10).await.expect("lease");
+        Publisher::publish(&broker, batch.events())
+            .await
+            .expect("publish");
+        drop(batch);
+    }
+    let first: Vec<EventId> = broker
+        .published_events()
+        .iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(first.len(), 5);
+
+    // A new relay (a restarted process) publishes the same events again, same ids.
+    let relay = Relay::new(
+        PgOutboxSource::new(store.clone(), Duration::from_millis(20)),
+        broker.clone(),
+        10,
+    );
+    assert_eq!(relay.run_once().await.expect("relay"), 5);
+    let all: Vec<EventId> = broker
+        .published_events()
+        .iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(all.len(), 10, "the unmarked batch must be published again");
+    assert_eq!(
+        &all[5..],
+        &first[..],
+        "the republished events must carry the same ids"
+    );
+    let expected: Vec<EventId> = evs.iter().map(|e| e.event_id).collect();
+    assert_eq!(first, expected);
+    // The headers carry the id too, so the next consumer can dedup.
+    let republished = &broker.published_events()[5];
+    assert!(
+        republished
+            .headers()
+            .iter()
+            .any(|(k, v)| k == idem_core::outbox::EVENT_ID_HEADER
+                && *v == evs[0].event_id.to_string())
+    );
+    // Marked now: the next run publishes nothing.
+    assert_eq!(relay.run_once().await.expect("relay"), 0);
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_the_relay_on_commit_only() {
+    let store = common::fresh_pg().await;
+    // A polling interval far longer than the test: only a notification can wake it fast.
+    let source = Arc::new(PgOutboxSource::new(store.clone(), Duration::from_secs(30)));
+    source.listen().await.expect("listen");
+
+    // A rolled-back enqueue sends nothing.
+    let mut tx = store.begin().await.expect("begin");
+    tx.enqueue(&event(1, "A")).await.expect("enqueue");
+    tx.rollback().await.expect("rollback");
+    let waited = tokio::time::timeout(Duration::from_millis(500), source.wait()).await;
+    assert!(
+        waited.is_err(),
+        "a rolled-back outbox insert woke the relay"
+    );
+
+    // A committed one does.
+    let waiter = {
+        let source = source.clone();
+        tokio::spawn(async move { source.wait().await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut tx = store.begin().await.expect("begin");
+    tx.enqueue(&event(2, "A")).await.expect("enqueue");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "woken before the commit");
+    tx.commit().await.expect("commit");
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the committed insert must wake the relay")
+        .expect("task")
+        .expect("wait");
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_many_keeps_order_and_dedups_event_ids() {
+    let store = common::fresh_pg().await;
+    let evs: Vec<OutboxEvent> = (0..50).map(|n| event(n, "A")).collect();
+    let mut tx = store.begin().await.expect("begin");
+    tx.enqueue_many(&evs).await.expect("enqueue_many");
+    // Repeating ids (in one call and across calls) stores each once.
+    tx.enqueue_many(&evs[..3])
+        .await
+        .expect("enqueue_many again");
+    tx.enqueue(&evs[4]).await.expect("enqueue again");
+    tx.commit().await.expect("commit");
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(20));
+    let batch = source.lease(1000).await.expect("lease");
+    assert_eq!(
+        ids(batch.events()),
+        ids(&evs),
+        "events must come back once each, in order"
+    );
+    // The payload is Postgres's jsonb rendering of what was written.
+    assert_eq!(
+        String::from_utf8(batch.events()[3].payload.clone()).expect("utf-8"),
+        "{\"n\": 3, \"subject\": \"A\"}"
+    );
+    assert!(batch
+        .events()
+        .iter()
+        .zip(&evs)
+        .all(|(a, b)| a.subject == b.subject
+            && a.event_type == b.event_type
+            && a.idempotency_key == b.idempotency_key));
+    batch.mark_published().await.expect("mark");
+    common::drop_schema(&store).await;
+}
