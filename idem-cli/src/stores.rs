@@ -4,9 +4,10 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use idem_core::{ClaimStore, FilterStats, Handler};
-use idem_grant::{GrantDb, GrantHandler};
+use idem_core::{ClaimStore, FilterStats, Filtered, Handler};
+use idem_grant::{GrantBook, GrantDb, GrantHandler};
 use idem_store_postgres::{PgConfig, PgStore};
+use idem_store_redis::{RedisConfig, RedisFilter};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 use crate::CliError;
@@ -163,14 +164,27 @@ pub(crate) async fn open<V: StoreVisitor>(
 async fn with_filter<S, V>(spec: &StoreSpec, store: S, visitor: V) -> Result<V::Output, CliError>
 where
     S: ClaimStore + GrantDb + Clone + 'static,
-    GrantHandler: Handler<S::Tx>,
+    S::Tx: GrantBook,
     V: StoreVisitor,
 {
     let db: Arc<dyn GrantDb> = Arc::new(store.clone());
     match &spec.front_filter {
         None => visitor.visit(store, db, Extras::default()).await,
-        Some(_) => Err(CliError::usage(
-            "--front-filter is not available in this build yet",
-        )),
+        Some(url) => {
+            let filter = RedisFilter::connect(RedisConfig::new(url.clone()))
+                .await
+                .map_err(|e| {
+                    CliError::failed(format!(
+                        "front filter {}: {}",
+                        redact(url),
+                        crate::error::error_chain(&e)
+                    ))
+                })?;
+            let filtered = Filtered::new(store, filter);
+            let extras = Extras {
+                filter_stats: Some(filtered.stats_handle()),
+            };
+            visitor.visit(filtered, db, extras).await
+        }
     }
 }
