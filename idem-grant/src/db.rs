@@ -83,6 +83,32 @@ mod sqlite {
             .map_err(|e| err("recording a disbursement", e))?;
             Ok(())
         }
+
+        async fn record_batch(
+            &mut self,
+            table: &str,
+            items: &[(&Grant, &IdempotencyKey)],
+            events: &[idem_core::OutboxEvent],
+        ) -> Result<(), StoreError> {
+            // One multi-row INSERT per chunk (3 bound variables a row, far below SQLite's limit).
+            for chunk in items.chunks(1000) {
+                let rows = vec!["(?, ?, ?)"; chunk.len()].join(", ");
+                let sql = format!(
+                    "INSERT INTO {table} (award_id, amount_cents, idempotency_key) VALUES {rows}"
+                );
+                let mut q = sqlx::query(&sql);
+                for (grant, key) in chunk {
+                    q = q
+                        .bind(grant.award_id.clone())
+                        .bind(grant.amount_cents)
+                        .bind(key.to_hex());
+                }
+                q.execute(self.conn())
+                    .await
+                    .map_err(|e| err("recording disbursements", e))?;
+            }
+            self.enqueue_many(events).await
+        }
     }
 
     #[async_trait]

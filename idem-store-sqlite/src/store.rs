@@ -301,13 +301,47 @@ impl ClaimTx for SqliteTx {
     }
 }
 
+impl SqliteTx {
+    /// Stages several outbox events in one statement per 1,000 events, in slice order. An
+    /// event id already in the outbox, or repeated in `events`, is stored once.
+    ///
+    /// # Errors
+    /// [`StoreError::Rejected`] when a payload is not UTF-8 JSON, or the database's error.
+    pub async fn enqueue_many(&mut self, events: &[OutboxEvent]) -> Result<(), StoreError> {
+        for chunk in events.chunks(1000) {
+            let rows = vec![format!("(?, ?, ?, ?, ?, {NOW})"); chunk.len()].join(", ");
+            let sql = format!(
+                "INSERT INTO outbox (event_id, event_type, subject, idempotency_key, payload, created_at) \
+                 VALUES {rows} ON CONFLICT (event_id) DO NOTHING"
+            );
+            let mut q = sqlx::query(&sql);
+            for event in chunk {
+                q = q
+                    .bind(event.event_id.to_string())
+                    .bind(event.event_type.clone())
+                    .bind(event.subject.clone())
+                    .bind(event.idempotency_key.to_hex())
+                    .bind(payload_text(event)?.to_owned());
+            }
+            q.execute(&mut *self.tx)
+                .await
+                .map_err(|e| map("writing outbox events", e))?;
+        }
+        Ok(())
+    }
+}
+
+fn payload_text(event: &OutboxEvent) -> Result<&str, StoreError> {
+    std::str::from_utf8(&event.payload).map_err(|_| StoreError::Rejected {
+        message: "outbox payload is not UTF-8 JSON".into(),
+        source: None,
+    })
+}
+
 #[async_trait]
 impl OutboxWriter for SqliteTx {
     async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
-        let payload = std::str::from_utf8(&event.payload).map_err(|_| StoreError::Rejected {
-            message: "outbox payload is not UTF-8 JSON".into(),
-            source: None,
-        })?;
+        let payload = payload_text(event)?;
         sqlx::query(&format!(
             "INSERT INTO outbox (event_id, event_type, subject, idempotency_key, payload, created_at) \
              VALUES (?, ?, ?, ?, ?, {NOW}) ON CONFLICT (event_id) DO NOTHING"
