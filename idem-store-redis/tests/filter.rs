@@ -47,24 +47,46 @@ async fn hits_only_after_the_durable_commit(kind: ClientKind) {
     broker.publish(body);
     let first = gate.process(broker.receive().expect("d")).await.kind();
     let second = gate.process(broker.receive().expect("d")).await.kind();
-    assert_eq!((first, second), (OutcomeKind::Processed, OutcomeKind::Duplicate));
-    assert_eq!(store.0.stats().hits(), 1, "the replay must be answered by Redis");
+    assert_eq!(
+        (first, second),
+        (OutcomeKind::Processed, OutcomeKind::Duplicate)
+    );
+    assert_eq!(
+        store.0.stats().hits(),
+        1,
+        "the replay must be answered by Redis"
+    );
 
     let k = key("rolled-back");
     let mut tx = store.begin().await.expect("begin");
-    assert_eq!(tx.claim(&k, &ClaimMeta::new("r")).await.expect("claim"), ClaimOutcome::Claimed);
+    assert_eq!(
+        tx.claim(&k, &ClaimMeta::new("r")).await.expect("claim"),
+        ClaimOutcome::Claimed
+    );
     tx.rollback().await.expect("rollback");
-    assert_eq!(store.0.filter().seen(&[k]).await.expect("seen"), vec![false]);
+    assert_eq!(
+        store.0.filter().seen(&[k]).await.expect("seen"),
+        vec![false]
+    );
 }
 
 fn crash_case(seed: u64) -> Case {
     Case {
         submissions: (0..12)
-            .map(|i| (format!("A-{i}"), "2026-07-01T09:00:00Z".to_owned(), 1000 + i))
+            .map(|i| {
+                (
+                    format!("A-{i}"),
+                    "2026-07-01T09:00:00Z".to_owned(),
+                    1000 + i,
+                )
+            })
             .collect(),
         poison: 1,
         redelivery_rate: 0.5,
-        crashes: CrashPoint::ALL.iter().flat_map(|&p| [(p, 1), (p, 4)]).collect(),
+        crashes: CrashPoint::ALL
+            .iter()
+            .flat_map(|&p| [(p, 1), (p, 4)])
+            .collect(),
         concurrency: 3,
         batch_size: 3,
         seed,
@@ -88,7 +110,11 @@ async fn exactly_once_under_crashes(kind: ClientKind) {
         }
         hits += store.0.stats().hits();
     }
-    assert!(hits > 0, "the filter answered no duplicate in {} schedules", cases.len());
+    assert!(
+        hits > 0,
+        "the filter answered no duplicate in {} schedules",
+        cases.len()
+    );
 }
 
 /// Redis unreachable (a port where nothing listens): every lookup errors and falls
@@ -98,7 +124,9 @@ async fn redis_outage_falls_through(kind: ClientKind) {
     let down = RedisConfig::new("redis://127.0.0.1:1")
         .with_client(kind)
         .with_timeout(Duration::from_millis(100));
-    let f = RedisFilter::connect_lazy(down).await.expect("a lazy filter needs no server");
+    let f = RedisFilter::connect_lazy(down)
+        .await
+        .expect("a lazy filter needs no server");
     assert!(f.seen(&[key("x")]).await.is_err());
     let store = FilteredMem::new(f);
     check_exactly_once(store.clone(), &crash_case(2))
@@ -133,8 +161,14 @@ async fn naive_filter_loses_a_message_ours_does_not(kind: ClientKind) {
     assert!(err.contains("lost"), "expected a lost message, got: {err}");
 
     let ours = FilteredMem::new(filter(kind, "ours").await);
-    let report = check_exactly_once(ours, &case).await.expect("ours is exactly once");
-    assert_eq!(report.total_crashes(), 1, "the crash after the claim must have happened");
+    let report = check_exactly_once(ours, &case)
+        .await
+        .expect("ours is exactly once");
+    assert_eq!(
+        report.total_crashes(),
+        1,
+        "the crash after the claim must have happened"
+    );
 }
 
 per_client!(
