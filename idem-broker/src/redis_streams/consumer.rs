@@ -157,9 +157,9 @@ impl Reader {
             }
             let until_claim = self.next_claim.saturating_duration_since(Instant::now());
             let block = self.block.min(until_claim).max(Duration::from_millis(1));
-            let resp: XReadResponse<String, String, String, Value> = self
+            let raw: Value = self
                 .reader
-                .xreadgroup_map(
+                .xreadgroup(
                     s.group.as_str(),
                     s.consumer.as_str(),
                     Some(self.count),
@@ -170,6 +170,13 @@ impl Reader {
                 )
                 .await
                 .map_err(|e| BrokerError::op(BROKER, "XREADGROUP", e))?;
+            if raw.is_null() {
+                // The block time passed with nothing new.
+                continue;
+            }
+            let resp: XReadResponse<String, String, String, Value> = raw
+                .into_xread_response()
+                .map_err(|e| BrokerError::op(BROKER, "XREADGROUP reply", e))?;
             for (_key, entries) in resp {
                 self.push(entries);
             }

@@ -1,0 +1,441 @@
+//! The scenarios every broker runs, on the real broker and the real Postgres store:
+//! a crash after the commit and before the ack, a poison message, a relay run.
+//!
+//! Addresses come from `IDEM_TEST_*` variables with the local defaults; a missing broker
+//! or database fails the test. Each test uses its own random queue/stream name and its
+//! own Postgres schema.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use idem_broker::any::{
+    pending_count, publish_raw, AnyAcker, AnyConsumer, AnyPublisher, BrokerUrl,
+};
+use idem_broker::{dead_letter_name, until_idle, DEAD_LETTER_REASON_HEADER};
+use idem_core::outbox::EVENT_ID_HEADER;
+use idem_core::{
+    consumer, AckError, AckProof, Acker, ConsumerConfig, ConsumerStats, Delivery, Gate, Handler,
+    HandlerError, Headers, IdempotencyKey, OutboxEvent, PublishError, Publisher, RejectReason,
+    Relay, Submission,
+};
+use idem_grant::GrantDb;
+use idem_store_postgres::{PgConfig, PgOutboxSource, PgStore};
+use idem_testkit::{Effect, Ledger, MemoryStore, MemoryTx};
+use rand::Rng;
+
+/// Per-broker facts the scenarios need.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    /// The broker URL (with test settings such as a short ack wait).
+    pub url: BrokerUrl,
+    /// How long a consumer waits for more before it is done: longer than the broker's
+    /// redelivery delay of an unacked delivery.
+    pub idle: Duration,
+    /// Whether the broker itself drops a republished event id (JetStream `Nats-Msg-Id`).
+    pub dedups_event_ids: bool,
+}
+
+impl Broker {
+    /// `var` or `default`, with `settings` appended to the query.
+    pub fn from_env(
+        var: &str,
+        default: &str,
+        settings: &str,
+        idle: Duration,
+        dedups: bool,
+    ) -> Self {
+        let base = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+        let url = if settings.is_empty() {
+            base
+        } else if base.contains('?') {
+            format!("{base}&{settings}")
+        } else {
+            format!("{base}?{settings}")
+        };
+        Self {
+            url: BrokerUrl::parse(&url).unwrap_or_else(|e| panic!("{var}: {e}")),
+            idle,
+            dedups_event_ids: dedups,
+        }
+    }
+}
+
+/// A fresh queue/stream name.
+pub fn fresh_name(prefix: &str) -> String {
+    format!("idem-test-{prefix}-{:08x}", rand::thread_rng().gen::<u32>())
+}
+
+/// The Postgres server under test.
+pub fn pg_url() -> String {
+    std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A migrated grant store on a new schema.
+pub async fn fresh_pg() -> PgStore {
+    let schema = format!(
+        "idem_t_{}_{:08x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default(),
+        rand::thread_rng().gen::<u32>()
+    );
+    let store = PgStore::connect(
+        &pg_url(),
+        PgConfig::new(schema)
+            .expect("schema name")
+            .with_max_connections(6),
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "cannot reach Postgres at {} (IDEM_TEST_POSTGRES_URL): {e}",
+            pg_url()
+        )
+    });
+    store.migrate_grants().await.expect("migrate");
+    store
+}
+
+/// `n` distinct grant submissions; returns the bodies and the exactly-once ledger.
+pub fn submissions(tag: &str, n: usize) -> (Vec<Vec<u8>>, Ledger) {
+    let mut ledger = Ledger::new();
+    let mut bodies = Vec::with_capacity(n);
+    for i in 0..n {
+        let award = format!("T-{tag}-{i:05}");
+        let ts = "2026-07-01T09:00:00Z";
+        let amount = 1_000 + i as i64;
+        let body = format!(
+            r#"{{"award_id": "{award}", "submission_timestamp": "{ts}", "amount_cents": {amount}}}"#
+        )
+        .into_bytes();
+        let key = IdempotencyKey::derive(&award, ts, &body).expect("key");
+        ledger.expect(key, award, amount);
+        bodies.push(body);
+    }
+    (bodies, ledger)
+}
+
+/// The store's disbursements as effects for the ledger.
+pub async fn effects(store: &PgStore) -> Vec<Effect> {
+    store
+        .ledger()
+        .await
+        .expect("read disbursements")
+        .into_iter()
+        .map(|r| Effect {
+            key: r.key,
+            subject: r.award_id,
+            amount: r.amount_cents,
+        })
+        .collect()
+}
+
+/// Waits (up to 10 s) until `name` has `want` left to settle; returns the last count.
+pub async fn wait_pending(url: &BrokerUrl, name: &str, want: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = pending_count(url, name).await.expect("pending count");
+        if n == want || Instant::now() > deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// An acker whose ack "leaves" and never arrives: the process died after the commit
+/// and before the ack.
+#[derive(Debug)]
+pub struct LostAck(AnyAcker);
+
+#[async_trait]
+impl Acker for LostAck {
+    async fn ack(self, _proof: AckProof) -> Result<(), AckError> {
+        drop(self.0);
+        Ok(())
+    }
+
+    async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
+        self.0.nack(delay).await
+    }
+
+    async fn dead_letter(
+        self,
+        payload: &[u8],
+        headers: &Headers,
+        reason: &RejectReason,
+    ) -> Result<(), AckError> {
+        self.0.dead_letter(payload, headers, reason).await
+    }
+}
+
+/// Consumes `name` into `store` until the broker is quiet for `broker.idle`.
+pub async fn consume_all(
+    broker: &Broker,
+    name: &str,
+    store: &PgStore,
+    concurrency: usize,
+    batch: usize,
+) -> ConsumerStats {
+    let deliveries = AnyConsumer::connect(&broker.url, name, 2 * concurrency * batch)
+        .await
+        .expect("connect consumer");
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    consumer::run(
+        &gate,
+        until_idle(deliveries, broker.idle),
+        ConsumerConfig::new(concurrency, batch),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("consumer run")
+}
+
+/// Publish N submissions and D exact duplicates; consume part of them with every ack lost
+/// and drop the consumer (a crash after the commit, before the ack); the broker
+/// redelivers; a new consumer skips the committed ones as duplicates. End: exactly N
+/// disbursements, nothing left to settle.
+pub async fn crash_after_commit_before_ack(broker: Broker) {
+    const N: usize = 200;
+    const D: usize = 50;
+    const CRASH_AFTER: usize = 60;
+    let name = fresh_name("crash");
+    let store = fresh_pg().await;
+    let (distinct, ledger) = submissions(&name, N);
+    let mut bodies = distinct.clone();
+    bodies.extend_from_slice(&distinct[..D]);
+    let total = bodies.len() as u64;
+    publish_raw(&broker.url, &name, &bodies)
+        .await
+        .expect("publish");
+    assert_eq!(
+        wait_pending(&broker.url, &name, total).await,
+        total,
+        "all published"
+    );
+
+    // Phase 1: the first CRASH_AFTER deliveries commit, and every ack is lost.
+    let first = AnyConsumer::connect(&broker.url, &name, 20)
+        .await
+        .expect("connect consumer")
+        .map(|r| {
+            r.map(|d| Delivery {
+                payload: d.payload,
+                headers: d.headers,
+                acker: LostAck(d.acker),
+            })
+        })
+        .take(CRASH_AFTER);
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    let crashed = consumer::run(
+        &gate,
+        first,
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("phase 1");
+    // The consumer, its connection and every acker are gone now: the crash.
+    assert_eq!(crashed.processed, CRASH_AFTER as u64, "{crashed:?}");
+    assert_eq!(effects(&store).await.len(), CRASH_AFTER);
+    // Nothing was acked: everything is still the broker's to deliver.
+    assert_eq!(
+        wait_pending(&broker.url, &name, total).await,
+        total,
+        "no ack reached the broker"
+    );
+
+    // Phase 2: a new consumer, in batches: the broker redelivers the committed ones.
+    let stats = consume_all(&broker, &name, &store, 2, 10).await;
+    assert_eq!(stats.processed, (N - CRASH_AFTER) as u64, "{stats:?}");
+    assert!(
+        stats.duplicates >= total - stats.processed,
+        "every redelivery of a committed submission is a duplicate: {stats:?}"
+    );
+    assert_eq!((stats.rejected, stats.failed), (0, 0), "{stats:?}");
+    ledger.assert_exactly_once(&effects(&store).await);
+    assert_eq!(
+        wait_pending(&broker.url, &name, 0).await,
+        0,
+        "nothing left to settle"
+    );
+}
+
+/// A poison message is dead-lettered with its reason; its neighbours are processed.
+pub async fn poison_is_dead_lettered(broker: Broker) {
+    let name = fresh_name("poison");
+    let store = fresh_pg().await;
+    let (mut bodies, ledger) = submissions(&name, 2);
+    let poison = b"{not json".to_vec();
+    bodies.insert(1, poison.clone());
+    publish_raw(&broker.url, &name, &bodies)
+        .await
+        .expect("publish");
+
+    let stats = consume_all(&broker, &name, &store, 1, 1).await;
+    assert_eq!((stats.processed, stats.rejected), (2, 1), "{stats:?}");
+    ledger.assert_exactly_once(&effects(&store).await);
+    assert_eq!(
+        wait_pending(&broker.url, &name, 0).await,
+        0,
+        "poison not left behind"
+    );
+
+    // The dead-letter place holds the poison, byte for byte, with its reason.
+    let dead = dead_letter_name(&name);
+    assert_eq!(
+        wait_pending(&broker.url, &dead, 1).await,
+        1,
+        "one dead letter"
+    );
+    let mut letters = until_idle(
+        AnyConsumer::connect(&broker.url, &dead, 4)
+            .await
+            .expect("dead-letter consumer"),
+        Duration::from_secs(5),
+    );
+    let letter = letters
+        .next()
+        .await
+        .expect("a dead letter arrives")
+        .expect("dead letter delivery");
+    assert_eq!(letter.payload, poison);
+    let reason = letter
+        .header(DEAD_LETTER_REASON_HEADER)
+        .unwrap_or_else(|| panic!("reason header in {:?}", letter.headers));
+    assert!(reason.starts_with("not_json: "), "{reason}");
+}
+
+/// Downstream: dedups outbox events by their event id header.
+#[derive(Debug, Clone, Copy)]
+struct EventHandler;
+
+#[async_trait]
+impl Handler<MemoryTx> for EventHandler {
+    type Input = ();
+
+    fn identify(&self, _payload: &[u8], headers: &Headers) -> Result<Submission<()>, RejectReason> {
+        let id = headers
+            .iter()
+            .find(|(k, _)| k == EVENT_ID_HEADER)
+            .map(|(_, v)| v.as_str())
+            .ok_or_else(|| RejectReason::new("missing_event_id", "no event id header"))?;
+        let key: IdempotencyKey = id.parse().map_err(RejectReason::from)?;
+        Ok(Submission {
+            key,
+            subject: "event".into(),
+            input: (),
+        })
+    }
+
+    async fn handle(&self, tx: &mut MemoryTx, sub: &Submission<()>) -> Result<(), HandlerError> {
+        let mut row = BTreeMap::new();
+        row.insert("event_id".to_owned(), sub.key.to_hex());
+        tx.insert("events", row.into_iter().collect());
+        Ok(())
+    }
+}
+
+/// Remembers what it published, to republish it as a crashed relay would.
+struct Recording {
+    inner: AnyPublisher,
+    seen: Mutex<Vec<OutboxEvent>>,
+}
+
+#[async_trait]
+impl Publisher for Recording {
+    async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
+        self.inner.publish(events).await?;
+        self.seen
+            .lock()
+            .expect("lock")
+            .extend(events.iter().cloned());
+        Ok(())
+    }
+}
+
+/// Upstream consume → outbox → relay (with a republish, as after a relay crash between
+/// publishing and marking) → a downstream consumer that dedups by event id: each event
+/// has exactly one downstream effect.
+pub async fn relay_delivers_each_event_once(broker: Broker) {
+    const N: usize = 20;
+    const REPUBLISHED: usize = 5;
+    let up = fresh_name("relay-up");
+    let down = fresh_name("relay-down");
+    let store = fresh_pg().await;
+    let (bodies, _ledger) = submissions(&up, N);
+    publish_raw(&broker.url, &up, &bodies)
+        .await
+        .expect("publish");
+    let stats = consume_all(&broker, &up, &store, 1, 5).await;
+    assert_eq!(stats.processed, N as u64, "{stats:?}");
+
+    let publisher = Recording {
+        inner: AnyPublisher::connect(&broker.url, &down)
+            .await
+            .expect("publisher"),
+        seen: Mutex::new(Vec::new()),
+    };
+    let relay = Relay::new(
+        PgOutboxSource::new(store.clone(), Duration::from_millis(100)),
+        publisher,
+        7,
+    );
+    let mut published = 0;
+    loop {
+        let n = relay.run_once().await.expect("relay");
+        if n == 0 {
+            break;
+        }
+        published += n;
+    }
+    assert_eq!(published, N, "one event per submission");
+    let seen = relay.publisher().seen.lock().expect("lock").clone();
+    let ids: BTreeSet<String> = seen.iter().map(|e| e.event_id.to_string()).collect();
+    assert_eq!(ids.len(), N);
+    // A relay that crashed before marking publishes the same events again.
+    relay
+        .publisher()
+        .inner
+        .publish(&seen[..REPUBLISHED])
+        .await
+        .expect("republish");
+
+    let downstream = MemoryStore::new();
+    let gate = Gate::new(downstream.clone(), EventHandler);
+    let deliveries = AnyConsumer::connect(&broker.url, &down, 8)
+        .await
+        .expect("downstream");
+    let dstats = consumer::run(
+        &gate,
+        until_idle(deliveries, broker.idle),
+        ConsumerConfig::new(1, 4),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("downstream run");
+    assert_eq!(dstats.processed, N as u64, "{dstats:?}");
+    let expected_dups = if broker.dedups_event_ids {
+        0
+    } else {
+        REPUBLISHED as u64
+    };
+    assert_eq!(dstats.duplicates, expected_dups, "{dstats:?}");
+    let got: BTreeSet<String> = downstream
+        .rows("events")
+        .into_iter()
+        .filter_map(|r| r.get("event_id").cloned())
+        .collect();
+    assert_eq!(got, ids, "each event exactly once downstream");
+    assert_eq!(downstream.rows("events").len(), N);
+    assert_eq!(wait_pending(&broker.url, &down, 0).await, 0);
+}
