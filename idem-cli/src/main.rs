@@ -44,7 +44,20 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            // One line, as for every other bad input: clap's first line names the problem.
+            let text = e.to_string();
+            let line = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!(
+                "idem: {} (see idem --help)",
+                line.trim_start_matches("error: ")
+            );
+            std::process::exit(2);
+        }
+        Err(e) => e.exit(),
+    };
     cmd::init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,0 +1,201 @@
+//! The `idem` command's contract, run as a user runs it.
+
+use std::process::{Command, Output};
+
+fn idem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .output()
+        .expect("run idem")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn report_value(out: &str, name: &str) -> String {
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .unwrap_or_else(|| panic!("no `{name}:` line in\n{out}"))
+        .to_owned()
+}
+
+#[test]
+fn key_matches_the_reference_vector() {
+    let dir = tempfile::tempdir().unwrap();
+    let payload = dir.path().join("p");
+    std::fs::write(&payload, b"{...}").unwrap();
+    let o = idem(&[
+        "key",
+        "--award-id",
+        "A-2026-014",
+        "--timestamp",
+        "2026-07-01T09:00:00Z",
+        "--payload",
+        payload.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        stdout(&o).trim(),
+        "d3ed6c4d8acb11aa58dcdb03e400559b1e415626580e4a00466ae631bea74acd"
+    );
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    for args in [
+        vec![
+            "key",
+            "--award-id",
+            "A|B",
+            "--timestamp",
+            "t",
+            "--payload",
+            "/dev/null",
+        ],
+        vec![
+            "key",
+            "--award-id",
+            "A",
+            "--timestamp",
+            "t",
+            "--payload",
+            "/no/such/file",
+        ],
+        vec!["demo", "--redeliveries", "2"],
+        vec!["demo", "--store", "mysql://x"],
+        vec![
+            "demo",
+            "--store",
+            "postgres://postgres@127.0.0.1/test",
+            "--schema",
+            "bad-name; drop",
+        ],
+        vec!["migrate", "--store", "sqlite://"],
+        vec!["demo", "--no-such-flag"],
+    ] {
+        let o = idem(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.trim().is_empty(), "{args:?}: no message");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn demo_on_sqlite_is_exactly_once_and_the_database_agrees() {
+    let o = idem(&[
+        "demo",
+        "--submissions",
+        "600",
+        "--redeliveries",
+        "0.25",
+        "--crash-rate",
+        "0.05",
+        "--poison-rate",
+        "0.05",
+        "--seed",
+        "7",
+        "--batch-size",
+        "5",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.ends_with("exactly-once: OK\n"), "{out}");
+    let url = out
+        .lines()
+        .next()
+        .unwrap()
+        .strip_prefix("store: sqlite://")
+        .expect("store line first")
+        .to_owned();
+    let rejected: i64 = report_value(&out, "rejected").parse().unwrap();
+    let disbursements: i64 = report_value(&out, "disbursements").parse().unwrap();
+    assert!(rejected > 0, "poison was generated");
+    assert_eq!(disbursements + rejected, 600);
+    assert!(report_value(&out, "crashes").parse::<u64>().unwrap() > 0);
+    assert_eq!(
+        report_value(&out, "ledger_total_cents"),
+        report_value(&out, "expected_total_cents")
+    );
+    // Read the file it names, independently.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = idem_store_sqlite::SqliteStore::open(&url, Default::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            store.count("processed_messages").await.unwrap(),
+            disbursements
+        );
+        assert_eq!(store.count("disbursements").await.unwrap(), disbursements);
+        let distinct: i64 =
+            sqlx::query_scalar("SELECT count(DISTINCT idempotency_key) FROM disbursements")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(distinct, disbursements);
+    });
+}
+
+#[test]
+fn demo_on_postgres_is_exactly_once() {
+    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = format!("cli_demo_{}", std::process::id());
+    let o = idem(&[
+        "demo",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--submissions",
+        "400",
+        "--redeliveries",
+        "0.25",
+        "--crash-rate",
+        "0.05",
+        "--concurrency",
+        "4",
+        "--seed",
+        "3",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.ends_with("exactly-once: OK\n"), "{out}");
+    assert_eq!(report_value(&out, "disbursements"), "400");
+    assert_eq!(report_value(&out, "processed"), "400");
+}
+
+#[test]
+fn migrate_creates_the_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("m.db").display());
+    let o = idem(&["migrate", "--store", &url]);
+    assert!(o.status.success(), "{o:?}");
+    let o = idem(&["migrate", "--store", &url]);
+    assert!(o.status.success(), "migrate is idempotent: {o:?}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = idem_store_sqlite::SqliteStore::open(&url, Default::default())
+            .await
+            .unwrap();
+        for t in ["processed_messages", "disbursements", "outbox"] {
+            assert_eq!(store.count(t).await.unwrap(), 0, "{t}");
+        }
+    });
+}
