@@ -6,7 +6,8 @@
 //! | `amqp://`, `amqps://` | RabbitMQ | `rabbitmq` |
 //! | `nats://`, `tls://` | NATS JetStream | `nats` |
 //! | `redis://`, `rediss://` | Redis Streams | `redis-streams` |
-//! | `sqs://`, `kafka://` | not in this build (a later release) | — |
+//! | `sqs://` | Amazon SQS | `sqs` |
+//! | `kafka://` | Kafka | `kafka` |
 //!
 //! Broker-specific settings ride in the URL's query and are removed before the URL is
 //! handed to the client:
@@ -15,14 +16,20 @@
 //!   `idem`);
 //! - Redis Streams: `group` (default `idem`), `consumer` (default: unique per process),
 //!   `min_idle` (pending entries of a silent consumer are taken over after it, default
-//!   `30s`), `block` (default `1s`).
+//!   `30s`), `block` (default `1s`);
+//! - SQS: `visibility_timeout` (default `30s`), `wait` (the long poll, default `1s`). The
+//!   endpoint is `http://HOST:PORT` when the URL has one (`sqs://127.0.0.1:5000`), else
+//!   the usual AWS variables (`sqs://`);
+//! - Kafka: `group` (default `idem`), `partitions` (of a topic created here, default 4),
+//!   `session_timeout` (default `10s`). The URL's authority is the bootstrap list
+//!   (`kafka://host:port[,host:port]`).
 //!
 //! ```
 //! use idem_broker::any::{BrokerKind, BrokerUrl};
 //! let url = BrokerUrl::parse("nats://127.0.0.1:4222?ack_wait=5s")?;
 //! assert_eq!(url.kind(), BrokerKind::Nats);
 //! assert_eq!(url.param("ack_wait"), Some("5s"));
-//! assert!(BrokerUrl::parse("sqs://queue").unwrap_err().to_string().contains("not supported"));
+//! assert!(BrokerUrl::parse("ftp://queue").is_err());
 //! # Ok::<(), idem_broker::BrokerError>(())
 //! ```
 
@@ -52,6 +59,10 @@ pub enum BrokerKind {
     Nats,
     /// `redis://`: Redis Streams.
     RedisStreams,
+    /// `sqs://`: Amazon SQS.
+    Sqs,
+    /// `kafka://`: Kafka.
+    Kafka,
 }
 
 impl BrokerKind {
@@ -61,6 +72,8 @@ impl BrokerKind {
             Self::RabbitMq => "rabbitmq",
             Self::Nats => "nats",
             Self::RedisStreams => "redis-streams",
+            Self::Sqs => "sqs",
+            Self::Kafka => "kafka",
         }
     }
 
@@ -70,6 +83,8 @@ impl BrokerKind {
             Self::RabbitMq => cfg!(feature = "rabbitmq"),
             Self::Nats => cfg!(feature = "nats"),
             Self::RedisStreams => cfg!(feature = "redis-streams"),
+            Self::Sqs => cfg!(feature = "sqs"),
+            Self::Kafka => cfg!(feature = "kafka"),
         }
     }
 
@@ -78,6 +93,8 @@ impl BrokerKind {
             Self::RabbitMq => &[],
             Self::Nats => &["ack_wait", "durable"],
             Self::RedisStreams => &["group", "consumer", "min_idle", "block"],
+            Self::Sqs => &["visibility_timeout", "wait"],
+            Self::Kafka => &["group", "partitions", "session_timeout"],
         }
     }
 }
@@ -88,6 +105,8 @@ impl fmt::Display for BrokerKind {
             Self::RabbitMq => "RabbitMQ",
             Self::Nats => "NATS JetStream",
             Self::RedisStreams => "Redis Streams",
+            Self::Sqs => "SQS",
+            Self::Kafka => "Kafka",
         })
     }
 }
@@ -123,8 +142,8 @@ impl BrokerUrl {
     ///
     /// # Errors
     /// [`BrokerError::InvalidUrl`] for a malformed URL, an unknown scheme or a bad
-    /// setting; [`BrokerError::Unsupported`] for `sqs://` and `kafka://` (a later release)
-    /// and for a broker whose feature is not compiled in.
+    /// setting; [`BrokerError::Unsupported`] for a broker whose feature is not compiled
+    /// in.
     pub fn parse(url: &str) -> Result<Self, BrokerError> {
         let mut parsed = url::Url::parse(url)
             .map_err(|e| BrokerError::InvalidUrl(format!("{}: {e}", crate::names::redact(url))))?;
@@ -132,16 +151,11 @@ impl BrokerUrl {
             "amqp" | "amqps" => BrokerKind::RabbitMq,
             "nats" | "tls" => BrokerKind::Nats,
             "redis" | "rediss" => BrokerKind::RedisStreams,
-            s @ ("sqs" | "kafka") => {
-                return Err(BrokerError::Unsupported {
-                    scheme: s.to_owned(),
-                    hint: "its adapter comes in a later release; use amqp://, nats:// or redis://"
-                        .into(),
-                })
-            }
+            "sqs" => BrokerKind::Sqs,
+            "kafka" => BrokerKind::Kafka,
             other => {
                 return Err(BrokerError::InvalidUrl(format!(
-                    "unknown scheme {other:?}: use amqp://, nats:// or redis://"
+                    "unknown scheme {other:?}: use amqp://, nats://, redis://, sqs:// or kafka://"
                 )))
             }
         };
@@ -160,7 +174,14 @@ impl BrokerUrl {
                 rest.push((k.into_owned(), v.into_owned()));
             }
         }
-        for key in ["ack_wait", "min_idle", "block"] {
+        for key in [
+            "ack_wait",
+            "min_idle",
+            "block",
+            "visibility_timeout",
+            "wait",
+            "session_timeout",
+        ] {
             if let Some(v) = params.get(key) {
                 parse_duration(v).map_err(|e| BrokerError::InvalidUrl(format!("{key}: {e}")))?;
             }
@@ -242,6 +263,54 @@ impl BrokerUrl {
         }
         c
     }
+
+    /// The SQS configuration for queue `name`.
+    #[cfg(feature = "sqs")]
+    pub fn sqs(&self, name: &str) -> crate::sqs::SqsConfig {
+        let mut c = crate::sqs::SqsConfig::new(self.sqs_endpoint(), name);
+        if let Some(d) = self.duration("visibility_timeout") {
+            c = c.with_visibility_timeout(d);
+        }
+        if let Some(d) = self.duration("wait") {
+            c = c.with_wait(d);
+        }
+        c
+    }
+
+    /// The SQS endpoint of an `sqs://HOST:PORT` URL (`http://HOST:PORT`), or `None` for
+    /// the environment's.
+    #[cfg(feature = "sqs")]
+    pub fn sqs_endpoint(&self) -> Option<String> {
+        let u = url::Url::parse(&self.client_url).ok()?;
+        let host = u.host_str().filter(|h| !h.is_empty())?;
+        Some(match u.port() {
+            Some(p) => format!("http://{host}:{p}"),
+            None => format!("http://{host}"),
+        })
+    }
+
+    /// The Kafka configuration for topic `name`.
+    ///
+    /// # Errors
+    /// [`BrokerError::InvalidUrl`] without a broker address or with a bad `partitions`.
+    #[cfg(feature = "kafka")]
+    pub fn kafka(&self, name: &str) -> Result<crate::kafka::KafkaConfig, BrokerError> {
+        let mut c =
+            crate::kafka::KafkaConfig::new(crate::kafka::brokers_of_url(&self.client_url)?, name);
+        if let Some(g) = self.param("group") {
+            c = c.with_group(g);
+        }
+        if let Some(p) = self.param("partitions") {
+            let n: i32 = p.parse().map_err(|_| {
+                BrokerError::InvalidUrl(format!("partitions: {p:?} is not a number"))
+            })?;
+            c = c.with_partitions(n);
+        }
+        if let Some(d) = self.duration("session_timeout") {
+            c = c.with_session_timeout(d);
+        }
+        Ok(c)
+    }
 }
 
 /// Deliveries from any compiled-in broker, as a stream of
@@ -316,6 +385,16 @@ impl AnyConsumer {
                 .await?,
                 AnyAcker::RedisStreams,
             ),
+            #[cfg(feature = "sqs")]
+            BrokerKind::Sqs => wrap(
+                crate::sqs::SqsConsumer::connect(&url.sqs(name).with_prefetch(prefetch)).await?,
+                AnyAcker::Sqs,
+            ),
+            #[cfg(feature = "kafka")]
+            BrokerKind::Kafka => wrap(
+                crate::kafka::KafkaConsumer::connect(&url.kafka(name)?).await?,
+                AnyAcker::Kafka,
+            ),
             #[allow(unreachable_patterns)]
             other => return Err(not_compiled(other)),
         };
@@ -360,6 +439,12 @@ pub enum AnyAcker {
     /// See [`crate::redis_streams::RedisStreamsAcker`].
     #[cfg(feature = "redis-streams")]
     RedisStreams(crate::redis_streams::RedisStreamsAcker),
+    /// See [`crate::sqs::SqsAcker`].
+    #[cfg(feature = "sqs")]
+    Sqs(crate::sqs::SqsAcker),
+    /// See [`crate::kafka::KafkaAcker`].
+    #[cfg(feature = "kafka")]
+    Kafka(crate::kafka::KafkaAcker),
 }
 
 impl AnyAcker {
@@ -372,6 +457,10 @@ impl AnyAcker {
             Self::Nats(_) => 1,
             #[cfg(feature = "redis-streams")]
             Self::RedisStreams(_) => 2,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(_) => 3,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(_) => 4,
         }
     }
 }
@@ -408,6 +497,10 @@ impl Acker for AnyAcker {
             Self::Nats(a) => a.ack(proof).await,
             #[cfg(feature = "redis-streams")]
             Self::RedisStreams(a) => a.ack(proof).await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(a) => a.ack(proof).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(a) => a.ack(proof).await,
         }
     }
 
@@ -419,6 +512,10 @@ impl Acker for AnyAcker {
             Self::Nats(a) => a.nack(delay).await,
             #[cfg(feature = "redis-streams")]
             Self::RedisStreams(a) => a.nack(delay).await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(a) => a.nack(delay).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(a) => a.nack(delay).await,
         }
     }
 
@@ -435,6 +532,10 @@ impl Acker for AnyAcker {
             Self::Nats(a) => a.dead_letter(payload, headers, reason).await,
             #[cfg(feature = "redis-streams")]
             Self::RedisStreams(a) => a.dead_letter(payload, headers, reason).await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(a) => a.dead_letter(payload, headers, reason).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(a) => a.dead_letter(payload, headers, reason).await,
         }
     }
 
@@ -442,7 +543,7 @@ impl Acker for AnyAcker {
     /// the results.
     async fn ack_all(items: Vec<(Self, AckProof)>) -> Vec<Result<(), AckError>> {
         let n = items.len();
-        let mut groups: [Vec<(usize, Self, AckProof)>; 3] = Default::default();
+        let mut groups: [Vec<(usize, Self, AckProof)>; 5] = Default::default();
         for (i, (a, p)) in items.into_iter().enumerate() {
             groups[a.slot()].push((i, a, p));
         }
@@ -481,6 +582,24 @@ impl Acker for AnyAcker {
                     })
                     .await
                 }
+                #[cfg(feature = "sqs")]
+                3 => {
+                    ack_group(batch, |a| match a {
+                        Self::Sqs(a) => Some(a),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    })
+                    .await
+                }
+                #[cfg(feature = "kafka")]
+                4 => {
+                    ack_group(batch, |a| match a {
+                        Self::Kafka(a) => Some(a),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    })
+                    .await
+                }
                 _ => {
                     drop(batch);
                     Vec::new()
@@ -509,6 +628,12 @@ pub enum AnyPublisher {
     /// See [`crate::redis_streams::RedisStreamsPublisher`].
     #[cfg(feature = "redis-streams")]
     RedisStreams(crate::redis_streams::RedisStreamsPublisher),
+    /// See [`crate::sqs::SqsPublisher`].
+    #[cfg(feature = "sqs")]
+    Sqs(crate::sqs::SqsPublisher),
+    /// See [`crate::kafka::KafkaPublisher`].
+    #[cfg(feature = "kafka")]
+    Kafka(crate::kafka::KafkaPublisher),
 }
 
 impl AnyPublisher {
@@ -531,6 +656,22 @@ impl AnyPublisher {
             BrokerKind::RedisStreams => Ok(Self::RedisStreams(
                 crate::redis_streams::RedisStreamsPublisher::connect(&url.client_url, name).await?,
             )),
+            #[cfg(feature = "sqs")]
+            BrokerKind::Sqs => Ok(Self::Sqs(
+                crate::sqs::SqsPublisher::connect(url.sqs_endpoint().as_deref(), name).await?,
+            )),
+            #[cfg(feature = "kafka")]
+            BrokerKind::Kafka => {
+                let c = url.kafka(name)?;
+                Ok(Self::Kafka(
+                    crate::kafka::KafkaPublisher::connect_with_partitions(
+                        &c.brokers,
+                        name,
+                        c.partitions,
+                    )
+                    .await?,
+                ))
+            }
             #[allow(unreachable_patterns)]
             other => Err(not_compiled(other)),
         }
@@ -550,6 +691,10 @@ impl AnyPublisher {
             Self::Nats(p) => p.publish_raw(bodies).await,
             #[cfg(feature = "redis-streams")]
             Self::RedisStreams(p) => p.publish_raw(bodies).await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(p) => p.publish_raw(bodies).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(p) => p.publish_raw(bodies).await,
         }
     }
 }
@@ -565,6 +710,10 @@ impl Publisher for AnyPublisher {
             Self::Nats(p) => p.publish(events).await,
             #[cfg(feature = "redis-streams")]
             Self::RedisStreams(p) => p.publish(events).await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(p) => p.publish(events).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(p) => p.publish(events).await,
         }
     }
 }
@@ -588,7 +737,9 @@ pub async fn publish_raw(
 ///
 /// - RabbitMQ: ready messages (unacked ones count again once their channel closes);
 /// - NATS: the durable consumer's pending plus ack-pending messages;
-/// - Redis Streams: the group's lag plus its pending entries.
+/// - Redis Streams: the group's lag plus its pending entries;
+/// - SQS: visible, in-flight and delayed messages (approximate, as SQS reports them);
+/// - Kafka: the group's lag (high watermark minus committed offset) over all partitions.
 ///
 /// # Errors
 /// The broker cannot be reached.
@@ -607,6 +758,13 @@ pub async fn pending_count(url: &BrokerUrl, name: &str) -> Result<u64, BrokerErr
             let c = url.redis_streams(name);
             crate::redis_streams::pending_count(&c.url, name, &c.group).await
         }
+        #[cfg(feature = "sqs")]
+        BrokerKind::Sqs => crate::sqs::pending_count(url.sqs_endpoint().as_deref(), name).await,
+        #[cfg(feature = "kafka")]
+        BrokerKind::Kafka => {
+            let c = url.kafka(name)?;
+            crate::kafka::pending_count(&c.brokers, name, &c.group).await
+        }
         #[allow(unreachable_patterns)]
         other => Err(not_compiled(other)),
     }
@@ -617,11 +775,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn later_brokers_say_so() {
-        for u in ["sqs://q", "kafka://127.0.0.1:9092"] {
-            let e = BrokerUrl::parse(u).unwrap_err();
-            assert!(matches!(e, BrokerError::Unsupported { .. }), "{e}");
-            assert!(e.to_string().contains("not supported in this build"), "{e}");
+    fn brokers_not_compiled_in_say_so() {
+        for (u, on) in [
+            ("sqs://q", cfg!(feature = "sqs")),
+            ("kafka://127.0.0.1:9092", cfg!(feature = "kafka")),
+        ] {
+            match BrokerUrl::parse(u) {
+                Ok(_) => assert!(on, "{u} parsed without its feature"),
+                Err(e) => {
+                    assert!(!on, "{u}: {e}");
+                    assert!(matches!(e, BrokerError::Unsupported { .. }), "{e}");
+                    assert!(e.to_string().contains("not supported in this build"), "{e}");
+                }
+            }
         }
         assert!(matches!(
             BrokerUrl::parse("ftp://x"),
@@ -665,5 +831,33 @@ mod tests {
         assert!(!format!("{u:?}").contains("secret"));
         let bare = BrokerUrl::parse("amqp://127.0.0.1:5672").unwrap();
         assert_eq!(bare.client_url(), "amqp://127.0.0.1:5672");
+    }
+
+    #[cfg(feature = "sqs")]
+    #[test]
+    fn sqs_settings_and_endpoint() {
+        let u = BrokerUrl::parse("sqs://127.0.0.1:5000?visibility_timeout=2s&wait=0s").unwrap();
+        assert_eq!(u.kind(), BrokerKind::Sqs);
+        assert_eq!(u.sqs_endpoint().as_deref(), Some("http://127.0.0.1:5000"));
+        let c = u.sqs("grants");
+        assert_eq!(c.visibility_timeout, Duration::from_secs(2));
+        assert_eq!(c.wait, Duration::ZERO);
+        assert_eq!(BrokerUrl::parse("sqs://").unwrap().sqs_endpoint(), None);
+        assert!(BrokerUrl::parse("sqs://?wait=soon").is_err());
+    }
+
+    #[cfg(feature = "kafka")]
+    #[test]
+    fn kafka_settings() {
+        let u = BrokerUrl::parse("kafka://127.0.0.1:9092?group=g&partitions=2&session_timeout=6s")
+            .unwrap();
+        assert_eq!(u.kind(), BrokerKind::Kafka);
+        let c = u.kafka("t").unwrap();
+        assert_eq!(c.brokers, "127.0.0.1:9092");
+        assert_eq!(c.group, "g");
+        assert_eq!(c.partitions, 2);
+        assert_eq!(c.session_timeout, Duration::from_secs(6));
+        let bad = BrokerUrl::parse("kafka://127.0.0.1:9092?partitions=many").unwrap();
+        assert!(bad.kafka("t").is_err());
     }
 }

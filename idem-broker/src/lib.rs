@@ -44,12 +44,16 @@ mod error;
 mod idle;
 mod names;
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 #[cfg(feature = "redis-streams")]
 pub mod redis_streams;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 
 pub use error::BrokerError;
 #[cfg(feature = "_tokio")]

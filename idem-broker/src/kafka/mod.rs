@@ -1,0 +1,213 @@
+//! Kafka through rdkafka (feature `kafka`).
+//!
+//! - **Names**: a `NAME` is a topic, created if missing with
+//!   [`KafkaConfig::partitions`] partitions (brokers such as tansu do not create topics
+//!   on first use); its dead letters go to the topic `NAME.dead-letter`.
+//! - **Consuming** ([`KafkaConsumer`]): a consumer group (default `idem`) with manual
+//!   offset commits. Offsets are positional, so [`KafkaAcker`] commits per partition only
+//!   the contiguous [`LowWaterMark`]: the smallest offset still in flight, never past a
+//!   message that has not settled. Settlements are gathered by one committer, so a batch
+//!   (or a burst of concurrent acks) costs one commit. `nack(delay)` hands the message
+//!   back to this consumer's stream after the delay (its offset stays uncommitted);
+//!   `dead_letter` produces it to `NAME.dead-letter` with the reason in the
+//!   [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header, then
+//!   settles it. On a rebalance the settled prefix of each revoked partition is
+//!   committed and the rest dropped: the new owner receives it again and skips what was
+//!   committed as duplicates.
+//! - **Publishing** ([`KafkaPublisher`]): the idempotent producer (`enable.idempotence`,
+//!   `acks=all`), the subject (award id) as the message key (order per award), the event
+//!   id and type in headers.
+//! - **Counting** ([`pending_count`]): per partition, the high watermark minus the
+//!   group's committed offset (or the low watermark when nothing was committed).
+
+mod config;
+mod consumer;
+mod lwm;
+mod publisher;
+
+pub use config::KafkaConfig;
+pub use consumer::{KafkaAcker, KafkaConsumer, KEY_HEADER};
+pub use lwm::LowWaterMark;
+pub use publisher::{pending_count, publish_raw, KafkaPublisher};
+
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::FutureProducer;
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::BrokerError;
+
+pub(crate) const BROKER: &str = "kafka";
+
+/// How long one metadata or admin request may take.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The bootstrap servers of a `kafka://host:port[,host:port]` URL.
+///
+/// ```
+/// use idem_broker::kafka::brokers_of_url;
+/// assert_eq!(brokers_of_url("kafka://127.0.0.1:9092").unwrap(), "127.0.0.1:9092");
+/// assert_eq!(brokers_of_url("kafka://a:1,b:2/?x=1").unwrap(), "a:1,b:2");
+/// assert!(brokers_of_url("kafka://").is_err());
+/// ```
+///
+/// # Errors
+/// [`BrokerError::InvalidUrl`] without a host.
+pub fn brokers_of_url(url: &str) -> Result<String, BrokerError> {
+    let rest = url.strip_prefix("kafka://").unwrap_or(url);
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let hosts = &rest[..end];
+    if hosts.is_empty() {
+        return Err(BrokerError::InvalidUrl(
+            "kafka:// needs host:port of a broker".to_owned(),
+        ));
+    }
+    Ok(hosts.to_owned())
+}
+
+pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
+    let reason = if name.is_empty() {
+        Some("empty")
+    } else if name.len() > 249 {
+        Some("a Kafka topic name has at most 249 characters")
+    } else if name == "." || name == ".." {
+        Some("'.' and '..' are not topic names")
+    } else if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        Some("a Kafka topic name has only letters, digits, '.', '_' and '-'")
+    } else {
+        None
+    };
+    match reason {
+        Some(r) => Err(BrokerError::InvalidName {
+            name: name.to_owned(),
+            reason: r.into(),
+        }),
+        None => Ok(()),
+    }
+}
+
+pub(crate) fn base_config(brokers: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("client.id", "idem")
+        .set("socket.timeout.ms", "10000")
+        .set("log_level", "3");
+    c
+}
+
+pub(crate) fn producer(brokers: &str) -> Result<FutureProducer, BrokerError> {
+    base_config(brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "2")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .map_err(|e| BrokerError::connect(BROKER, e))
+}
+
+/// Partitions of `topic` as the cluster reports them (0 when it does not know the topic).
+pub(crate) fn partition_count(consumer: &BaseConsumer, topic: &str) -> Result<usize, BrokerError> {
+    let md = consumer
+        .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+        .map_err(|e| BrokerError::connect(BROKER, e))?;
+    Ok(md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map_or(0, |t| t.partitions().len()))
+}
+
+/// Creates `topic` with `partitions` partitions unless it exists, and waits until the
+/// cluster reports it.
+pub(crate) async fn ensure_topic(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<(), BrokerError> {
+    check_name(topic)?;
+    let meta: BaseConsumer = base_config(brokers)
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .map_err(|e| BrokerError::connect(BROKER, e))?;
+    let probe = {
+        let topic = topic.to_owned();
+        move |c: &BaseConsumer| partition_count(c, &topic)
+    };
+    let (meta, n) = blocking(move || {
+        let n = probe(&meta);
+        (meta, n)
+    })
+    .await?;
+    if n? > 0 {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = base_config(brokers)
+        .create()
+        .map_err(|e| BrokerError::connect(BROKER, e))?;
+    let new = NewTopic::new(topic, partitions.max(1), TopicReplication::Fixed(1));
+    let results = admin
+        .create_topics(
+            [&new],
+            &AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT)),
+        )
+        .await
+        .map_err(|e| BrokerError::op(BROKER, "CreateTopics", e))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, code)) => {
+                return Err(BrokerError::op(
+                    BROKER,
+                    "CreateTopics",
+                    format!("topic {t:?}: {code}"),
+                ))
+            }
+        }
+    }
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let topic = topic.to_owned();
+    blocking(move || loop {
+        match partition_count(&meta, &topic) {
+            Ok(n) if n > 0 => return Ok(()),
+            _ if Instant::now() > deadline => {
+                return Err(BrokerError::op(
+                    BROKER,
+                    "CreateTopics",
+                    format!("topic {topic:?} not visible after creation"),
+                ))
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    })
+    .await?
+}
+
+/// Runs a blocking librdkafka call off the async workers.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, BrokerError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| BrokerError::op(BROKER, "blocking call", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names() {
+        assert!(check_name("grants.dead-letter").is_ok());
+        assert!(check_name("").is_err());
+        assert!(check_name("a b").is_err());
+        assert!(check_name("..").is_err());
+        assert!(check_name(&"x".repeat(250)).is_err());
+    }
+}

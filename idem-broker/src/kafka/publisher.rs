@@ -1,0 +1,220 @@
+//! Producing to a topic: [`KafkaPublisher`] for the relay, [`publish_raw`] for bodies as
+//! they are, and [`pending_count`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{OutboxEvent, PublishError, Publisher};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{
+    base_config, blocking, ensure_topic, partition_count, producer, BROKER, REQUEST_TIMEOUT,
+};
+use crate::BrokerError;
+
+/// Partitions of a topic the publisher creates.
+const DEFAULT_PARTITIONS: i32 = 4;
+
+/// Produces outbox events to a topic with the idempotent producer (`acks=all`): the
+/// subject (award id) as the key, so one award's events stay in order on one partition;
+/// the event id and type in headers.
+pub struct KafkaPublisher {
+    producer: FutureProducer,
+    topic: String,
+}
+
+impl std::fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaPublisher")
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One message to produce.
+struct Outgoing<'a> {
+    key: Option<&'a [u8]>,
+    payload: &'a [u8],
+    headers: Vec<(String, String)>,
+}
+
+impl KafkaPublisher {
+    /// Connects to `brokers` for producing to `topic` (created with 4 partitions if
+    /// missing).
+    ///
+    /// # Errors
+    /// The cluster cannot be reached; an invalid name.
+    pub async fn connect(brokers: &str, topic: &str) -> Result<Self, BrokerError> {
+        Self::connect_with_partitions(brokers, topic, DEFAULT_PARTITIONS).await
+    }
+
+    /// As [`connect`](Self::connect), creating a missing topic with `partitions`.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with_partitions(
+        brokers: &str,
+        topic: &str,
+        partitions: i32,
+    ) -> Result<Self, BrokerError> {
+        ensure_topic(brokers, topic, partitions).await?;
+        Ok(Self {
+            producer: producer(brokers)?,
+            topic: topic.to_owned(),
+        })
+    }
+
+    /// Enqueues every message, then waits for every delivery report.
+    async fn produce_all(&self, messages: Vec<Outgoing<'_>>) -> Result<(), BrokerError> {
+        let mut inflight: Vec<DeliveryFuture> = Vec::new();
+        for m in messages {
+            let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
+            for (k, v) in &m.headers {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: Some(v.as_bytes()),
+                });
+            }
+            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&self.topic)
+                .payload(m.payload)
+                .headers(headers);
+            if let Some(k) = m.key {
+                record = record.key(k);
+            }
+            loop {
+                match self.producer.send_result(record) {
+                    Ok(f) => {
+                        inflight.push(f);
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        // The local queue is full: wait for what is in flight.
+                        record = r;
+                        for f in inflight.drain(..) {
+                            check(f.await)?;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err((e, _)) => return Err(BrokerError::op(BROKER, "produce", e)),
+                }
+            }
+        }
+        for f in inflight {
+            check(f.await)?;
+        }
+        Ok(())
+    }
+
+    /// Produces each body as it is, without a key, and waits for every acknowledgement.
+    ///
+    /// # Errors
+    /// A refused or failed produce; bodies before it may have been produced.
+    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        self.produce_all(
+            bodies
+                .iter()
+                .map(|b| Outgoing {
+                    key: None,
+                    payload: b,
+                    headers: Vec::new(),
+                })
+                .collect(),
+        )
+        .await
+    }
+}
+
+fn check(
+    r: Result<
+        rdkafka::producer::future_producer::OwnedDeliveryResult,
+        futures::channel::oneshot::Canceled,
+    >,
+) -> Result<(), BrokerError> {
+    match r {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((e, _))) => Err(BrokerError::NotConfirmed {
+            broker: BROKER,
+            detail: e.to_string(),
+        }),
+        Err(_) => Err(BrokerError::NotConfirmed {
+            broker: BROKER,
+            detail: "the producer was dropped before the delivery report".into(),
+        }),
+    }
+}
+
+#[async_trait]
+impl Publisher for KafkaPublisher {
+    async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
+        self.produce_all(
+            events
+                .iter()
+                .map(|e| Outgoing {
+                    key: Some(e.subject.as_bytes()),
+                    payload: &e.payload,
+                    headers: e.headers(),
+                })
+                .collect(),
+        )
+        .await
+        .map_err(Into::into)
+    }
+}
+
+/// Produces each body to `topic` as it is (see [`KafkaPublisher::publish_raw`]).
+///
+/// # Errors
+/// As [`KafkaPublisher::connect`] and [`KafkaPublisher::publish_raw`].
+pub async fn publish_raw(
+    brokers: &str,
+    topic: &str,
+    bodies: &[Vec<u8>],
+) -> Result<(), BrokerError> {
+    KafkaPublisher::connect(brokers, topic)
+        .await?
+        .publish_raw(bodies)
+        .await
+}
+
+/// What group `group` has not settled in `topic`: per partition, the high watermark
+/// minus the group's committed offset (the low watermark when it committed nothing).
+/// The topic is created if missing.
+///
+/// # Errors
+/// The cluster cannot be reached.
+pub async fn pending_count(brokers: &str, topic: &str, group: &str) -> Result<u64, BrokerError> {
+    ensure_topic(brokers, topic, DEFAULT_PARTITIONS).await?;
+    let consumer: BaseConsumer = base_config(brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| BrokerError::connect(BROKER, e))?;
+    let topic = topic.to_owned();
+    blocking(move || {
+        let n = partition_count(&consumer, &topic)?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..n {
+            tpl.add_partition(&topic, i32::try_from(p).unwrap_or(i32::MAX));
+        }
+        let committed = consumer
+            .committed_offsets(tpl, REQUEST_TIMEOUT)
+            .map_err(|e| BrokerError::op(BROKER, "OffsetFetch", e))?;
+        let mut pending = 0u64;
+        for e in committed.elements_for_topic(&topic) {
+            let (low, high) = consumer
+                .fetch_watermarks(&topic, e.partition(), REQUEST_TIMEOUT)
+                .map_err(|err| BrokerError::op(BROKER, "ListOffsets", err))?;
+            let from = match e.offset() {
+                Offset::Offset(o) => o.max(low),
+                _ => low,
+            };
+            pending += u64::try_from(high.saturating_sub(from)).unwrap_or(0);
+        }
+        Ok(pending)
+    })
+    .await?
+}

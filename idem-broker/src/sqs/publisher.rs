@@ -1,0 +1,215 @@
+//! Sending to a queue: [`SqsPublisher`] for the relay, [`publish_raw`] for bodies as they
+//! are, and [`pending_count`].
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::Client;
+use futures::{StreamExt, TryStreamExt};
+use idem_core::{OutboxEvent, PublishError, Publisher};
+
+use super::{attributes, body_text, client, ensure_queue, is_fifo, op_err, BROKER};
+use crate::BrokerError;
+
+/// The most messages one `SendMessageBatch` carries.
+const SQS_BATCH: usize = 10;
+/// The most bytes of bodies one `SendMessageBatch` carries (SQS allows 256 KiB in all;
+/// attributes take some of it).
+const SQS_BATCH_BYTES: usize = 200 * 1024;
+/// How many batches are sent at once to a standard queue (a FIFO queue gets one at a
+/// time, to keep the order).
+const PARALLEL_BATCHES: usize = 8;
+
+/// One message to send.
+struct Outgoing {
+    body: String,
+    attributes: HashMap<String, MessageAttributeValue>,
+    group: Option<String>,
+    dedup: Option<String>,
+}
+
+/// Sends outbox events to an SQS queue with `SendMessageBatch`: the event id and type
+/// as message attributes; on a FIFO queue the subject is the message group (order per
+/// award) and the event id the deduplication id (SQS drops a republish within five
+/// minutes).
+pub struct SqsPublisher {
+    client: Client,
+    queue_url: String,
+    name: String,
+    fifo: bool,
+}
+
+impl std::fmt::Debug for SqsPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsPublisher")
+            .field("name", &self.name)
+            .field("fifo", &self.fifo)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqsPublisher {
+    /// Connects for publishing to `name` (created if missing) at `endpoint`, or at the
+    /// environment's endpoint when `None`.
+    ///
+    /// # Errors
+    /// The endpoint cannot be reached; an invalid name.
+    pub async fn connect(endpoint: Option<&str>, name: &str) -> Result<Self, BrokerError> {
+        let client = client(endpoint).await;
+        let queue_url = ensure_queue(&client, name).await?;
+        Ok(Self {
+            client,
+            queue_url,
+            name: name.to_owned(),
+            fifo: is_fifo(name),
+        })
+    }
+
+    async fn send_batch(&self, batch: Vec<Outgoing>) -> Result<(), BrokerError> {
+        let entries: Vec<SendMessageBatchRequestEntry> = batch
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(m.body)
+                    .set_message_attributes((!m.attributes.is_empty()).then_some(m.attributes))
+                    .set_message_group_id(m.group)
+                    .set_message_deduplication_id(m.dedup)
+                    .build()
+                    .map_err(|e| BrokerError::op(BROKER, "SendMessageBatch entry", e))
+            })
+            .collect::<Result<_, _>>()?;
+        let out = self
+            .client
+            .send_message_batch()
+            .queue_url(&self.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|e| op_err("SendMessageBatch", e))?;
+        if let Some(f) = out.failed.first() {
+            return Err(BrokerError::NotConfirmed {
+                broker: BROKER,
+                detail: format!(
+                    "{} of the batch refused: {} {}",
+                    out.failed.len(),
+                    f.code,
+                    f.message.clone().unwrap_or_default()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    async fn send_all(&self, messages: Vec<Outgoing>) -> Result<(), BrokerError> {
+        let mut batches: Vec<Vec<Outgoing>> = Vec::new();
+        let mut bytes = 0;
+        for m in messages {
+            let len = m.body.len();
+            match batches.last_mut() {
+                Some(b) if b.len() < SQS_BATCH && bytes + len <= SQS_BATCH_BYTES => {
+                    bytes += len;
+                    b.push(m);
+                }
+                _ => {
+                    bytes = len;
+                    batches.push(vec![m]);
+                }
+            }
+        }
+        let parallel = if self.fifo { 1 } else { PARALLEL_BATCHES };
+        futures::stream::iter(batches.into_iter().map(|b| self.send_batch(b)))
+            .buffered(parallel)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
+
+    /// Sends each body as it is (SQS bodies are text: each must be UTF-8). On a FIFO
+    /// queue all go to one message group, in order, deduplicated by content.
+    ///
+    /// # Errors
+    /// A body that is not UTF-8 (nothing is sent); a refused or failed send, after which
+    /// some bodies may have been sent.
+    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        let messages = bodies
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                Ok(Outgoing {
+                    body: body_text(b)?,
+                    attributes: HashMap::new(),
+                    group: self.fifo.then(|| "idem".to_owned()),
+                    // Equal bodies stay separate messages.
+                    dedup: self.fifo.then(|| {
+                        format!(
+                            "{}-{i}",
+                            idem_core::sha256_hex(b).get(..40).unwrap_or_default()
+                        )
+                    }),
+                })
+            })
+            .collect::<Result<Vec<_>, BrokerError>>()?;
+        self.send_all(messages).await
+    }
+}
+
+#[async_trait]
+impl Publisher for SqsPublisher {
+    async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
+        let messages = events
+            .iter()
+            .map(|e| {
+                Ok(Outgoing {
+                    body: body_text(&e.payload)?,
+                    attributes: attributes(&e.headers())?,
+                    group: self.fifo.then(|| e.subject.clone()),
+                    dedup: self.fifo.then(|| e.event_id.to_string()),
+                })
+            })
+            .collect::<Result<Vec<_>, BrokerError>>()?;
+        self.send_all(messages).await.map_err(Into::into)
+    }
+}
+
+/// Sends each body to queue `name` as it is (see [`SqsPublisher::publish_raw`]).
+///
+/// # Errors
+/// As [`SqsPublisher::connect`] and [`SqsPublisher::publish_raw`].
+pub async fn publish_raw(
+    endpoint: Option<&str>,
+    name: &str,
+    bodies: &[Vec<u8>],
+) -> Result<(), BrokerError> {
+    SqsPublisher::connect(endpoint, name)
+        .await?
+        .publish_raw(bodies)
+        .await
+}
+
+/// What queue `name` has not settled: messages visible, in flight (received, not
+/// deleted) and delayed, as SQS approximates them. The queue is created if missing.
+///
+/// # Errors
+/// The endpoint cannot be reached.
+pub async fn pending_count(endpoint: Option<&str>, name: &str) -> Result<u64, BrokerError> {
+    let client = client(endpoint).await;
+    let url = ensure_queue(&client, name).await?;
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+        .send()
+        .await
+        .map_err(|e| op_err("GetQueueAttributes", e))?;
+    Ok(out
+        .attributes
+        .unwrap_or_default()
+        .values()
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum())
+}

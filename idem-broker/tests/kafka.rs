@@ -1,0 +1,288 @@
+//! Kafka on a real protocol server (tansu; `IDEM_TEST_KAFKA_BROKERS`, default
+//! `127.0.0.1:9092`, started by `scripts/ensure-kafka`) and the real Postgres store
+//! (`IDEM_TEST_POSTGRES_URL`). A missing server fails the test. Also: the low-water-mark
+//! tracker against a model, and two group members with one killed (`SIGKILL`) mid-run.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use futures::StreamExt;
+use idem_broker::any::{publish_raw, AnyConsumer, BrokerUrl};
+use idem_broker::kafka::LowWaterMark;
+use idem_core::{consumer, ConsumerConfig, Gate};
+use idem_grant::GrantDb;
+use idem_store_postgres::{PgConfig, PgStore};
+use proptest::prelude::*;
+use rand::Rng;
+
+fn brokers() -> String {
+    std::env::var("IDEM_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+}
+
+/// The test broker with its own consumer group, so concurrent tests do not rebalance
+/// one another.
+fn broker() -> Broker {
+    let group = format!("idem-test-{:08x}", rand::thread_rng().gen::<u32>());
+    broker_in(&group)
+}
+
+fn broker_in(group: &str) -> Broker {
+    let url = format!(
+        "kafka://{}?group={group}&partitions=4&session_timeout=6s",
+        brokers()
+    );
+    Broker {
+        url: BrokerUrl::parse(&url).unwrap_or_else(|e| panic!("IDEM_TEST_KAFKA_BROKERS: {e}")),
+        // A group member only gets its partitions after the (re)join.
+        idle: Duration::from_secs(5),
+        // The idempotent producer dedups retries of one producer session, not a
+        // republished event.
+        dedups_event_ids: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_commit_before_ack_is_redelivered_and_skipped() {
+    common::crash_after_commit_before_ack(broker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_goes_to_the_dead_letter_topic_with_its_reason() {
+    common::poison_is_dead_lettered(broker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_delivers_each_event_once_downstream() {
+    common::relay_delivers_each_event_once(broker()).await;
+}
+
+/// One step of a schedule: deliver the next offset, or settle one in flight.
+#[derive(Debug, Clone)]
+enum Step {
+    Deliver,
+    Settle(usize),
+}
+
+fn steps() -> impl Strategy<Value = (Vec<i64>, Vec<Step>)> {
+    // Offsets with gaps (compacted or marker offsets), starting anywhere.
+    (0i64..1_000, prop::collection::vec(1i64..4, 1..60)).prop_flat_map(|(start, gaps)| {
+        let offsets: Vec<i64> = gaps
+            .iter()
+            .scan(start, |o, g| {
+                *o += g;
+                Some(*o)
+            })
+            .collect();
+        let n = offsets.len();
+        let schedule = prop::collection::vec(
+            prop_oneof![Just(Step::Deliver), (0..n).prop_map(Step::Settle)],
+            0..(4 * n),
+        );
+        (Just(offsets), schedule)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any delivery/settlement order: the mark (and every commit taken) is never past an
+    /// unsettled offset, never goes back, and reaches one past the last offset once all
+    /// settled.
+    #[test]
+    fn low_water_mark_matches_the_model((offsets, schedule) in steps()) {
+        let mut lwm = LowWaterMark::new();
+        // The model: each delivered offset and whether it settled.
+        let mut delivered: Vec<(i64, bool)> = Vec::new();
+        let mut last_commit: Option<i64> = None;
+        let check = |lwm: &mut LowWaterMark, delivered: &[(i64, bool)], last: &mut Option<i64>| -> Result<(), TestCaseError> {
+            let expected = delivered
+                .iter()
+                .find(|(_, s)| !s)
+                .map(|(o, _)| *o)
+                .or_else(|| delivered.last().map(|(o, _)| o + 1));
+            prop_assert_eq!(lwm.mark(), expected);
+            if let Some(c) = lwm.take_commit() {
+                prop_assert_eq!(Some(c), expected);
+                prop_assert!(last.is_none_or(|l| c > l), "commit went back: {:?} then {}", last, c);
+                for (o, settled) in delivered {
+                    prop_assert!(*settled || *o >= c, "commit {} passes unsettled {}", c, o);
+                }
+                *last = Some(c);
+            }
+            Ok(())
+        };
+        let settle = |lwm: &mut LowWaterMark, delivered: &mut Vec<(i64, bool)>, i: usize| {
+            let open: Vec<usize> = (0..delivered.len()).filter(|&j| !delivered[j].1).collect();
+            if !open.is_empty() {
+                let j = open[i % open.len()];
+                assert!(lwm.settle(delivered[j].0));
+                delivered[j].1 = true;
+            }
+        };
+        for step in schedule {
+            match step {
+                Step::Deliver if delivered.len() < offsets.len() => {
+                    let o = offsets[delivered.len()];
+                    prop_assert!(lwm.register(o));
+                    delivered.push((o, false));
+                }
+                Step::Deliver => {}
+                Step::Settle(i) => settle(&mut lwm, &mut delivered, i),
+            }
+            check(&mut lwm, &delivered, &mut last_commit)?;
+        }
+        // Then everything is delivered and settled, in whatever order remains.
+        while delivered.len() < offsets.len() {
+            let o = offsets[delivered.len()];
+            prop_assert!(lwm.register(o));
+            delivered.push((o, false));
+            check(&mut lwm, &delivered, &mut last_commit)?;
+        }
+        let mut k = offsets.len();
+        while delivered.iter().any(|(_, s)| !s) {
+            k = k.wrapping_mul(31).wrapping_add(7);
+            settle(&mut lwm, &mut delivered, k);
+            check(&mut lwm, &delivered, &mut last_commit)?;
+        }
+        let end = offsets.last().map(|o| o + 1);
+        prop_assert_eq!(lwm.mark(), end);
+        prop_assert_eq!(lwm.committed(), end);
+        prop_assert_eq!(lwm.in_flight(), 0);
+        // A delivery that goes back is refused.
+        prop_assert!(!lwm.register(offsets[0]));
+    }
+}
+
+const CHILD_TOPIC: &str = "IDEM_KAFKA_CHILD_TOPIC";
+const CHILD_GROUP: &str = "IDEM_KAFKA_CHILD_GROUP";
+const CHILD_SCHEMA: &str = "IDEM_KAFKA_CHILD_SCHEMA";
+
+/// Not a test: the group member that `two_members_one_killed_mid_run_exactly_once`
+/// runs in a child process and kills. It consumes slowly until it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper process of two_members_one_killed_mid_run_exactly_once"]
+async fn kafka_child_member() {
+    let (Ok(topic), Ok(group), Ok(schema)) = (
+        std::env::var(CHILD_TOPIC),
+        std::env::var(CHILD_GROUP),
+        std::env::var(CHILD_SCHEMA),
+    ) else {
+        // Run by hand without its parent: nothing to consume.
+        return;
+    };
+    let store = PgStore::connect(
+        &common::pg_url(),
+        PgConfig::new(schema)
+            .expect("schema")
+            .with_max_connections(2),
+    )
+    .await
+    .expect("child: Postgres");
+    let broker = broker_in(&group);
+    let deliveries = AnyConsumer::connect(&broker.url, &topic, 4)
+        .await
+        .expect("child: connect")
+        .then(|d| async move {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            d
+        });
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    let _ = consumer::run(
+        &gate,
+        deliveries,
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await;
+}
+
+/// Two members of one group share a topic's partitions; one is killed with SIGKILL in
+/// the middle of its work (offsets processed but not committed); after its session
+/// times out the survivor takes its partitions, receives the uncommitted messages again
+/// and skips those already committed. End: exactly one disbursement per submission and
+/// nothing left to settle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_one_killed_mid_run_exactly_once() {
+    const N: usize = 400;
+    const D: usize = 100;
+    let group = format!("idem-test-{:08x}", rand::thread_rng().gen::<u32>());
+    let broker = Broker {
+        // Longer than the session timeout plus the rejoin.
+        idle: Duration::from_secs(15),
+        ..broker_in(&group)
+    };
+    let name = common::fresh_name("killed");
+    let store = common::fresh_pg().await;
+    let (distinct, ledger) = common::submissions(&name, N);
+    let mut bodies = distinct.clone();
+    bodies.extend_from_slice(&distinct[..D]);
+    publish_raw(&broker.url, &name, &bodies)
+        .await
+        .expect("publish");
+
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["kafka_child_member", "--exact", "--ignored", "--nocapture"])
+        .env(CHILD_TOPIC, &name)
+        .env(CHILD_GROUP, &group)
+        .env(CHILD_SCHEMA, store.schema())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the child member");
+
+    let count = |store: PgStore| async move { common::effects(&store).await.len() };
+    // The child has joined and works.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(store.clone()).await < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "the child member never processed anything"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Kill it once the group has done a good part, while it is still busy.
+    let killer_store = store.clone();
+    let killer = tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count(killer_store.clone()).await < 120 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        child.kill().expect("SIGKILL the child member");
+        let _ = child.wait();
+        count(killer_store).await
+    });
+    let stats = common::consume_all(&broker, &name, &store, 2, 5).await;
+    let at_kill = killer.await.expect("killer");
+    assert!(
+        at_kill < N,
+        "the child was killed mid-run ({at_kill} of {N} done at the kill)"
+    );
+    assert_eq!((stats.rejected, stats.failed), (0, 0), "{stats:?}");
+    ledger.assert_exactly_once(&common::effects(&store).await);
+    assert_eq!(
+        common::wait_pending(&broker.url, &name, 0).await,
+        0,
+        "nothing left to settle"
+    );
+}
+
+/// Not a test: prints `pending: N` for `IDEM_E2E_KAFKA_TOPIC` in `IDEM_E2E_KAFKA_GROUP`
+/// (what the group has not committed), for `scripts/e2e-kafka`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "probe for scripts/e2e-kafka"]
+async fn kafka_pending_probe() {
+    let (Ok(topic), Ok(group)) = (
+        std::env::var("IDEM_E2E_KAFKA_TOPIC"),
+        std::env::var("IDEM_E2E_KAFKA_GROUP"),
+    ) else {
+        return;
+    };
+    let n = idem_broker::kafka::pending_count(&brokers(), &topic, &group)
+        .await
+        .expect("pending count");
+    println!("pending: {n}");
+}
