@@ -43,13 +43,14 @@ impl PgTx {
             payloads.push(payload_text(ev)?);
         }
         let shared = self.shared_arc();
-        let mut q = sqlx::query(&shared.sql.enqueue_many)
+        let notify = shared.take_notify();
+        let mut q = sqlx::query(&shared.sql.enqueue_many[usize::from(!notify)])
             .bind(&ids)
             .bind(&types)
             .bind(&subjects)
             .bind(&keys)
             .bind(&payloads);
-        if shared.config.notify {
+        if notify {
             q = q.bind(shared.channel.as_str());
         }
         if let Err(e) = q.execute(self.conn()).await {
@@ -63,18 +64,21 @@ impl PgTx {
 #[async_trait]
 impl OutboxWriter for PgTx {
     /// Inserts the event (`ON CONFLICT (event_id) DO NOTHING`) and, when
-    /// [`PgConfig::notify`](crate::PgConfig::notify) is on, `pg_notify`s the schema's
-    /// channel in the same statement: the relay wakes when this transaction commits.
+    /// [`PgConfig::notify`](crate::PgConfig::notify) is on (at most once per
+    /// [`PgConfig::notify_interval`](crate::PgConfig::notify_interval)), `pg_notify`s the
+    /// schema's channel in the same statement: the relay wakes when this transaction
+    /// commits.
     async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
         let payload = payload_text(event)?;
         let shared = self.shared_arc();
-        let mut q = sqlx::query(&shared.sql.enqueue)
+        let notify = shared.take_notify();
+        let mut q = sqlx::query(&shared.sql.enqueue[usize::from(!notify)])
             .bind(event.event_id.to_string())
             .bind(event.event_type.as_str())
             .bind(event.subject.as_str())
             .bind(event.idempotency_key.to_hex())
             .bind(payload);
-        if shared.config.notify {
+        if notify {
             q = q.bind(shared.channel.as_str());
         }
         if let Err(e) = q.execute(self.conn()).await {

@@ -23,8 +23,10 @@ const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
 pub(crate) struct Sql {
     pub(crate) claim: String,
     pub(crate) claim_batch: String,
-    pub(crate) enqueue: String,
-    pub(crate) enqueue_many: String,
+    /// `[with pg_notify, without]`.
+    pub(crate) enqueue: [String; 2],
+    /// `[with pg_notify, without]`.
+    pub(crate) enqueue_many: [String; 2],
     pub(crate) lease: String,
     pub(crate) mark_published: String,
 }
@@ -36,19 +38,41 @@ pub(crate) struct Shared {
     pub(crate) channel: String,
     pub(crate) begin: String,
     pub(crate) sql: Sql,
+    /// When the last notifying insert was sent, in microseconds since `epoch`.
+    last_notify: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
 }
 
 impl Shared {
+    /// Whether this outbox insert should carry a `pg_notify` (see
+    /// [`PgConfig::notify_interval`]).
+    pub(crate) fn take_notify(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if !self.config.notify {
+            return false;
+        }
+        let interval = u64::try_from(self.config.notify_interval.as_micros()).unwrap_or(u64::MAX);
+        if interval == 0 {
+            return true;
+        }
+        // +1 so that the very first insert always notifies.
+        let now =
+            u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX) + interval + 1;
+        let last = self.last_notify.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= interval
+            && self
+                .last_notify
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
     fn new(config: PgConfig) -> Result<Self, StoreError> {
         config.validate()?;
         let qschema = quote(&config.schema);
         let pm = format!("{qschema}.\"processed_messages\"");
         let ob = format!("{qschema}.\"outbox\"");
-        let notify_tail = if config.notify {
-            " RETURNING 1) SELECT pg_notify($6, '') FROM ins LIMIT 1"
-        } else {
-            " RETURNING 1) SELECT 1 FROM ins LIMIT 1"
-        };
+        let notify_tail = " RETURNING 1) SELECT pg_notify($6, '') FROM ins LIMIT 1";
+        let quiet_tail = " RETURNING 1) SELECT 1 FROM ins LIMIT 1";
         let sql = Sql {
             claim: format!(
                 "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) VALUES ($1, $2, now()) \
@@ -59,20 +83,24 @@ impl Shared {
                  SELECT k, a, now() FROM unnest($1::text[], $2::text[]) AS t(k, a) \
                  ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
             ),
-            enqueue: format!(
-                "WITH ins AS (INSERT INTO {ob} \
-                 (event_id, event_type, subject, idempotency_key, payload, created_at) \
-                 VALUES ($1, $2, $3, $4, $5::jsonb, now()) \
-                 ON CONFLICT (event_id) DO NOTHING{notify_tail}"
-            ),
-            enqueue_many: format!(
-                "WITH ins AS (INSERT INTO {ob} \
-                 (event_id, event_type, subject, idempotency_key, payload, created_at) \
-                 SELECT e, t, s, k, p::jsonb, now() \
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
-                 WITH ORDINALITY AS u(e, t, s, k, p, n) ORDER BY n \
-                 ON CONFLICT (event_id) DO NOTHING{notify_tail}"
-            ),
+            enqueue: [notify_tail, quiet_tail].map(|tail| {
+                format!(
+                    "WITH ins AS (INSERT INTO {ob} \
+                     (event_id, event_type, subject, idempotency_key, payload, created_at) \
+                     VALUES ($1, $2, $3, $4, $5::jsonb, now()) \
+                     ON CONFLICT (event_id) DO NOTHING{tail}"
+                )
+            }),
+            enqueue_many: [notify_tail, quiet_tail].map(|tail| {
+                format!(
+                    "WITH ins AS (INSERT INTO {ob} \
+                     (event_id, event_type, subject, idempotency_key, payload, created_at) \
+                     SELECT e, t, s, k, p::jsonb, now() \
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
+                     WITH ORDINALITY AS u(e, t, s, k, p, n) ORDER BY n \
+                     ON CONFLICT (event_id) DO NOTHING{tail}"
+                )
+            }),
             lease: format!(
                 "WITH c AS ( \
                    SELECT id, event_id, event_type, subject, idempotency_key, payload FROM {ob} \
@@ -104,6 +132,8 @@ impl Shared {
             channel,
             begin,
             sql,
+            last_notify: std::sync::atomic::AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
         })
     }
 }
