@@ -1,9 +1,11 @@
 //! The [`Gate`]: claim → handler → commit → ack, one delivery or one batch at a time.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use tracing::Instrument as _;
 
 use crate::audit;
 use crate::delivery::{AckProof, Acker, CommitReceipt, Delivery, Headers};
@@ -233,11 +235,64 @@ impl GateConfig {
 /// }
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct Gate<S, H> {
     store: S,
     handler: H,
     config: GateConfig,
+    observer: Option<Arc<dyn GateObserver>>,
+}
+
+impl<S: std::fmt::Debug, H: std::fmt::Debug> std::fmt::Debug for Gate<S, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("store", &self.store)
+            .field("handler", &self.handler)
+            .field("config", &self.config)
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
+}
+
+/// A step of the pipeline whose latency a [`GateObserver`] sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// Beginning the transaction and claiming (one key or a batch).
+    Claim,
+    /// The handler's business writes.
+    Handler,
+    /// The commit.
+    Commit,
+    /// Acknowledging with the broker after a commit or a duplicate claim.
+    Ack,
+}
+
+impl Stage {
+    /// A lowercase name (`claim`, `handler`, `commit`, `ack`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Handler => "handler",
+            Self::Commit => "commit",
+            Self::Ack => "ack",
+        }
+    }
+}
+
+/// Sees what a [`Gate`] does, for metrics.
+///
+/// # Contract
+/// Methods are called inline on the delivery's task: they must be cheap and must not
+/// block (update atomics, not a database).
+pub trait GateObserver: Send + Sync {
+    /// A stage took `elapsed` (for a batch, once for the whole batch).
+    fn stage(&self, stage: Stage, elapsed: Duration) {
+        let _ = (stage, elapsed);
+    }
+
+    /// A delivery ended with `outcome`.
+    fn outcome(&self, outcome: &Outcome) {
+        let _ = outcome;
+    }
 }
 
 impl<S, H> Gate<S, H>
@@ -256,7 +311,28 @@ where
             store,
             handler,
             config,
+            observer: None,
         }
+    }
+
+    /// Reports stage latencies and outcomes to `observer`.
+    #[must_use]
+    pub fn with_observer(mut self, observer: Arc<dyn GateObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    fn timed(&self, stage: Stage, started: Instant) {
+        if let Some(o) = &self.observer {
+            o.stage(stage, started.elapsed());
+        }
+    }
+
+    fn observed(&self, outcome: Outcome) -> Outcome {
+        if let Some(o) = &self.observer {
+            o.outcome(&outcome);
+        }
+        outcome
     }
 
     /// The store.
@@ -274,12 +350,23 @@ where
         &self.config
     }
 
-    /// Processes one delivery: see the type's docs.
+    /// Processes one delivery: see the type's docs. Runs in a `delivery` span (target
+    /// `idem::gate`) whose `key` (prefix) and `outcome` fields are filled in.
     pub async fn process<A: Acker>(&self, delivery: Delivery<A>) -> Outcome {
-        match self.handler.identify(&delivery.payload, &delivery.headers) {
-            Ok(sub) => self.process_identified(delivery, sub).await,
-            Err(reason) => self.reject(delivery, None, reason).await,
+        let span = tracing::info_span!(target: "idem::gate", "delivery", key = tracing::field::Empty, outcome = tracing::field::Empty);
+        let outcome = async {
+            match self.handler.identify(&delivery.payload, &delivery.headers) {
+                Ok(sub) => {
+                    tracing::Span::current().record("key", sub.key.short().as_str());
+                    self.process_identified(delivery, sub).await
+                }
+                Err(reason) => self.reject(delivery, None, reason).await,
+            }
         }
+        .instrument(span.clone())
+        .await;
+        span.record("outcome", outcome.kind().as_str());
+        self.observed(outcome)
     }
 
     async fn reject<A: Acker>(
@@ -310,19 +397,34 @@ where
         Outcome::Failed { key, error, settle }
     }
 
+    async fn timed_handle(
+        &self,
+        tx: &mut S::Tx,
+        sub: &Submission<H::Input>,
+    ) -> Result<(), HandlerError> {
+        let started = Instant::now();
+        let r = self.handler.handle(tx, sub).await;
+        self.timed(Stage::Handler, started);
+        r
+    }
+
     async fn process_identified<A: Acker>(
         &self,
         delivery: Delivery<A>,
         sub: Submission<H::Input>,
     ) -> Outcome {
         let key = sub.key;
+        let started = Instant::now();
         let mut tx = match self.store.begin().await {
             Ok(tx) => tx,
             Err(e) => return self.fail(delivery.acker, Some(key), e.into()).await,
         };
         let meta = ClaimMeta::new(sub.subject.clone());
         let claimed = match tx.claim(&key, &meta).await {
-            Ok(c) => c,
+            Ok(c) => {
+                self.timed(Stage::Claim, started);
+                c
+            }
             Err(e) => {
                 let _ = tx.rollback().await;
                 return self.fail(delivery.acker, Some(key), e.into()).await;
@@ -334,7 +436,9 @@ where
                 // is harmless (nothing was written), so the duplicate is still acked.
                 let _ = tx.rollback().await;
                 audit::duplicate(&key, &sub.subject);
+                let started = Instant::now();
                 let settle = delivery.acker.ack(AckProof::duplicate(key)).await;
+                self.timed(Stage::Ack, started);
                 Outcome::Duplicate { key, settle }
             }
             ClaimOutcome::InProgress => {
@@ -342,7 +446,7 @@ where
                 let settle = delivery.acker.nack(Some(self.config.defer_delay)).await;
                 Outcome::Deferred { key, settle }
             }
-            ClaimOutcome::Claimed => match self.handler.handle(&mut tx, &sub).await {
+            ClaimOutcome::Claimed => match self.timed_handle(&mut tx, &sub).await {
                 Err(HandlerError::Reject(reason)) => {
                     let _ = tx.rollback().await;
                     self.reject(delivery, Some(&sub.subject), reason).await
@@ -351,15 +455,23 @@ where
                     let _ = tx.rollback().await;
                     self.fail(delivery.acker, Some(key), e.into()).await
                 }
-                Ok(()) => match tx.commit().await {
-                    Err(e) => self.fail(delivery.acker, Some(key), e.into()).await,
-                    Ok(()) => {
-                        let receipt = CommitReceipt::new();
-                        audit::processed(&key, &sub.subject);
-                        let settle = delivery.acker.ack(AckProof::committed(&receipt, key)).await;
-                        Outcome::Processed { key, settle }
+                Ok(()) => {
+                    let started = Instant::now();
+                    let committed = tx.commit().await;
+                    self.timed(Stage::Commit, started);
+                    match committed {
+                        Err(e) => self.fail(delivery.acker, Some(key), e.into()).await,
+                        Ok(()) => {
+                            let receipt = CommitReceipt::new();
+                            audit::processed(&key, &sub.subject);
+                            let started = Instant::now();
+                            let settle =
+                                delivery.acker.ack(AckProof::committed(&receipt, key)).await;
+                            self.timed(Stage::Ack, started);
+                            Outcome::Processed { key, settle }
+                        }
                     }
-                },
+                }
             },
         }
     }
@@ -390,7 +502,18 @@ where
         }
         outcomes
             .into_iter()
-            .map(|o| o.unwrap_or_else(unreachable_outcome))
+            .map(|o| {
+                let o = o.unwrap_or_else(unreachable_outcome);
+                let _span = tracing::info_span!(
+                    target: "idem::gate",
+                    "delivery",
+                    key = o.key().map(IdempotencyKey::short).unwrap_or_default(),
+                    outcome = o.kind().as_str(),
+                    batch = n
+                )
+                .entered();
+                self.observed(o)
+            })
             .collect()
     }
 
@@ -475,7 +598,9 @@ where
             meta.push((i, key, processed));
             items.push((acker, proof));
         }
+        let started = Instant::now();
         let results = A::ack_all(items).await;
+        self.timed(Stage::Ack, started);
         for ((i, key, processed), settle) in meta.into_iter().zip(results) {
             outcomes[i] = Some(if processed {
                 Outcome::Processed { key, settle }
@@ -495,9 +620,13 @@ where
         unique: &[usize],
         items: &[(IdempotencyKey, ClaimMeta)],
     ) -> Result<Vec<ClaimOutcome>, BatchFailure> {
+        let started = Instant::now();
         let mut tx = self.store.begin().await.map_err(BatchFailure::Store)?;
         let claims = match tx.claim_batch(items).await {
-            Ok(c) if c.len() == items.len() => c,
+            Ok(c) if c.len() == items.len() => {
+                self.timed(Stage::Claim, started);
+                c
+            }
             Ok(_) => {
                 let _ = tx.rollback().await;
                 return Err(BatchFailure::Store(StoreError::other(
@@ -517,13 +646,19 @@ where
             .map(|(&p, _)| &valid[p].2)
             .collect();
         if !claimed.is_empty() {
-            if let Err(e) = self.handler.handle_batch(&mut tx, &claimed).await {
+            let started = Instant::now();
+            let handled = self.handler.handle_batch(&mut tx, &claimed).await;
+            self.timed(Stage::Handler, started);
+            if let Err(e) = handled {
                 tracing::debug!(target: "idem::gate", error = %e, "handler failed in a batch; falling back to one by one");
                 let _ = tx.rollback().await;
                 return Err(BatchFailure::Handler);
             }
         }
-        match tx.commit().await {
+        let started = Instant::now();
+        let committed = tx.commit().await;
+        self.timed(Stage::Commit, started);
+        match committed {
             Ok(()) => Ok(claims),
             // The outcome of a failed commit is unknown; one by one, each delivery finds
             // out through its own claim (a committed one is then a duplicate).

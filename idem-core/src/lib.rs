@@ -41,7 +41,7 @@ pub use error::{
     AckError, BoxError, Error, HandlerError, KeyError, PublishError, RejectReason, StoreError,
 };
 pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx};
-pub use gate::{Gate, GateConfig, Handler, Outcome, OutcomeKind, Submission};
+pub use gate::{Gate, GateConfig, GateObserver, Handler, Outcome, OutcomeKind, Stage, Submission};
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{EventId, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay, RelayStats};
 pub use store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
