@@ -68,7 +68,10 @@ async fn batches_span_the_nodes() {
         .await
         .expect("the cluster must be running");
     let keys: Vec<_> = (0..300).map(|i| key(&format!("cb-{i}"))).collect();
-    assert!(distinct_slots(&store, &keys) > 250, "keys must spread over slots");
+    assert!(
+        distinct_slots(&store, &keys) > 250,
+        "keys must spread over slots"
+    );
     // Slots 0-5460, 5461-10922, 10923-16383 belong to the three nodes.
     let nodes: HashSet<u16> = keys
         .iter()
@@ -90,7 +93,9 @@ async fn batches_span_the_nodes() {
     }
 
     // A rolled-back batch frees every key, on every node.
-    let fresh: Vec<_> = (0..60).map(|i| (key(&format!("cr-{i}")), ClaimMeta::new("cr"))).collect();
+    let fresh: Vec<_> = (0..60)
+        .map(|i| (key(&format!("cr-{i}")), ClaimMeta::new("cr")))
+        .collect();
     let mut tx = store.begin().await.expect("begin");
     tx.claim_batch(&fresh).await.expect("claim_batch");
     tx.rollback().await.expect("rollback");
@@ -126,5 +131,8 @@ async fn front_filter_on_a_cluster() {
     check_exactly_once(store.clone(), &case)
         .await
         .expect("exactly once on a cluster");
-    assert!(store.0.stats().hits() > 0, "the cluster filter answered nothing");
+    assert!(
+        store.0.stats().hits() > 0,
+        "the cluster filter answered nothing"
+    );
 }
