@@ -486,7 +486,7 @@ where
     pub async fn process_batch<A: Acker>(&self, deliveries: Vec<Delivery<A>>) -> Vec<Outcome> {
         let n = deliveries.len();
         let mut outcomes: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
-        let mut valid: Vec<(usize, Delivery<A>, Submission<H::Input>)> = Vec::with_capacity(n);
+        let mut valid: Vec<Identified<A, H::Input>> = Vec::with_capacity(n);
         for (i, d) in deliveries.into_iter().enumerate() {
             match self.handler.identify(&d.payload, &d.headers) {
                 Ok(sub) => valid.push((i, d, sub)),
@@ -519,7 +519,7 @@ where
 
     async fn batch_identified<A: Acker>(
         &self,
-        valid: Vec<(usize, Delivery<A>, Submission<H::Input>)>,
+        valid: Vec<Identified<A, H::Input>>,
         outcomes: &mut [Option<Outcome>],
     ) {
         // The first position of each key claims it; later copies are in-batch duplicates.
@@ -616,7 +616,7 @@ where
 
     async fn try_batch<A: Acker>(
         &self,
-        valid: &[(usize, Delivery<A>, Submission<H::Input>)],
+        valid: &[Identified<A, H::Input>],
         unique: &[usize],
         items: &[(IdempotencyKey, ClaimMeta)],
     ) -> Result<Vec<ClaimOutcome>, BatchFailure> {
@@ -669,6 +669,9 @@ where
         }
     }
 }
+
+/// A delivery of a batch with its position and its identification.
+type Identified<A, I> = (usize, Delivery<A>, Submission<I>);
 
 enum BatchFailure {
     Store(StoreError),
