@@ -212,7 +212,7 @@ async fn two_members_one_killed_mid_run_exactly_once() {
     let group = format!("idem-test-{:08x}", rand::thread_rng().gen::<u32>());
     let broker = Broker {
         // Longer than the session timeout plus the rejoin.
-        idle: Duration::from_secs(15),
+        idle: Duration::from_secs(40),
         ..broker_in(&group)
     };
     let name = common::fresh_name("killed");

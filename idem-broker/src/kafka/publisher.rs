@@ -194,6 +194,7 @@ pub async fn pending_count(brokers: &str, topic: &str, group: &str) -> Result<u6
         .create()
         .map_err(|e| BrokerError::connect(BROKER, e))?;
     let topic = topic.to_owned();
+    let brokers = brokers.to_owned();
     blocking(move || {
         let n = partition_count(&consumer, &topic)?;
         let mut tpl = TopicPartitionList::new();
@@ -212,9 +213,40 @@ pub async fn pending_count(brokers: &str, topic: &str, group: &str) -> Result<u6
                 Offset::Offset(o) => o.max(low),
                 _ => low,
             };
-            pending += u64::try_from(high.saturating_sub(from)).unwrap_or(0);
+            let end = true_end(&brokers, &topic, e.partition(), high)?;
+            pending += u64::try_from(end.saturating_sub(from)).unwrap_or(0);
         }
         Ok(pending)
     })
     .await?
+}
+
+/// One past the last offset of `partition`: the high watermark, or further when a
+/// message at or after it can be read. Some brokers (tansu 0.6) report the start of the
+/// last record batch plus one as the high watermark; reading from just below it finds the
+/// real end.
+fn true_end(brokers: &str, topic: &str, partition: i32, high: i64) -> Result<i64, BrokerError> {
+    let reader: BaseConsumer = base_config(brokers)
+        .set("group.id", "idem-pending-probe")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .create()
+        .map_err(|e| BrokerError::connect(BROKER, e))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset((high - 1).max(0)))
+        .map_err(|e| BrokerError::op(BROKER, "assign", e))?;
+    reader
+        .assign(&tpl)
+        .map_err(|e| BrokerError::op(BROKER, "assign", e))?;
+    let mut end = high;
+    let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+    while std::time::Instant::now() < deadline {
+        match reader.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => end = end.max(rdkafka::Message::offset(&m) + 1),
+            // The end of the partition (or nothing more within the poll).
+            Some(Err(KafkaError::PartitionEOF(_))) | None => break,
+            Some(Err(e)) => return Err(BrokerError::op(BROKER, "Fetch", e)),
+        }
+    }
+    Ok(end)
 }
