@@ -21,7 +21,8 @@
 //!   endpoint is `http://HOST:PORT` when the URL has one (`sqs://127.0.0.1:5000`), else
 //!   the usual AWS variables (`sqs://`);
 //! - Kafka: `group` (default `idem`), `partitions` (of a topic created here, default 4),
-//!   `session_timeout` (default `10s`). The URL's authority is the bootstrap list
+//!   `session_timeout` (default `10s`), `batch_messages` (the producer's record-batch
+//!   size; `1` for brokers that cannot fetch from inside a batch). The URL's authority is the bootstrap list
 //!   (`kafka://host:port[,host:port]`).
 //!
 //! ```
@@ -94,7 +95,7 @@ impl BrokerKind {
             Self::Nats => &["ack_wait", "durable"],
             Self::RedisStreams => &["group", "consumer", "min_idle", "block"],
             Self::Sqs => &["visibility_timeout", "wait"],
-            Self::Kafka => &["group", "partitions", "session_timeout"],
+            Self::Kafka => &["group", "partitions", "session_timeout", "batch_messages"],
         }
     }
 }
@@ -308,6 +309,12 @@ impl BrokerUrl {
         }
         if let Some(d) = self.duration("session_timeout") {
             c = c.with_session_timeout(d);
+        }
+        if let Some(b) = self.param("batch_messages") {
+            let n: usize = b.parse().map_err(|_| {
+                BrokerError::InvalidUrl(format!("batch_messages: {b:?} is not a number"))
+            })?;
+            c = c.with_batch_messages(n);
         }
         Ok(c)
     }
@@ -661,17 +668,9 @@ impl AnyPublisher {
                 crate::sqs::SqsPublisher::connect(url.sqs_endpoint().as_deref(), name).await?,
             )),
             #[cfg(feature = "kafka")]
-            BrokerKind::Kafka => {
-                let c = url.kafka(name)?;
-                Ok(Self::Kafka(
-                    crate::kafka::KafkaPublisher::connect_with_partitions(
-                        &c.brokers,
-                        name,
-                        c.partitions,
-                    )
-                    .await?,
-                ))
-            }
+            BrokerKind::Kafka => Ok(Self::Kafka(
+                crate::kafka::KafkaPublisher::connect_config(&url.kafka(name)?).await?,
+            )),
             #[allow(unreachable_patterns)]
             other => Err(not_compiled(other)),
         }

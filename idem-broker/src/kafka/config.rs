@@ -19,6 +19,11 @@ pub struct KafkaConfig {
     pub session_timeout: Duration,
     /// How long connecting waits for the group to assign partitions (default 30 s).
     pub join_timeout: Duration,
+    /// The most messages the producer puts in one record batch (`batch.num.messages`;
+    /// `None`: librdkafka's default). `1` works around brokers that cannot fetch from an
+    /// offset inside a batch (tansu 0.6 resumes at the next batch, skipping the rest of
+    /// the one a committed offset points into).
+    pub batch_messages: Option<usize>,
 }
 
 impl KafkaConfig {
@@ -31,6 +36,7 @@ impl KafkaConfig {
             partitions: 4,
             session_timeout: Duration::from_secs(10),
             join_timeout: Duration::from_secs(30),
+            batch_messages: None,
         }
     }
 
@@ -52,6 +58,13 @@ impl KafkaConfig {
     #[must_use]
     pub fn with_session_timeout(mut self, d: Duration) -> Self {
         self.session_timeout = d.max(Duration::from_secs(1));
+        self
+    }
+
+    /// Sets the producer's record-batch size in messages (at least 1).
+    #[must_use]
+    pub fn with_batch_messages(mut self, n: usize) -> Self {
+        self.batch_messages = Some(n.max(1));
         self
     }
 

@@ -367,7 +367,7 @@ impl KafkaConsumer {
             dead_letter,
             settle: settle_tx,
             retry: retry_tx,
-            producer: producer(&config.brokers)?,
+            producer: producer(&config.brokers, config.batch_messages)?,
         });
         tokio::spawn(committer(
             Arc::clone(&consumer),

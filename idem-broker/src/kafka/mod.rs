@@ -102,9 +102,15 @@ pub(crate) fn base_config(brokers: &str) -> ClientConfig {
     c
 }
 
-pub(crate) fn producer(brokers: &str) -> Result<FutureProducer, BrokerError> {
-    base_config(brokers)
-        .set("enable.idempotence", "true")
+pub(crate) fn producer(
+    brokers: &str,
+    batch_messages: Option<usize>,
+) -> Result<FutureProducer, BrokerError> {
+    let mut c = base_config(brokers);
+    if let Some(n) = batch_messages {
+        c.set("batch.num.messages", n.max(1).to_string());
+    }
+    c.set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "2")
         .set("message.timeout.ms", "30000")

@@ -63,8 +63,21 @@ impl KafkaPublisher {
     ) -> Result<Self, BrokerError> {
         ensure_topic(brokers, topic, partitions).await?;
         Ok(Self {
-            producer: producer(brokers)?,
+            producer: producer(brokers, None)?,
             topic: topic.to_owned(),
+        })
+    }
+
+    /// Connects with `config`'s brokers, partitions (of a created topic) and producer
+    /// batch size, for producing to `config.name`.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_config(config: &super::KafkaConfig) -> Result<Self, BrokerError> {
+        ensure_topic(&config.brokers, &config.name, config.partitions).await?;
+        Ok(Self {
+            producer: producer(&config.brokers, config.batch_messages)?,
+            topic: config.name.clone(),
         })
     }
 
