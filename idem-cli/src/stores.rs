@@ -19,6 +19,8 @@ pub(crate) enum StoreUrl {
     Sqlite(String),
     /// `postgres://…` or `postgresql://…`.
     Postgres(String),
+    /// `memory://`: the test kit's in-memory store (nothing durable; for trying things).
+    Memory,
 }
 
 impl StoreUrl {
@@ -28,11 +30,13 @@ impl StoreUrl {
                 return Err(CliError::usage("--store sqlite://PATH needs a file path"));
             }
             Ok(Self::Sqlite(path.to_owned()))
+        } else if url == "memory://" {
+            Ok(Self::Memory)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(Self::Postgres(url.to_owned()))
         } else {
             Err(CliError::usage(format!(
-                "unsupported --store URL {:?}: use sqlite://PATH or postgres://…",
+                "unsupported --store URL {:?}: use sqlite://PATH, postgres://… or memory://",
                 redact(url)
             )))
         }
@@ -91,7 +95,7 @@ impl StoreSpec {
         front_filter: Option<String>,
     ) -> Result<Self, CliError> {
         let url = StoreUrl::parse(url)?;
-        if let (StoreUrl::Sqlite(_), Some(_)) = (&url, &schema) {
+        if let (StoreUrl::Sqlite(_) | StoreUrl::Memory, Some(_)) = (&url, &schema) {
             return Err(CliError::usage(
                 "--schema applies to postgres:// stores only",
             ));
@@ -146,6 +150,7 @@ pub(crate) async fn open<V: StoreVisitor>(
             }
             with_filter(spec, store, visitor).await
         }
+        StoreUrl::Memory => with_filter(spec, idem_testkit::MemoryStore::new(), visitor).await,
         StoreUrl::Postgres(url) => {
             let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
             let mut config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;

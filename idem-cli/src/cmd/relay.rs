@@ -103,6 +103,11 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         .map_err(|e| broker_error(&format!("{} {}", broker.kind(), broker), &e))?;
     let started = Instant::now();
     let stats = match &spec.url {
+        StoreUrl::Memory => {
+            return Err(CliError::usage(
+                "idem relay needs a durable store: sqlite://PATH or postgres://…",
+            ))
+        }
         StoreUrl::Postgres(url) => {
             let schema = args.schema.unwrap_or_else(|| "public".to_owned());
             let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
