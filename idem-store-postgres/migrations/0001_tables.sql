@@ -12,11 +12,6 @@ CREATE TABLE IF NOT EXISTS {schema}.processed_messages (
     claimed_at      timestamptz DEFAULT now()
 );
 
--- Retention scans by age; `inspect --award-id` looks records up by subject.
-CREATE INDEX IF NOT EXISTS processed_messages_claimed_at_idx
-    ON {schema}.processed_messages (claimed_at);
-CREATE INDEX IF NOT EXISTS processed_messages_award_id_idx
-    ON {schema}.processed_messages (award_id);
 
 -- The transactional outbox. `event_type, payload, created_at` are the reference's columns;
 -- the rest are ours. A reference outbox created by another program is upgraded in place
@@ -46,8 +41,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS outbox_unpublished_idx
     ON {schema}.outbox (id) WHERE published_at IS NULL;
 CREATE INDEX IF NOT EXISTS outbox_unpublished_subject_idx
     ON {schema}.outbox (subject, id) WHERE published_at IS NULL;
--- Retention deletes published rows by age; inspect finds a key's events.
+-- Retention deletes published rows by age (maintained when rows are marked published,
+-- not on the consumer's insert).
 CREATE INDEX IF NOT EXISTS outbox_created_at_idx
     ON {schema}.outbox (created_at) WHERE published_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS outbox_idempotency_key_idx
-    ON {schema}.outbox (idempotency_key);

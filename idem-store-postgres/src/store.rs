@@ -17,6 +17,8 @@ use crate::error::{map_sqlx, sqlstate, LOCK_NOT_AVAILABLE};
 
 /// The embedded migration, with `{schema}` standing for the quoted schema name.
 const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
+/// The optional retention / inspection indexes ([`PgConfig::audit_indexes`]).
+const AUDIT_INDEXES: &str = include_str!("../migrations/0002_audit_indexes.sql");
 
 /// Statements built once per store from the validated schema name.
 #[derive(Debug)]
@@ -243,14 +245,18 @@ impl PgStore {
     }
 
     /// Creates the schema, `processed_messages` and `outbox` if missing, and adds this
-    /// crate's columns and indexes to an `outbox` that lacks them. Idempotent, and safe
+    /// crate's columns and indexes to an `outbox` that lacks them (plus the audit indexes
+    /// of [`PgConfig::audit_indexes`] when on). Idempotent, and safe
     /// to run from several processes at once (an advisory lock serialises them). Business
     /// tables (`disbursements`, …) are their owners' to create.
     ///
     /// # Errors
     /// [`StoreError`] from the database.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let sql = MIGRATION.replace("{schema}", &self.shared.qschema);
+        let mut sql = MIGRATION.replace("{schema}", &self.shared.qschema);
+        if self.shared.config.audit_indexes {
+            sql.push_str(&AUDIT_INDEXES.replace("{schema}", &self.shared.qschema));
+        }
         let mut tx = self
             .pool
             .begin()

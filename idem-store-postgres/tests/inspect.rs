@@ -13,6 +13,37 @@ use idem_store_postgres::PgOutboxSource;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_shows_claims_and_their_events() {
     let store = common::fresh_pg().await;
+    assert_eq!(
+        audit_index_count(&store).await,
+        3,
+        "the default migration creates the audit indexes"
+    );
+    inspect_on(store).await;
+}
+
+async fn audit_index_count(store: &idem_store_postgres::PgStore) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname IN \
+         ('processed_messages_claimed_at_idx', 'processed_messages_award_id_idx', 'outbox_idempotency_key_idx')",
+    )
+    .bind(store.schema())
+    .fetch_one(store.pool())
+    .await
+    .expect("count indexes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_works_without_the_audit_indexes() {
+    let store = common::fresh_pg_with(|c| c.with_audit_indexes(false)).await;
+    assert_eq!(
+        audit_index_count(&store).await,
+        0,
+        "audit indexes created although turned off"
+    );
+    inspect_on(store).await;
+}
+
+async fn inspect_on(store: idem_store_postgres::PgStore) {
     let before = SystemTime::now() - Duration::from_secs(60);
     let k1 = IdempotencyKey::derive("A-7", "2026-07-01T09:00:00Z", b"{\"n\":1}").expect("key");
     let k2 = IdempotencyKey::derive("A-7", "2026-07-02T09:00:00Z", b"{\"n\":2}").expect("key");
