@@ -21,15 +21,15 @@ fn broker() -> Broker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_commit_before_ack_is_redelivered_and_skipped() {
-    common::crash_after_commit_before_ack(broker()).await;
+    common::within(common::crash_after_commit_before_ack(broker())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_goes_to_the_dead_letter_queue_with_its_reason() {
-    common::poison_is_dead_lettered(broker()).await;
+    common::within(common::poison_is_dead_lettered(broker())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_delivers_each_event_once_downstream() {
-    common::relay_delivers_each_event_once(broker()).await;
+    common::within(common::relay_delivers_each_event_once(broker())).await;
 }

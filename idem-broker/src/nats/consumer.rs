@@ -128,7 +128,7 @@ impl Stream for NatsConsumer {
                         payload: msg.payload.to_vec(),
                         headers,
                         acker: NatsAcker {
-                            acker,
+                            acker: Box::new(acker),
                             shared: Arc::clone(&self.shared),
                         },
                     })))
@@ -140,7 +140,8 @@ impl Stream for NatsConsumer {
 
 /// Settles one JetStream delivery.
 pub struct NatsAcker {
-    acker: JsAcker,
+    // Boxed: the client's acker is large, and every delivery carries one.
+    acker: Box<JsAcker>,
     shared: Arc<Shared>,
 }
 

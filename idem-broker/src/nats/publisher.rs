@@ -13,12 +13,15 @@ use crate::BrokerError;
 /// How many publishes are in flight before waiting for their acks.
 const ACK_WINDOW: usize = 1_000;
 
+/// One message to publish: the payload, its headers, and its `Nats-Msg-Id` if any.
+pub(super) type OutMessage = (Vec<u8>, Vec<(String, String)>, Option<String>);
+
 /// Publishes `(payload, headers, msg_id)` in order to `subject` and waits for every
 /// JetStream publish ack.
 pub(super) async fn publish_confirmed(
     js: &jetstream::Context,
     subject: &str,
-    msgs: Vec<(Vec<u8>, Vec<(String, String)>, Option<String>)>,
+    msgs: Vec<OutMessage>,
 ) -> Result<(), BrokerError> {
     let mut pending: Vec<PublishAckFuture> = Vec::new();
     for (payload, headers, msg_id) in msgs {

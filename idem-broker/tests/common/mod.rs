@@ -65,6 +65,13 @@ impl Broker {
     }
 }
 
+/// Runs a scenario, failing it (rather than hanging) after two minutes.
+pub async fn within<F: std::future::Future>(scenario: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(120), scenario)
+        .await
+        .expect("the scenario did not finish within 2 minutes")
+}
+
 /// A fresh queue/stream name.
 pub fn fresh_name(prefix: &str) -> String {
     format!("idem-test-{prefix}-{:08x}", rand::thread_rng().gen::<u32>())
@@ -221,8 +228,9 @@ pub async fn crash_after_commit_before_ack(broker: Broker) {
         "all published"
     );
 
-    // Phase 1: the first CRASH_AFTER deliveries commit, and every ack is lost.
-    let first = AnyConsumer::connect(&broker.url, &name, 20)
+    // Phase 1: the first CRASH_AFTER deliveries commit, and every ack is lost. (The
+    // prefetch must hold them all: unacked deliveries use up RabbitMQ's prefetch.)
+    let first = AnyConsumer::connect(&broker.url, &name, 2 * CRASH_AFTER)
         .await
         .expect("connect consumer")
         .map(|r| {
