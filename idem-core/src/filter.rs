@@ -4,11 +4,14 @@
 //! [`ClaimOutcome::Duplicate`] only for keys the filter has seen committed. The mark is
 //! written *after* the durable commit, so "the filter says done, the store has no row"
 //! cannot happen by construction; a miss, an error or a timeout from the filter falls
-//! through to the durable claim. (Marking before the commit would lose a message when the
+//! through to the durable claim, and opens a circuit breaker: for
+//! [`BREAKER_COOL_DOWN`] every claim goes straight to the durable store, so an outage of the
+//! filter costs one timeout per cool-down rather than one per claim. (Marking before the commit would lose a message when the
 //! worker dies between the mark and the commit: the redelivery would be skipped.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -34,11 +37,27 @@ pub trait DoneFilter: Send + Sync {
     async fn mark_done(&self, keys: &[IdempotencyKey]) -> Result<(), StoreError>;
 }
 
-/// Counters of a [`Filtered`] store.
-#[derive(Debug, Default)]
+/// Counters of a [`Filtered`] store, and its circuit breaker.
+#[derive(Debug)]
 pub struct FilterStats {
     hits: AtomicU64,
     errors: AtomicU64,
+    bypassed: AtomicU64,
+    /// Milliseconds since `epoch` until which the filter is bypassed after an error.
+    open_until_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for FilterStats {
+    fn default() -> Self {
+        Self {
+            hits: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            bypassed: AtomicU64::new(0),
+            open_until_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 impl FilterStats {
@@ -51,14 +70,56 @@ impl FilterStats {
     pub fn errors(&self) -> u64 {
         self.errors.load(Ordering::Relaxed)
     }
+
+    /// Lookups and marks skipped while the breaker was open (after an error).
+    pub fn bypassed(&self) -> u64 {
+        self.bypassed.load(Ordering::Relaxed)
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the filter should be skipped now (the breaker is open).
+    fn is_open(&self) -> bool {
+        let open = self.now_ms() < self.open_until_ms.load(Ordering::Relaxed);
+        if open {
+            self.bypassed.fetch_add(1, Ordering::Relaxed);
+        }
+        open
+    }
+
+    /// Records an error and opens the breaker for [`BREAKER_COOL_DOWN`].
+    fn trip(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let until = self
+            .now_ms()
+            .saturating_add(u64::try_from(BREAKER_COOL_DOWN.as_millis()).unwrap_or(1000));
+        self.open_until_ms.store(until, Ordering::Relaxed);
+    }
 }
 
-/// A durable store behind a [`DoneFilter`].
-#[derive(Debug, Clone)]
+/// After a filter error, how long the filter is skipped (every claim goes straight to the
+/// durable store) before it is tried again. A filter outage then costs one timeout per
+/// cool-down, not one per claim.
+pub const BREAKER_COOL_DOWN: Duration = Duration::from_secs(1);
+
+/// A durable store behind a [`DoneFilter`]. Clones share the filter and its counters.
+#[derive(Debug)]
 pub struct Filtered<S, F> {
     store: S,
     filter: Arc<F>,
     stats: Arc<FilterStats>,
+}
+
+impl<S: Clone, F> Clone for Filtered<S, F> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            filter: self.filter.clone(),
+            stats: self.stats.clone(),
+        }
+    }
 }
 
 impl<S: ClaimStore, F: DoneFilter> Filtered<S, F> {
@@ -136,10 +197,13 @@ async fn lookup<F: DoneFilter>(
     stats: &FilterStats,
     keys: &[IdempotencyKey],
 ) -> Vec<bool> {
+    if stats.is_open() {
+        return vec![false; keys.len()];
+    }
     match filter.seen(keys).await {
         Ok(v) if v.len() == keys.len() => v,
         Ok(_) | Err(_) => {
-            stats.errors.fetch_add(1, Ordering::Relaxed);
+            stats.trip();
             vec![false; keys.len()]
         }
     }
@@ -205,8 +269,11 @@ where
     async fn commit(self) -> Result<(), StoreError> {
         self.inner.commit().await?;
         // Only now is the key durably done; a failed mark is a cache miss later, nothing more.
-        if !self.claimed.is_empty() && self.filter.mark_done(&self.claimed).await.is_err() {
-            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        if !self.claimed.is_empty()
+            && !self.stats.is_open()
+            && self.filter.mark_done(&self.claimed).await.is_err()
+        {
+            self.stats.trip();
         }
         Ok(())
     }

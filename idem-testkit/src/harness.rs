@@ -206,3 +206,35 @@ impl<S> Clone for EffectHandlerFor<S> {
         Self::new()
     }
 }
+
+#[async_trait]
+impl<S, F> TestStore for idem_core::Filtered<S, F>
+where
+    S: TestStore,
+    F: idem_core::DoneFilter + 'static,
+{
+    async fn write_effect(
+        tx: &mut Self::Tx,
+        key: &IdempotencyKey,
+        subject: &str,
+        amount: i64,
+    ) -> Result<(), StoreError> {
+        S::write_effect(tx.inner_mut(), key, subject, amount).await
+    }
+
+    async fn enqueue(tx: &mut Self::Tx, event: &OutboxEvent) -> Result<(), StoreError> {
+        S::enqueue(tx.inner_mut(), event).await
+    }
+
+    async fn enqueue_refused(tx: &mut Self::Tx, key: &IdempotencyKey) -> Result<(), StoreError> {
+        S::enqueue_refused(tx.inner_mut(), key).await
+    }
+
+    async fn effects(&self) -> Result<Vec<Effect>, StoreError> {
+        self.inner().effects().await
+    }
+
+    async fn claim_count(&self, key: &IdempotencyKey) -> Result<u64, StoreError> {
+        self.inner().claim_count(key).await
+    }
+}

@@ -207,6 +207,7 @@ impl StoreVisitor for Demo {
         if let Some(f) = &extras.filter_stats {
             println!("front_filter_hits: {}", f.hits());
             println!("front_filter_errors: {}", f.errors());
+            println!("front_filter_bypassed: {}", f.bypassed());
         }
         println!("seconds: {seconds:.3}");
         println!(
