@@ -199,3 +199,150 @@ fn migrate_creates_the_tables() {
         }
     });
 }
+
+#[test]
+fn inspect_answers_by_award_and_by_key_on_sqlite() {
+    let o = idem(&[
+        "demo",
+        "--submissions",
+        "50",
+        "--crash-rate",
+        "0",
+        "--seed",
+        "9",
+    ]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    let url = out
+        .lines()
+        .next()
+        .unwrap()
+        .strip_prefix("store: ")
+        .unwrap()
+        .to_owned();
+    let award = format!("A-{:016x}-{:07}", 9, 3);
+    let o = idem(&["inspect", "--store", &url, "--award-id", &award]);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}");
+    assert_eq!(report_value(&text, "processed"), "yes");
+    assert_eq!(report_value(&text, "claims"), "1");
+    assert_eq!(report_value(&text, "award_id"), award);
+    assert_eq!(report_value(&text, "events"), "1");
+    assert!(text.contains("disbursement.recorded"));
+    let key = report_value(&text, "key");
+    let o = idem(&["inspect", "--store", &url, "--key", &key]);
+    assert_eq!(report_value(&stdout(&o), "award_id"), award);
+    let o = idem(&["inspect", "--store", &url, "--award-id", "A-never"]);
+    assert_eq!(report_value(&stdout(&o), "processed"), "no");
+    let o = idem(&["inspect", "--store", &url, "--key", "not-hex"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn purge_respects_the_floor_counts_dry_and_deletes_in_batches() {
+    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = format!("cli_purge_{}", std::process::id());
+    let o = idem(&[
+        "demo",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--submissions",
+        "120",
+        "--crash-rate",
+        "0",
+        "--seed",
+        "4",
+    ]);
+    assert!(o.status.success(), "{}", stdout(&o));
+    // A cutoff below the three-year floor is refused unless overridden.
+    let o = idem(&[
+        "purge",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--older-than",
+        "30d",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("floor"),
+        "{o:?}"
+    );
+    // Nothing is three years old: a legal purge deletes nothing.
+    let o = idem(&[
+        "purge",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--older-than",
+        "3y",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(report_value(&stdout(&o), "dedup_records"), "0");
+    let base = [
+        "purge",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--older-than",
+        "0s",
+        "--allow-below-floor",
+        "--batch-size",
+        "50",
+    ];
+    let mut dry = base.to_vec();
+    dry.push("--dry-run");
+    let o = idem(&dry);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(report_value(&stdout(&o), "dedup_records"), "120");
+    let award = format!("A-{:016x}-{:07}", 4, 1);
+    assert_eq!(
+        report_value(
+            &stdout(&idem(&[
+                "inspect",
+                "--store",
+                &url,
+                "--schema",
+                &schema,
+                "--award-id",
+                &award
+            ])),
+            "processed"
+        ),
+        "yes"
+    );
+    let o = idem(&base);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}");
+    assert_eq!(report_value(&text, "dedup_records"), "120");
+    assert_eq!(
+        report_value(&text, "outbox_events"),
+        "0",
+        "unpublished outbox rows are kept"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("purge:"),
+        "progress is shown"
+    );
+    assert_eq!(
+        report_value(
+            &stdout(&idem(&[
+                "inspect",
+                "--store",
+                &url,
+                "--schema",
+                &schema,
+                "--award-id",
+                &award
+            ])),
+            "processed"
+        ),
+        "no"
+    );
+}

@@ -1,13 +1,78 @@
-//! `idem purge`.
+//! `idem purge`: delete dedup records and published outbox rows older than a cutoff, in
+//! bounded batches, never below the retention floor unless told to.
 
+use std::time::Duration;
+
+use idem_store_postgres::{
+    PgConfig, PgError, PgStore, PurgeOptions, PurgeProgress, DEFAULT_RETENTION_FLOOR,
+};
+
+use crate::cmd::parse_duration;
+use crate::error::error_chain;
+use crate::stores::{self, StoreUrl};
 use crate::CliError;
 
 /// Arguments of `idem purge`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct Args {}
+pub(crate) struct Args {
+    /// The store: postgres://…
+    #[arg(long)]
+    store: String,
+    /// The Postgres schema.
+    #[arg(long)]
+    schema: Option<String>,
+    /// Delete what is older than this (30d, 3y, 1200d, …; a year is 365 days).
+    #[arg(long, value_parser = parse_duration)]
+    older_than: Duration,
+    /// Only count what would be deleted.
+    #[arg(long)]
+    dry_run: bool,
+    /// The retention floor: a purge of anything younger is refused (default 3y, per
+    /// 2 CFR §200.334).
+    #[arg(long, value_parser = parse_duration)]
+    retention_floor: Option<Duration>,
+    /// Purge below the retention floor anyway.
+    #[arg(long)]
+    allow_below_floor: bool,
+    /// Rows deleted per transaction.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    batch_size: u64,
+}
 
-pub(crate) async fn run(_args: Args) -> Result<(), CliError> {
-    Err(CliError::usage(
-        "idem purge: not available in this build yet",
-    ))
+pub(crate) async fn run(args: Args) -> Result<(), CliError> {
+    let url = match StoreUrl::parse(&args.store)? {
+        StoreUrl::Postgres(url) => url,
+        _ => return Err(CliError::usage("idem purge supports postgres:// stores")),
+    };
+    let schema = args.schema.unwrap_or_else(|| "public".to_owned());
+    stores::validate_identifier(&schema)?;
+    let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
+    let store = PgStore::connect(&url, config).await?;
+    let options = PurgeOptions::new(args.older_than)
+        .with_floor(args.retention_floor.unwrap_or(DEFAULT_RETENTION_FLOOR))
+        .allow_below_floor(args.allow_below_floor)
+        .with_batch_size(usize::try_from(args.batch_size).unwrap_or(1000))
+        .dry_run(args.dry_run);
+    let report = store
+        .purge(&options, |p: &PurgeProgress| {
+            eprintln!(
+                "purge: {} {} rows so far (+{})",
+                p.table.table_name(),
+                p.rows_so_far,
+                p.batch_rows
+            );
+        })
+        .await
+        .map_err(|e| match e {
+            PgError::BelowRetentionFloor { .. }
+            | PgError::InvalidOption { .. }
+            | PgError::InvalidSchema { .. } => CliError::usage(e.to_string()),
+            other => CliError::failed(error_chain(&other)),
+        })?;
+    println!("cutoff: {}", report.cutoff);
+    println!("dry_run: {}", report.dry_run);
+    println!("dedup_records: {}", report.dedup_records);
+    println!("outbox_events: {}", report.outbox_events);
+    println!("batches: {}", report.batches);
+    Ok(())
 }
