@@ -6,11 +6,12 @@
 //! committed) and exits 0. The report on stdout is `name: value` lines.
 
 use std::io::{Read as _, Write as _};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::future::Either;
+use futures::StreamExt as _;
 use idem_broker::any::{AnyConsumer, BrokerUrl};
 use idem_broker::{until_idle, BrokerError};
 use idem_core::{consumer, ClaimStore, ConsumerConfig, Gate, Handler, Outcome, OutcomeKind};
@@ -50,6 +51,70 @@ pub(crate) struct Args {
     /// Serve Prometheus metrics over HTTP at ADDR (e.g. 127.0.0.1:9898).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Give up (exit 1) when the broker or the store stays unreachable this long.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "60")]
+    reconnect_timeout: Duration,
+}
+
+/// Capped exponential backoff with full jitter: attempt 1 waits up to 100 ms, doubling
+/// up to 5 s.
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    use rand::Rng as _;
+    let cap = Duration::from_secs(5);
+    let base = Duration::from_millis(100).saturating_mul(1u32 << attempt.saturating_sub(1).min(10));
+    let top = base.min(cap);
+    let ms = u64::try_from(top.as_millis()).unwrap_or(5000).max(1);
+    Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms))
+}
+
+/// A failed attempt: worth another try, or not.
+pub(crate) enum Attempt {
+    Retry(CliError),
+    Final(CliError),
+}
+
+impl From<CliError> for Attempt {
+    /// The caller's mistakes (exit 2) are final; failures are retried.
+    fn from(e: CliError) -> Self {
+        if e.exit_code() == 2 {
+            Self::Final(e)
+        } else {
+            Self::Retry(e)
+        }
+    }
+}
+
+/// Retries `connect` with [`backoff`] until it succeeds, fails for good, or `timeout` has
+/// passed since the first try (then a one-line error, exit 1).
+pub(crate) async fn with_retry<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut connect: F,
+) -> Result<T, CliError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Attempt>>,
+{
+    let started = Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        match connect().await {
+            Ok(v) => return Ok(v),
+            Err(Attempt::Final(e)) => return Err(e),
+            Err(Attempt::Retry(e)) => {
+                attempt += 1;
+                if started.elapsed() >= timeout {
+                    return Err(CliError::failed(format!(
+                        "{what}: still unreachable after {:.0} s (--reconnect-timeout): {e}",
+                        started.elapsed().as_secs_f64()
+                    )));
+                }
+                let wait = backoff(attempt).min(timeout.saturating_sub(started.elapsed()));
+                tracing::warn!(target: "idem::consume", attempt, error = %e, "{what} unreachable; retrying in {wait:?}");
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
 }
 
 /// Seconds as a number (`3`, `0.5`) or a duration (`3s`, `2m`).
@@ -162,7 +227,10 @@ fn serve_metrics(addr: std::net::SocketAddr, counters: Arc<Counters>) -> Result<
     Ok(())
 }
 
+#[derive(Clone)]
 struct Consume {
+    visited: Arc<AtomicBool>,
+    reconnect_timeout: Duration,
     broker: BrokerUrl,
     source: String,
     config: ConsumerConfig,
@@ -183,10 +251,23 @@ impl StoreVisitor for Consume {
         S: ClaimStore + Clone + 'static,
         GrantHandler: Handler<S::Tx>,
     {
+        self.visited.store(true, Ordering::SeqCst);
         let prefetch = 2 * self.config.concurrency * self.config.batch_size;
-        let deliveries = AnyConsumer::connect(&self.broker, &self.source, prefetch)
-            .await
-            .map_err(|e| broker_error(&format!("{} {}", self.broker.kind(), self.broker), &e))?;
+        let timeout = self.reconnect_timeout;
+        let broker = self.broker.clone();
+        let source = self.source.clone();
+        let connect = || {
+            let (broker, source) = (broker.clone(), source.clone());
+            async move {
+                AnyConsumer::connect(&broker, &source, prefetch)
+                    .await
+                    .map_err(|e| {
+                        Attempt::from(broker_error(&format!("{} {}", broker.kind(), broker), &e))
+                    })
+            }
+        };
+        let what = format!("{} {}", self.broker.kind(), self.broker);
+        let mut deliveries = Some(with_retry(&what, timeout, connect).await?);
         eprintln!(
             "idem consume: {} {} → store; batch size {}, concurrency {}",
             self.broker.kind(),
@@ -194,21 +275,143 @@ impl StoreVisitor for Consume {
             self.config.batch_size,
             self.config.concurrency
         );
-        let deliveries = match self.idle {
-            Some(idle) => Either::Left(until_idle(deliveries, idle)),
-            None => Either::Right(deliveries),
-        };
+        // One shutdown signal for every (re)connection.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            crate::cmd::shutdown_signal().await;
+            let _ = stop_tx.send(true);
+        });
         let gate = Gate::new(store, db.grant_handler());
-        let counters = Arc::clone(&self.counters);
-        consumer::run(
-            &gate,
-            deliveries,
-            self.config,
-            crate::cmd::shutdown_signal(),
-            move |o| counters.record(o),
-        )
-        .await
-        .map_err(|e| CliError::failed(format!("consuming {}: {}", self.source, error_chain(&e))))
+        // Store failures in a row, and when the streak began: each delivery waits a
+        // backoff while the store is failing, and a streak longer than the reconnect
+        // timeout ends the run.
+        let streak = Arc::new(Streak::default());
+        let mut total = idem_core::ConsumerStats::default();
+        loop {
+            let stream = match deliveries.take() {
+                Some(d) => d,
+                None => with_retry(&what, timeout, connect).await?,
+            };
+            // Set when the broker's stream itself ends (a closed connection), as opposed
+            // to the idle timer or shutdown.
+            let ended = Arc::new(AtomicBool::new(false));
+            let ended_flag = Arc::clone(&ended);
+            let stream = stream.chain(futures::stream::poll_fn(move |_| {
+                ended_flag.store(true, Ordering::SeqCst);
+                std::task::Poll::Ready(None)
+            }));
+            let throttle = Arc::clone(&streak);
+            let stream = Box::pin(stream.then(move |item| {
+                let throttle = Arc::clone(&throttle);
+                async move {
+                    if let Some(wait) = throttle.wait(timeout) {
+                        tokio::time::sleep(wait?).await;
+                    }
+                    item.map_err(idem_core::BoxError::from)
+                }
+            }));
+            let stream = match self.idle {
+                Some(idle) => Either::Left(until_idle(stream, idle)),
+                None => Either::Right(stream),
+            };
+            let counters = Arc::clone(&self.counters);
+            let observed = Arc::clone(&streak);
+            let mut stop = stop_rx.clone();
+            let result = consumer::run(
+                &gate,
+                stream,
+                self.config,
+                async move {
+                    let _ = stop.wait_for(|v| *v).await;
+                },
+                move |o| {
+                    observed.record(o.kind());
+                    counters.record(o);
+                },
+            )
+            .await;
+            let stopped = *stop_rx.borrow();
+            match result {
+                Ok(stats) => {
+                    add(&mut total, &stats);
+                    if stopped || !ended.load(Ordering::SeqCst) {
+                        return Ok(total);
+                    }
+                    tracing::warn!(target: "idem::consume", "the broker closed the delivery stream; reconnecting");
+                }
+                Err(e) => {
+                    if let Some(msg) = streak.gave_up() {
+                        return Err(CliError::failed(format!(
+                            "consuming {}: {msg}",
+                            self.source
+                        )));
+                    }
+                    if stopped {
+                        return Ok(total);
+                    }
+                    tracing::warn!(target: "idem::consume", error = %error_chain(&e), "delivery stream failed; reconnecting");
+                }
+            }
+            tokio::time::sleep(backoff(1)).await;
+        }
+    }
+}
+
+fn add(total: &mut idem_core::ConsumerStats, s: &idem_core::ConsumerStats) {
+    total.processed += s.processed;
+    total.duplicates += s.duplicates;
+    total.deferred += s.deferred;
+    total.rejected += s.rejected;
+    total.failed += s.failed;
+    total.settle_failures += s.settle_failures;
+}
+
+/// Consecutive failed deliveries (a store that is down), for backoff and the timeout.
+#[derive(Debug, Default)]
+struct Streak {
+    failures: AtomicU64,
+    since: Mutex<Option<Instant>>,
+    gave_up: Mutex<Option<String>>,
+}
+
+impl Streak {
+    fn record(&self, kind: OutcomeKind) {
+        let mut since = self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        if kind == OutcomeKind::Failed {
+            self.failures.fetch_add(1, Ordering::SeqCst);
+            since.get_or_insert_with(Instant::now);
+        } else if kind != OutcomeKind::Deferred {
+            self.failures.store(0, Ordering::SeqCst);
+            *since = None;
+        }
+    }
+
+    /// How long the next delivery waits (`None`: no failures), or an error once the
+    /// failures have lasted longer than `timeout`.
+    fn wait(&self, timeout: Duration) -> Option<Result<Duration, idem_core::BoxError>> {
+        let n = self.failures.load(Ordering::SeqCst);
+        if n == 0 {
+            return None;
+        }
+        let since = *self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(since) = since {
+            if since.elapsed() >= timeout {
+                let msg = format!(
+                    "the store kept failing for {:.0} s ({n} deliveries in a row; --reconnect-timeout)",
+                    since.elapsed().as_secs_f64()
+                );
+                *self.gave_up.lock().unwrap_or_else(PoisonError::into_inner) = Some(msg.clone());
+                return Some(Err(msg.into()));
+            }
+        }
+        Some(Ok(backoff(u32::try_from(n).unwrap_or(u32::MAX))))
+    }
+
+    fn gave_up(&self) -> Option<String> {
+        self.gave_up
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -225,14 +428,30 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         serve_metrics(addr, Arc::clone(&counters))?;
     }
     let started = Instant::now();
+    let visited = Arc::new(AtomicBool::new(false));
     let visitor = Consume {
+        visited: Arc::clone(&visited),
+        reconnect_timeout: args.reconnect_timeout,
         broker,
         source: args.source,
         config: ConsumerConfig::new(args.concurrency, args.batch_size),
         idle: args.exit_when_idle,
         counters: Arc::clone(&counters),
     };
-    let stats = stores::open(&spec, true, visitor).await?;
+    // The store may be down at start (a restart): retried until the visitor is reached.
+    let stats = with_retry("the store", args.reconnect_timeout, || {
+        let visitor = visitor.clone();
+        let visited = Arc::clone(&visited);
+        let spec = &spec;
+        async move {
+            match stores::open(spec, true, visitor).await {
+                Err(e) if visited.load(Ordering::SeqCst) => Err(Attempt::Final(e)),
+                Err(e) => Err(Attempt::from(e)),
+                Ok(v) => Ok(v),
+            }
+        }
+    })
+    .await?;
     let seconds = started.elapsed().as_secs_f64();
     let busy = counters
         .first_last

@@ -6,12 +6,14 @@ use std::time::{Duration, Instant};
 use futures::FutureExt as _;
 
 use idem_broker::any::{AnyPublisher, BrokerUrl};
-use idem_core::{OutboxSource, Relay, RelayStats};
+use std::sync::Arc;
+
+use idem_core::{OutboxEvent, OutboxSource, PublishError, Publisher, Relay, RelayStats};
 use idem_grant::GrantDb;
 use idem_store_postgres::{PgConfig, PgOutboxSource, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteOutboxSource, SqliteStore};
 
-use super::consume::broker_error;
+use super::consume::{backoff, broker_error, with_retry, Attempt};
 use crate::error::error_chain;
 use crate::stores::{StoreSpec, StoreUrl};
 use crate::CliError;
@@ -39,6 +41,49 @@ pub(crate) struct Args {
     /// Stop once no event was waiting for SECS seconds.
     #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     exit_when_idle: Option<Duration>,
+    /// Give up (exit 1) when the broker or the store stays unreachable this long.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "60")]
+    reconnect_timeout: Duration,
+}
+
+/// The broker's publisher, connected on first use and again after any failure (a broker
+/// restart closes the connection; the next batch gets a new one).
+struct Reconnecting {
+    url: BrokerUrl,
+    destination: String,
+    inner: tokio::sync::Mutex<Option<Arc<AnyPublisher>>>,
+}
+
+#[idem_core::async_trait]
+impl Publisher for Reconnecting {
+    async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
+        let publisher = {
+            let mut slot = self.inner.lock().await;
+            match slot.as_ref() {
+                Some(p) => Arc::clone(p),
+                None => {
+                    let p = AnyPublisher::connect(&self.url, &self.destination)
+                        .await
+                        .map_err(|e| {
+                            PublishError::new(
+                                format!("connecting to {}: {}", self.url.kind(), error_chain(&e)),
+                                true,
+                                None,
+                            )
+                        })?;
+                    let p = Arc::new(p);
+                    *slot = Some(Arc::clone(&p));
+                    p
+                }
+            }
+        };
+        let r = publisher.publish(events).await;
+        if r.is_err() {
+            // Reconnect before the next batch.
+            *self.inner.lock().await = None;
+        }
+        r
+    }
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
@@ -51,19 +96,19 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     crate::cmd::parse_duration(s)
 }
 
-/// Runs `relay` until shutdown, or until idle for `idle`.
+/// Runs `relay` until shutdown, or until idle for `idle`. Every failure (store or broker
+/// down) is retried with backoff; failures lasting longer than `timeout` end the run.
 async fn drive<S: OutboxSource>(
-    relay: Relay<S, AnyPublisher>,
+    relay: Relay<S, Reconnecting>,
     idle: Option<Duration>,
+    timeout: Duration,
 ) -> Result<RelayStats, CliError> {
-    let fail = |e: idem_core::Error| CliError::failed(format!("relay: {}", error_chain(&e)));
-    let Some(idle) = idle else {
-        return relay.run(crate::cmd::shutdown_signal()).await.map_err(fail);
-    };
     let mut stats = RelayStats::default();
     let shutdown = crate::cmd::shutdown_signal();
     tokio::pin!(shutdown);
     let mut last_work = Instant::now();
+    let mut failing_since: Option<Instant> = None;
+    let mut failures = 0u32;
     loop {
         // Between batches only: the batch in hand is always finished.
         if (&mut shutdown).now_or_never().is_some() {
@@ -71,26 +116,49 @@ async fn drive<S: OutboxSource>(
         }
         match relay.run_once().await {
             Ok(0) => {
-                if last_work.elapsed() >= idle {
-                    return Ok(stats);
-                }
-                let rest = idle.saturating_sub(last_work.elapsed());
+                failing_since = None;
+                failures = 0;
+                let rest = match idle {
+                    Some(idle) if last_work.elapsed() >= idle => return Ok(stats),
+                    Some(idle) => idle.saturating_sub(last_work.elapsed()),
+                    None => Duration::from_secs(3600),
+                };
                 tokio::select! {
                     () = &mut shutdown => return Ok(stats),
-                    r = relay.source().wait() => r.map_err(|e| fail(e.into()))?,
+                    r = relay.source().wait() => {
+                        if let Err(e) = r {
+                            // The notification channel is gone (a store restart): poll.
+                            tracing::warn!(target: "idem::relay", error = %error_chain(&e), "waiting for outbox events failed");
+                            tokio::time::sleep(POLL).await;
+                        }
+                    }
                     () = tokio::time::sleep(rest) => {}
                 }
             }
             Ok(n) => {
+                failing_since = None;
+                failures = 0;
                 stats.published += n as u64;
                 last_work = Instant::now();
             }
-            Err(e) if e.is_retryable() => {
+            Err(e) => {
                 stats.failed_batches += 1;
-                tracing::warn!(target: "idem::relay", error = %e, "relay batch failed; will retry");
-                tokio::time::sleep(POLL).await;
+                failures = failures.saturating_add(1);
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= timeout {
+                    return Err(CliError::failed(format!(
+                        "relay: failing for {:.0} s (--reconnect-timeout): {}",
+                        since.elapsed().as_secs_f64(),
+                        error_chain(&e)
+                    )));
+                }
+                let wait = backoff(failures);
+                tracing::warn!(target: "idem::relay", error = %error_chain(&e), "relay batch failed; retrying in {wait:?}");
+                tokio::select! {
+                    () = &mut shutdown => return Ok(stats),
+                    () = tokio::time::sleep(wait) => {}
+                }
             }
-            Err(e) => return Err(fail(e)),
         }
     }
 }
@@ -98,9 +166,24 @@ async fn drive<S: OutboxSource>(
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
     let spec = StoreSpec::new(&args.store, args.schema.clone(), None)?;
-    let publisher = AnyPublisher::connect(&broker, &args.destination)
-        .await
-        .map_err(|e| broker_error(&format!("{} {}", broker.kind(), broker), &e))?;
+    let timeout = args.reconnect_timeout;
+    let first = with_retry(
+        &format!("{} {}", broker.kind(), broker),
+        timeout,
+        || async {
+            AnyPublisher::connect(&broker, &args.destination)
+                .await
+                .map_err(|e| {
+                    Attempt::from(broker_error(&format!("{} {}", broker.kind(), broker), &e))
+                })
+        },
+    )
+    .await?;
+    let publisher = Reconnecting {
+        url: broker.clone(),
+        destination: args.destination.clone(),
+        inner: tokio::sync::Mutex::new(Some(Arc::new(first))),
+    };
     let started = Instant::now();
     let stats = match &spec.url {
         StoreUrl::Memory => {
@@ -111,16 +194,33 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         StoreUrl::Postgres(url) => {
             let schema = args.schema.unwrap_or_else(|| "public".to_owned());
             let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
-            let store = PgStore::connect(url, config).await?;
-            store.migrate_grants().await?;
+            let store = with_retry("the store", timeout, || {
+                async {
+                    let store = PgStore::connect(url, config.clone()).await?;
+                    store.migrate_grants().await?;
+                    Ok::<_, CliError>(store)
+                }
+                .map(|r| r.map_err(Attempt::from))
+            })
+            .await?;
             let source = PgOutboxSource::new(store, POLL);
-            drive(Relay::new(source, publisher, BATCH), args.exit_when_idle).await?
+            drive(
+                Relay::new(source, publisher, BATCH),
+                args.exit_when_idle,
+                timeout,
+            )
+            .await?
         }
         StoreUrl::Sqlite(path) => {
             let store = SqliteStore::open(path, SqliteConfig::default()).await?;
             store.migrate_grants().await?;
             let source = SqliteOutboxSource::new(store, POLL);
-            drive(Relay::new(source, publisher, BATCH), args.exit_when_idle).await?
+            drive(
+                Relay::new(source, publisher, BATCH),
+                args.exit_when_idle,
+                timeout,
+            )
+            .await?
         }
     };
     println!("destination: {}", args.destination);
