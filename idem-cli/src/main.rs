@@ -1,8 +1,8 @@
 //! `idem`: the command for people who run exactly-once consumers.
 //!
 //! Subcommands: `key`, `demo`, `migrate`, `consume`, `relay`, `publish`, `purge`,
-//! `inspect` — see `idem --help` and DESIGN.md's command contract. Bad input gets a
-//! one-line error and exit status 2; a failed run exits 1.
+//! `inspect`, `audit export` — see `idem --help` and DESIGN.md's command contract. Bad
+//! input gets a one-line error and exit status 2; a failed run exits 1.
 
 mod cmd;
 mod error;
@@ -41,6 +41,8 @@ enum Command {
     Purge(cmd::purge::Args),
     /// Shows whether a key or award was processed, when, and its outbox events.
     Inspect(cmd::inspect::Args),
+    /// Exports the audit trail (dedup records and their outbox events) as JSON lines.
+    Audit(cmd::audit::Args),
 }
 
 fn main() {
@@ -79,6 +81,7 @@ fn main() {
             Command::Publish(a) => cmd::publish::run(a).await,
             Command::Purge(a) => cmd::purge::run(a).await,
             Command::Inspect(a) => cmd::inspect::run(a).await,
+            Command::Audit(a) => cmd::audit::run(a).await,
         }
     });
     if let Err(e) = result {

@@ -33,6 +33,19 @@ pub enum PgError {
         /// The configured floor.
         floor: Duration,
     },
+    /// A timestamp argument was rejected by the server (SQLSTATE class 22, e.g. not a
+    /// valid `timestamptz`).
+    #[error("invalid timestamp {value:?}: {reason}")]
+    InvalidTimestamp {
+        /// The rejected value (at most 80 characters of it).
+        value: String,
+        /// The server's reason.
+        reason: String,
+    },
+    /// The sink of [`export_audit`](crate::PgStore::export_audit) failed (for example
+    /// the output file could not be written).
+    #[error("writing the audit export failed: {0}")]
+    Sink(#[source] std::io::Error),
     /// The database failed; see [`StoreError::is_retryable`].
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -44,7 +57,9 @@ impl PgError {
         match self {
             Self::InvalidSchema { .. }
             | Self::InvalidOption(_)
-            | Self::BelowRetentionFloor { .. } => false,
+            | Self::BelowRetentionFloor { .. }
+            | Self::InvalidTimestamp { .. }
+            | Self::Sink(_) => false,
             Self::Store(e) => e.is_retryable(),
         }
     }

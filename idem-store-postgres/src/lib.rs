@@ -12,6 +12,8 @@
 //! - [`PgStore::purge`] — retention in bounded batches, with a three-year floor
 //!   (2 CFR §200.334) that is only crossed on purpose.
 //! - [`PgStore::inspect_key`] / [`PgStore::inspect_subject`] — the audit questions.
+//! - [`PgStore::export_audit`] — the dedup records of a time window and their outbox
+//!   events, streamed in bounded pages, for a write-once archive.
 //! - [`PgStore::migrate`] — the embedded, idempotent schema (`migrations/`).
 //!
 //! Tables are the reference's (`processed_messages(idempotency_key, award_id,
@@ -41,6 +43,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod audit;
 pub mod config;
 pub mod error;
 pub mod inspect;
@@ -49,6 +52,7 @@ pub mod retention;
 pub mod source;
 pub mod store;
 
+pub use audit::AuditSummary;
 pub use config::PgConfig;
 pub use error::PgError;
 pub use inspect::{ClaimRecord, OutboxRecord, Timestamp};

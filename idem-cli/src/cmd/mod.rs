@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub(crate) mod audit;
 pub(crate) mod consume;
 pub(crate) mod demo;
 pub(crate) mod inspect;
