@@ -230,3 +230,45 @@ fn bad_timestamps_and_stores_exit_2_with_one_line() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
 }
+
+#[test]
+fn migrate_append_only_installs_the_trigger() {
+    let schema = schema();
+    let o = idem(&[
+        "migrate",
+        "--store",
+        &url(),
+        "--schema",
+        &schema,
+        "--append-only",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("append-only: processed_messages"), "{out}");
+    let rt = rt();
+    rt.block_on(async {
+        let store = PgStore::connect(&url(), PgConfig::new(schema.clone()).unwrap())
+            .await
+            .unwrap();
+        let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").unwrap();
+        let mut tx = store.begin().await.unwrap();
+        tx.claim(&key, &ClaimMeta::new("A-1")).await.unwrap();
+        tx.commit().await.unwrap();
+        let err = sqlx::query(&format!(
+            "DELETE FROM {}",
+            store.table("processed_messages")
+        ))
+        .execute(store.pool())
+        .await
+        .expect_err("DELETE refused");
+        assert!(err.to_string().contains("append-only"), "{err}");
+        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}", dir.path().join("m.db").display());
+    let o = idem(&["migrate", "--store", &sqlite, "--append-only"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+}

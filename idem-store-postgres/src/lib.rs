@@ -14,7 +14,8 @@
 //! - [`PgStore::inspect_key`] / [`PgStore::inspect_subject`] — the audit questions.
 //! - [`PgStore::export_audit`] — the dedup records of a time window and their outbox
 //!   events, streamed in bounded pages, for a write-once archive.
-//! - [`PgStore::migrate`] — the embedded, idempotent schema (`migrations/`).
+//! - [`PgStore::migrate`] — the embedded, idempotent schema (`migrations/`);
+//!   [`PgStore::migrate_append_only`] makes `processed_messages` append-only evidence.
 //!
 //! Tables are the reference's (`processed_messages(idempotency_key, award_id,
 //! claimed_at)`, `outbox(event_type, payload, created_at, …)`), in a configurable
@@ -60,4 +61,4 @@ pub use retention::{
     PurgeOptions, PurgeProgress, PurgeReport, PurgeTable, DEFAULT_RETENTION_FLOOR,
 };
 pub use source::{PgOutboxBatch, PgOutboxSource};
-pub use store::{PgStore, PgTx};
+pub use store::{PgStore, PgTx, APPEND_ONLY_SQLSTATE};

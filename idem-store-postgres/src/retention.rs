@@ -217,13 +217,28 @@ impl PgStore {
                 });
             } else {
                 loop {
+                    // Each batch its own transaction, marked as the purge path so that
+                    // the append-only trigger (PgStore::migrate_append_only) lets its
+                    // DELETE through.
+                    let mut tx = self
+                        .pool()
+                        .begin()
+                        .await
+                        .map_err(|e| map_sqlx(e, "begin purge batch"))?;
+                    sqlx::query("SELECT set_config('idem.purge', 'on', true)")
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| map_sqlx(e, "mark purge transaction"))?;
                     let n = sqlx::query(delete_sql)
                         .bind(cutoff_secs)
                         .bind(batch)
-                        .execute(self.pool())
+                        .execute(&mut *tx)
                         .await
                         .map_err(|e| map_sqlx(e, "purge batch"))?
                         .rows_affected();
+                    tx.commit()
+                        .await
+                        .map_err(|e| map_sqlx(e, "commit purge batch"))?;
                     report.batches += 1;
                     total += n;
                     if n > 0 {

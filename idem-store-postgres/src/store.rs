@@ -19,6 +19,10 @@ use crate::error::{map_sqlx, sqlstate, LOCK_NOT_AVAILABLE};
 const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
 /// The optional retention / inspection indexes ([`PgConfig::audit_indexes`]).
 const AUDIT_INDEXES: &str = include_str!("../migrations/0002_audit_indexes.sql");
+/// The optional append-only trigger on `processed_messages` ([`PgStore::migrate_append_only`]).
+const APPEND_ONLY: &str = include_str!("../migrations/0003_append_only.sql");
+/// The SQLSTATE the append-only trigger raises.
+pub const APPEND_ONLY_SQLSTATE: &str = "IDEM1";
 
 /// Statements built once per store from the validated schema name.
 #[derive(Debug)]
@@ -257,6 +261,25 @@ impl PgStore {
         if self.shared.config.audit_indexes {
             sql.push_str(&AUDIT_INDEXES.replace("{schema}", &self.shared.qschema));
         }
+        self.run_script(&sql).await
+    }
+
+    /// Makes `processed_messages` append-only evidence (`migrations/0003_append_only.sql`):
+    /// a trigger refuses every UPDATE, DELETE and TRUNCATE of it with SQLSTATE
+    /// [`APPEND_ONLY_SQLSTATE`] — except DELETEs in a transaction that set
+    /// `idem.purge = 'on'` locally, which is how [`PgStore::purge`] deletes. Claims
+    /// (`INSERT … ON CONFLICT DO NOTHING`) are unaffected. Run it after
+    /// [`migrate`](PgStore::migrate); idempotent. The setting is a guard against
+    /// accidents, not a permission: withhold DELETE from every role but the owner.
+    ///
+    /// # Errors
+    /// [`StoreError`] from the database (for example when the tables do not exist yet).
+    pub async fn migrate_append_only(&self) -> Result<(), StoreError> {
+        self.run_script(&APPEND_ONLY.replace("{schema}", &self.shared.qschema))
+            .await
+    }
+
+    async fn run_script(&self, sql: &str) -> Result<(), StoreError> {
         let mut tx = self
             .pool
             .begin()
@@ -268,9 +291,7 @@ impl PgStore {
             .await
             .map_err(|e| map_sqlx(e, "lock for migration"))?;
         // A simple (multi-statement) query: the script has no parameters.
-        tx.execute(sql.as_str())
-            .await
-            .map_err(|e| map_sqlx(e, "migrate"))?;
+        tx.execute(sql).await.map_err(|e| map_sqlx(e, "migrate"))?;
         tx.commit()
             .await
             .map_err(|e| map_sqlx(e, "commit migration"))?;

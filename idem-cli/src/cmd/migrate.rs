@@ -17,6 +17,10 @@ pub(crate) struct Args {
     /// The Postgres schema (created if missing).
     #[arg(long)]
     schema: Option<String>,
+    /// Also make processed_messages append-only evidence (Postgres only): a trigger
+    /// refuses UPDATE, DELETE and TRUNCATE except through `idem purge`.
+    #[arg(long)]
+    append_only: bool,
 }
 
 struct Done;
@@ -40,7 +44,25 @@ impl StoreVisitor for Done {
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let spec = StoreSpec::new(&args.store, args.schema, None)?;
+    let pg_url = match (&spec.url, args.append_only) {
+        (stores::StoreUrl::Postgres(url), true) => Some(url.clone()),
+        (_, true) => {
+            return Err(CliError::usage(
+                "--append-only applies to postgres:// stores only",
+            ))
+        }
+        (_, false) => None,
+    };
     stores::open(&spec, true, Done).await?;
+    if let Some(url) = pg_url {
+        let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
+        let config = idem_store_postgres::PgConfig::new(schema)
+            .map_err(|e| CliError::usage(e.to_string()))?
+            .with_max_connections(1);
+        let store = idem_store_postgres::PgStore::connect(&url, config).await?;
+        store.migrate_append_only().await?;
+        println!("append-only: processed_messages");
+    }
     println!("migrated: {}", stores::redact(&args.store));
     Ok(())
 }
