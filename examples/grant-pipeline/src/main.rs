@@ -6,11 +6,11 @@
 //!
 //! Run it with `cargo run -p grant-pipeline`.
 
-use source::stream_from_broker;
 use idem_core::{consumer, ConsumerConfig, Gate};
 use idem_grant::{GrantDb, GrantHandler};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 use idem_testkit::SimBroker;
+use source::stream_from_broker;
 
 mod source {
     use idem_core::Delivery;
@@ -28,7 +28,11 @@ mod source {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("grants.db");
-    let store = SqliteStore::open(path.to_str().ok_or("non UTF-8 path")?, SqliteConfig::default()).await?;
+    let store = SqliteStore::open(
+        path.to_str().ok_or("non UTF-8 path")?,
+        SqliteConfig::default(),
+    )
+    .await?;
     store.migrate_grants().await?;
 
     let broker = SimBroker::new(42);
@@ -49,7 +53,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .await?;
 
     let ledger = store.ledger().await?;
-    println!("processed {}, duplicates {}, rejected {}", stats.processed, stats.duplicates, stats.rejected);
+    println!(
+        "processed {}, duplicates {}, rejected {}",
+        stats.processed, stats.duplicates, stats.rejected
+    );
     println!("disbursements: {}", ledger.len());
     for (_, reason) in broker.dead_letters() {
         println!("dead-lettered: {reason}");
