@@ -40,7 +40,7 @@ pub use delivery::{AckProof, AckReason, Acker, Delivery, Headers};
 pub use error::{
     AckError, BoxError, Error, HandlerError, KeyError, PublishError, RejectReason, StoreError,
 };
-pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx};
+pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx, BREAKER_COOL_DOWN};
 pub use gate::{Gate, GateConfig, GateObserver, Handler, Outcome, OutcomeKind, Stage, Submission};
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{EventId, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay, RelayStats};
