@@ -6,6 +6,7 @@
 
 mod cmd;
 mod error;
+mod metrics;
 mod stores;
 
 use clap::{Parser, Subcommand};
