@@ -439,12 +439,26 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         counters: Arc::clone(&counters),
     };
     // The store may be down at start (a restart): retried until the visitor is reached.
+    // One attempt may hang (a pool waiting to connect); it is cut off at the deadline.
+    let deadline = Instant::now() + args.reconnect_timeout;
     let stats = with_retry("the store", args.reconnect_timeout, || {
         let visitor = visitor.clone();
         let visited = Arc::clone(&visited);
         let spec = &spec;
         async move {
-            match stores::open(spec, true, visitor).await {
+            let open = stores::open(spec, true, visitor);
+            tokio::pin!(open);
+            let r = loop {
+                tokio::select! {
+                    r = &mut open => break r,
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {
+                        if !visited.load(Ordering::SeqCst) && Instant::now() >= deadline {
+                            return Err(Attempt::Retry(CliError::failed("connecting to the store timed out")));
+                        }
+                    }
+                }
+            };
+            match r {
                 Err(e) if visited.load(Ordering::SeqCst) => Err(Attempt::Final(e)),
                 Err(e) => Err(Attempt::from(e)),
                 Ok(v) => Ok(v),
@@ -459,6 +473,18 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         .unwrap_or_else(PoisonError::into_inner)
         .map(|(first, last)| last.duration_since(first).as_secs_f64())
         .unwrap_or(0.0);
+    // Every connection's outcomes, also those of a stream that failed and was reconnected.
+    let stats = idem_core::ConsumerStats {
+        processed: counters.get(OutcomeKind::Processed),
+        duplicates: counters.get(OutcomeKind::Duplicate),
+        deferred: counters.get(OutcomeKind::Deferred),
+        rejected: counters.get(OutcomeKind::Rejected),
+        failed: counters.get(OutcomeKind::Failed),
+        settle_failures: counters
+            .settle_failures
+            .load(Ordering::Relaxed)
+            .max(stats.settle_failures),
+    };
     let deliveries = stats.deliveries();
     let throughput = if busy > 0.0 {
         deliveries as f64 / busy

@@ -195,12 +195,18 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             let schema = args.schema.unwrap_or_else(|| "public".to_owned());
             let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
             let store = with_retry("the store", timeout, || {
-                async {
+                let attempt = async {
                     let store = PgStore::connect(url, config.clone()).await?;
                     store.migrate_grants().await?;
                     Ok::<_, CliError>(store)
-                }
-                .map(|r| r.map_err(Attempt::from))
+                };
+                // One attempt may hang (a pool waiting to connect): cut off at the timeout.
+                tokio::time::timeout(timeout, attempt).map(|r| match r {
+                    Ok(r) => r.map_err(Attempt::from),
+                    Err(_) => Err(Attempt::Retry(CliError::failed(
+                        "connecting to the store timed out",
+                    ))),
+                })
             })
             .await?;
             let source = PgOutboxSource::new(store, POLL);
