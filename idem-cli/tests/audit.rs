@@ -222,13 +222,28 @@ fn bad_timestamps_and_stores_exit_2_with_one_line() {
         "audit",
         "export",
         "--store",
-        "sqlite:///tmp/x.db",
+        "memory://",
         "--since",
         "2026-07-01T00:00:00Z",
         "--until",
         "2026-08-01T00:00:00Z",
     ]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
+    // A missing SQLite file is bad input, and is not created.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.db");
+    let o = idem(&[
+        "audit",
+        "export",
+        "--store",
+        &format!("sqlite://{}", missing.display()),
+        "--since",
+        "2026-07-01T00:00:00Z",
+        "--until",
+        "2026-08-01T00:00:00Z",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(!missing.exists());
 }
 
 #[test]
@@ -270,5 +285,89 @@ fn migrate_append_only_installs_the_trigger() {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}", dir.path().join("m.db").display());
     let o = idem(&["migrate", "--store", &sqlite, "--append-only"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+}
+
+#[test]
+fn export_from_sqlite_has_the_same_window_order_and_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("a.db").display());
+    let o = idem(&["migrate", "--store", &url]);
+    assert!(o.status.success(), "{o:?}");
+    let rt = rt();
+    let keys = rt.block_on(async {
+        let store = idem_store_sqlite::SqliteStore::open(&url, Default::default())
+            .await
+            .unwrap();
+        let mut keys = Vec::new();
+        for i in 0..4u32 {
+            let award = format!("A-{i}");
+            let key = IdempotencyKey::derive(&award, "2026-07-01T09:00:00Z", b"{}").unwrap();
+            let mut tx = store.begin().await.unwrap();
+            assert_eq!(
+                tx.claim(&key, &ClaimMeta::new(award.clone()))
+                    .await
+                    .unwrap(),
+                ClaimOutcome::Claimed
+            );
+            if i == 1 {
+                tx.enqueue(&OutboxEvent::new(
+                    key,
+                    "disbursement.recorded",
+                    award.clone(),
+                    r#"{"award_id":"A-1"}"#,
+                ))
+                .await
+                .unwrap();
+            }
+            tx.commit().await.unwrap();
+            idem_store_sqlite::sqlx::query(
+                "UPDATE processed_messages SET claimed_at = ?1 WHERE idempotency_key = ?2",
+            )
+            .bind(format!("2026-07-01T09:00:0{i}.250Z"))
+            .bind(key.to_hex())
+            .execute(store.pool())
+            .await
+            .unwrap();
+            keys.push(key);
+        }
+        keys
+    });
+    let o = idem(&[
+        "audit",
+        "export",
+        "--store",
+        &url,
+        "--since",
+        "2026-07-01T11:00:01+02:00",
+        "--until",
+        "2026-07-01T09:00:03Z",
+        "--page-size",
+        "1",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8(o.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0]["idempotency_key"], keys[1].to_hex().as_str());
+    assert_eq!(lines[0]["award_id"], "A-1");
+    assert_eq!(lines[0]["claimed_at"], "2026-07-01T09:00:01.250000Z");
+    assert_eq!(lines[0]["events"][0]["event_type"], "disbursement.recorded");
+    assert!(lines[0]["events"][0]["published_at"].is_null());
+    assert_eq!(lines[1]["award_id"], "A-2");
+    assert!(out.starts_with(r#"{"format":"idem-audit/1","idempotency_key":""#));
+    let o = idem(&[
+        "audit",
+        "export",
+        "--store",
+        &url,
+        "--since",
+        "2026-07-01T09:00:00Z",
+        "--until",
+        "soon",
+    ]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
 }
