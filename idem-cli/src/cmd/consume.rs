@@ -4,6 +4,12 @@
 //! `--exit-when-idle SECS` the command ends once no delivery arrived for SECS; Ctrl-C or
 //! SIGTERM stops taking deliveries, finishes the ones in hand (acking only what
 //! committed) and exits 0. The report on stdout is `name: value` lines.
+//!
+//! A broker or Postgres restart does not end the command: the delivery in hand fails
+//! cleanly (rolled back, nacked, or its ack lost and the redelivery skipped), deliveries
+//! wait a capped exponential backoff with jitter while the store keeps failing, and a
+//! closed delivery stream is reconnected the same way. A broker or store that stays
+//! unreachable for `--reconnect-timeout` (default 60 s) is a one-line error and exit 1.
 
 use std::io::{Read as _, Write as _};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

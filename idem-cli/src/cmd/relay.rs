@@ -1,5 +1,9 @@
 //! `idem relay`: committed outbox events to a broker, at least once, each with its
 //! deterministic event id (so the next consumer dedups them).
+//!
+//! Every failed batch (store or broker down) is released and retried after a capped
+//! exponential backoff with jitter, on a new broker connection; failures lasting longer
+//! than `--reconnect-timeout` (default 60 s) are a one-line error and exit 1.
 
 use std::time::{Duration, Instant};
 
