@@ -540,6 +540,18 @@ mod tests {
     }
 
     #[test]
+    fn backoff_grows_is_jittered_and_capped() {
+        for _ in 0..100 {
+            let first = backoff(1);
+            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+            let later = backoff(4);
+            assert!(later >= Duration::from_millis(400) && later <= Duration::from_millis(800));
+            let capped = backoff(u32::MAX);
+            assert!(capped >= Duration::from_millis(2500) && capped <= Duration::from_secs(5));
+        }
+    }
+
+    #[test]
     fn metrics_text_counts_outcomes() {
         let c = Counters::default();
         c.by_kind[0].fetch_add(3, Ordering::Relaxed);
