@@ -11,11 +11,13 @@ use tokio::time::{sleep, Sleep};
 /// for. Time spent by the caller between polls (processing a batch) does not count: the
 /// clock runs only while the stream is polled and has nothing.
 ///
+/// The wrapped stream must be `Unpin` (pin it with `Box::pin` if it is not).
+///
 /// ```no_run
 /// # async fn demo(deliveries: impl futures::Stream<Item = u32>) {
 /// use futures::StreamExt;
 /// use std::time::Duration;
-/// let mut quiet = idem_broker::until_idle(deliveries, Duration::from_secs(3));
+/// let mut quiet = idem_broker::until_idle(Box::pin(deliveries), Duration::from_secs(3));
 /// while let Some(_item) = quiet.next().await {}
 /// // three seconds without an item: done
 /// # }
