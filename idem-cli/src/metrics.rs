@@ -3,11 +3,9 @@
 //! commit, ack) and how many acks failed after a successful commit, and renders them in
 //! the Prometheus text exposition format (version 0.0.4).
 //!
-//! Wiring (in `consume`): `let m = Arc::new(StageMetrics::new());`, build the gate with
+//! Wiring (in `consume`): `let m = Arc::new(StageMetrics::default());`, build the gate with
 //! `Gate::new(store, handler).with_observer(m.clone())`, and append `m.render()` to the
 //! text the `--metrics-addr` endpoint serves.
-
-#![allow(dead_code)] // wired into `consume` by its owner
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,11 +61,6 @@ fn index(stage: Stage) -> usize {
 }
 
 impl StageMetrics {
-    /// Empty histograms.
-    pub(crate) fn new() -> Self {
-        Self::default()
-    }
-
     /// The Prometheus text exposition of the histograms and the counter.
     pub(crate) fn render(&self) -> String {
         let mut s = String::new();
@@ -142,7 +135,7 @@ mod tests {
 
     #[test]
     fn exposition_text_has_cumulative_buckets_sum_and_count() {
-        let m = StageMetrics::new();
+        let m = StageMetrics::default();
         m.stage(Stage::Commit, Duration::from_micros(300)); // <= 0.0005
         m.stage(Stage::Commit, Duration::from_millis(3)); // <= 0.005
         m.stage(Stage::Commit, Duration::from_millis(3));
@@ -206,7 +199,7 @@ mod tests {
 
     #[test]
     fn a_failed_ack_after_commit_is_counted() {
-        let m = StageMetrics::new();
+        let m = StageMetrics::default();
         let key = idem_core::IdempotencyKey::derive("A", "t", b"{}").unwrap();
         m.outcome(&Outcome::Processed {
             key,

@@ -151,6 +151,8 @@ struct Counters {
     by_kind: [AtomicU64; 5],
     settle_failures: AtomicU64,
     first_last: Mutex<Option<(Instant, Instant)>>,
+    /// Claim / handler / commit / ack latency histograms, fed by the gate.
+    stages: Arc<crate::metrics::StageMetrics>,
 }
 
 const KINDS: [OutcomeKind; 5] = [
@@ -205,6 +207,7 @@ impl Counters {
             "idem_settle_failures_total {}\n",
             self.settle_failures.load(Ordering::Relaxed)
         ));
+        s.push_str(&self.stages.render());
         s
     }
 }
@@ -287,7 +290,8 @@ impl StoreVisitor for Consume {
             crate::cmd::shutdown_signal().await;
             let _ = stop_tx.send(true);
         });
-        let gate = Gate::new(store, db.grant_handler());
+        let gate = Gate::new(store, db.grant_handler())
+            .with_observer(Arc::clone(&self.counters.stages) as Arc<dyn idem_core::GateObserver>);
         // Store failures in a row, and when the streak began: each delivery waits a
         // backoff while the store is failing, and a streak longer than the reconnect
         // timeout ends the run.
