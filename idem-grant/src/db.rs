@@ -280,17 +280,37 @@ mod postgres {
         async fn migrate_grants(&self) -> Result<(), StoreError> {
             self.migrate().await?;
             let table = self.table(GRANT_TABLE);
-            sqlx::raw_sql(&format!(
-                "CREATE TABLE IF NOT EXISTS {table} (
-                    award_id text NOT NULL,
-                    amount_cents bigint NOT NULL CHECK (amount_cents >= 0),
-                    idempotency_key text NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS disbursements_award_id ON {table} (award_id);"
-            ))
-            .execute(self.pool())
-            .await
-            .map_err(|e| map_sqlx(e, "creating the disbursements table"))?;
+            // Several consumers may start at once: serialise the DDL with an advisory
+            // lock, as the store's own migration does, so concurrent CREATEs cannot deadlock.
+            let mut tx = self
+                .pool()
+                .begin()
+                .await
+                .map_err(|e| map_sqlx(e, "begin grant migration"))?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                .bind(format!("idem-migrate-grants.{}", self.schema()))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| map_sqlx(e, "lock for grant migration"))?;
+            let ddl = [
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (
+                        award_id text NOT NULL,
+                        amount_cents bigint NOT NULL CHECK (amount_cents >= 0),
+                        idempotency_key text NOT NULL
+                     )"
+                ),
+                format!("CREATE INDEX IF NOT EXISTS disbursements_award_id ON {table} (award_id)"),
+            ];
+            for statement in &ddl {
+                sqlx::query(statement)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| map_sqlx(e, "creating the disbursements table"))?;
+            }
+            tx.commit()
+                .await
+                .map_err(|e| map_sqlx(e, "commit grant migration"))?;
             Ok(())
         }
 
