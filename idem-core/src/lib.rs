@@ -43,7 +43,9 @@ pub use error::{
 pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx, BREAKER_COOL_DOWN};
 pub use gate::{Gate, GateConfig, GateObserver, Handler, Outcome, OutcomeKind, Stage, Submission};
 pub use key::{sha256_hex, IdempotencyKey};
-pub use outbox::{EventId, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay, RelayStats};
+pub use outbox::{
+    EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay, RelayStats,
+};
 pub use store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
 
 /// Re-exported so implementors of the traits use the same macro version.

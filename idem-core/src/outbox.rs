@@ -5,6 +5,7 @@
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
@@ -172,6 +173,22 @@ pub trait OutboxSource: Send + Sync {
 
     /// Waits until new events may be there.
     async fn wait(&self) -> Result<(), StoreError>;
+
+    /// How many events are committed but not yet published, and how old the oldest of
+    /// them is: the relay's lag, for monitoring (`idem relay --metrics-addr`).
+    async fn backlog(&self) -> Result<OutboxBacklog, StoreError>;
+}
+
+/// The unpublished part of an outbox (see [`OutboxSource::backlog`]).
+///
+/// A backlog that keeps growing, or an oldest event that keeps ageing, means no relay is
+/// keeping up: events are safe in the store, but downstream does not see them yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxBacklog {
+    /// Committed events not yet marked published (including ones a relay holds now).
+    pub pending: u64,
+    /// How long ago the oldest of them was committed; `None` when nothing is pending.
+    pub oldest_age: Option<Duration>,
 }
 
 /// Counts of a relay run.

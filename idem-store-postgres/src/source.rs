@@ -6,7 +6,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{EventId, IdempotencyKey, OutboxBatch, OutboxEvent, OutboxSource, StoreError};
+use idem_core::{
+    EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, StoreError,
+};
 use sqlx::postgres::PgListener;
 use sqlx::{Postgres, Row, Transaction};
 use tokio::sync::Mutex;
@@ -49,6 +51,29 @@ pub struct PgOutboxSource {
     store: PgStore,
     poll_interval: Duration,
     listener: Mutex<Option<PgListener>>,
+}
+
+impl PgStore {
+    /// The outbox rows not yet published and the age of the oldest (by the database's
+    /// clock): one index-only count over the unpublished rows, and the first of them by id.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database cannot be reached.
+    pub async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
+        let outbox = self.table("outbox");
+        let (pending, age): (i64, Option<f64>) = sqlx::query_as(&format!(
+            "SELECT (SELECT count(*) FROM {outbox} WHERE published_at IS NULL), \
+                    (SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM {outbox} \
+                      WHERE published_at IS NULL ORDER BY id LIMIT 1)"
+        ))
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| map_sqlx(e, "measuring the outbox backlog"))?;
+        Ok(OutboxBacklog {
+            pending: u64::try_from(pending).unwrap_or(0),
+            oldest_age: age.and_then(|a| Duration::try_from_secs_f64(a.max(0.0)).ok()),
+        })
+    }
 }
 
 impl PgOutboxSource {
@@ -228,6 +253,10 @@ impl OutboxSource for PgOutboxSource {
             events,
             mark_sql: shared.sql.mark_published.clone(),
         })
+    }
+
+    async fn backlog(&self) -> Result<OutboxBacklog, StoreError> {
+        self.store.outbox_backlog().await
     }
 
     async fn wait(&self) -> Result<(), StoreError> {

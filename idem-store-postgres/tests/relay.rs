@@ -332,3 +332,10 @@ async fn enqueue_many_keeps_order_and_dedups_event_ids() {
     batch.mark_published().await.expect("mark");
     common::drop_schema(&store).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_backlog_tracks_the_relay() {
+    let store = common::fresh_pg().await;
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
+    idem_testkit::conformance::outbox_backlog_tracks_the_relay(store, source).await;
+}

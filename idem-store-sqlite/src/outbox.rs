@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{EventId, IdempotencyKey, OutboxBatch, OutboxEvent, OutboxSource, StoreError};
+use idem_core::{
+    EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, StoreError,
+};
 use sqlx::{Row as _, Sqlite, Transaction};
 
 use crate::error::map;
@@ -19,6 +21,28 @@ use crate::store::SqliteStore;
 pub struct SqliteOutboxSource {
     store: SqliteStore,
     poll: Duration,
+}
+
+impl SqliteStore {
+    /// The outbox rows not yet published and the age of the oldest (by SQLite's clock,
+    /// in milliseconds).
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the database cannot be read.
+    pub async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
+        let (pending, age_ms): (i64, Option<f64>) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL), \
+                    (SELECT (julianday('now') - julianday(created_at)) * 86400000.0 FROM outbox \
+                      WHERE published_at IS NULL ORDER BY id LIMIT 1)",
+        )
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| map("measuring the outbox backlog", e))?;
+        Ok(OutboxBacklog {
+            pending: u64::try_from(pending).unwrap_or(0),
+            oldest_age: age_ms.and_then(|ms| Duration::try_from_secs_f64(ms.max(0.0) / 1000.0).ok()),
+        })
+    }
 }
 
 impl SqliteOutboxSource {
@@ -75,6 +99,10 @@ impl OutboxSource for SqliteOutboxSource {
             });
         }
         Ok(SqliteOutboxBatch { tx, ids, events })
+    }
+
+    async fn backlog(&self) -> Result<OutboxBacklog, StoreError> {
+        self.store.outbox_backlog().await
     }
 
     async fn wait(&self) -> Result<(), StoreError> {

@@ -104,3 +104,10 @@ async fn inspect_finds_claims_by_key_and_award() {
         "identifiers are validated"
     );
 }
+
+#[tokio::test]
+async fn outbox_backlog_tracks_the_relay() {
+    let t = common::fresh().await;
+    let source = SqliteOutboxSource::new(t.store.clone(), Duration::from_millis(50));
+    idem_testkit::conformance::outbox_backlog_tracks_the_relay(t.store.clone(), source).await;
+}

@@ -365,3 +365,69 @@ macro_rules! conformance_tests {
         )+
     };
 }
+
+/// An outbox source's [`backlog`](idem_core::OutboxSource::backlog) follows the relay:
+/// empty at first; after three committed events, three pending with a small age; after a
+/// batch of two is published, one; after the rest, none. `store` and `source` must share
+/// one fresh outbox (a store and a relay source over it).
+pub async fn outbox_backlog_tracks_the_relay<S, O>(store: S, source: O)
+where
+    S: idem_core::ClaimStore,
+    S::Tx: idem_core::OutboxWriter,
+    O: idem_core::OutboxSource,
+{
+    use idem_core::{OutboxBatch as _, OutboxEvent, OutboxWriter as _};
+
+    let empty = source.backlog().await.expect("backlog");
+    assert_eq!(
+        empty,
+        idem_core::OutboxBacklog::default(),
+        "a fresh outbox has no backlog"
+    );
+    // A rolled-back event is no backlog.
+    let mut tx = store.begin().await.expect("begin");
+    let k = key("backlog-rolled-back");
+    tx.enqueue(&OutboxEvent::new(k, "backlog.test", "B-0", b"{}".to_vec()))
+        .await
+        .expect("enqueue");
+    tx.rollback().await.expect("rollback");
+    for i in 1..=3 {
+        let name = format!("backlog-{i}");
+        let k = key(&name);
+        let mut tx = store.begin().await.expect("begin");
+        assert!(
+            matches!(
+                tx.claim(&k, &meta(&name)).await.expect("claim"),
+                ClaimOutcome::Claimed
+            ),
+            "fresh key"
+        );
+        tx.enqueue(&OutboxEvent::new(k, "backlog.test", name, b"{}".to_vec()))
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    let three = source.backlog().await.expect("backlog");
+    assert_eq!(three.pending, 3, "three committed events are pending: {three:?}");
+    let age = three.oldest_age.expect("an age while events are pending");
+    assert!(
+        age < Duration::from_secs(60),
+        "the oldest pending event was committed just now, not {age:?} ago"
+    );
+
+    let batch = source.lease(2).await.expect("lease");
+    assert_eq!(batch.events().len(), 2, "lease of two");
+    batch.mark_published().await.expect("mark");
+    let one = source.backlog().await.expect("backlog");
+    assert_eq!(one.pending, 1, "one left after publishing two: {one:?}");
+    assert!(one.oldest_age.is_some(), "an age while one is pending");
+
+    let batch = source.lease(10).await.expect("lease");
+    assert_eq!(batch.events().len(), 1, "the last one");
+    batch.mark_published().await.expect("mark");
+    assert_eq!(
+        source.backlog().await.expect("backlog"),
+        idem_core::OutboxBacklog::default(),
+        "nothing pending once everything is published"
+    );
+}

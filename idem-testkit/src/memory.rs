@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use idem_core::{
@@ -30,7 +30,8 @@ struct State {
     claims: HashMap<IdempotencyKey, ClaimRecord>,
     pending: HashMap<IdempotencyKey, u64>,
     tables: BTreeMap<String, Vec<Row>>,
-    outbox: Vec<(u64, OutboxEvent, bool)>,
+    /// Sequence number, event, published, committed at.
+    outbox: Vec<(u64, OutboxEvent, bool, Instant)>,
     outbox_locked: HashSet<u64>,
     seq: u64,
 }
@@ -127,7 +128,7 @@ impl MemoryStore {
             .lock()
             .outbox
             .iter()
-            .map(|(_, e, p)| (e.clone(), *p))
+            .map(|(_, e, p, _)| (e.clone(), *p))
             .collect()
     }
 
@@ -269,10 +270,11 @@ impl ClaimTx for MemoryTx {
             for (table, row) in self.rows.drain(..) {
                 st.tables.entry(table).or_default().push(row);
             }
+            let now = Instant::now();
             for ev in self.outbox.drain(..) {
                 st.seq += 1;
                 let s = st.seq;
-                st.outbox.push((s, ev, false));
+                st.outbox.push((s, ev, false, now));
             }
         }
         self.finished = true;
@@ -378,7 +380,7 @@ impl idem_core::OutboxSource for MemoryOutbox {
         let mut blocked: HashSet<String> = HashSet::new();
         let mut seqs = Vec::new();
         let mut events = Vec::new();
-        for (seq, ev, published) in &st.outbox {
+        for (seq, ev, published, _) in &st.outbox {
             if *published {
                 continue;
             }
@@ -409,5 +411,15 @@ impl idem_core::OutboxSource for MemoryOutbox {
     async fn wait(&self) -> Result<(), StoreError> {
         tokio::time::sleep(self.poll).await;
         Ok(())
+    }
+
+    async fn backlog(&self) -> Result<idem_core::OutboxBacklog, StoreError> {
+        let st = self.store.shared.lock();
+        let mut unpublished = st.outbox.iter().filter(|row| !row.2);
+        let oldest = unpublished.next().map(|row| row.3.elapsed());
+        Ok(idem_core::OutboxBacklog {
+            pending: u64::from(oldest.is_some()) + unpublished.count() as u64,
+            oldest_age: oldest,
+        })
     }
 }
