@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::Stream;
 use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
-use rdkafka::client::ClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
@@ -68,11 +69,28 @@ fn lock(m: &Mutex<Owned>) -> MutexGuard<'_, Owned> {
 /// The consumer's context: keeps the trackers in step with the group's assignment.
 struct GroupContext {
     topic: String,
+    debug: bool,
     owned: Arc<Mutex<Owned>>,
     assigned: Arc<Notify>,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if self.debug {
+            // Asked for with IDEM_KAFKA_DEBUG: straight to stderr, with the time.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            eprintln!(
+                "{}.{:03} rdkafka {level:?} {fac}: {log_message}",
+                t.as_secs(),
+                t.subsec_millis()
+            );
+        } else {
+            DefaultClientContext.log(level, fac, log_message);
+        }
+    }
+}
 
 impl ConsumerContext for GroupContext {
     fn pre_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -342,6 +360,7 @@ impl KafkaConsumer {
         let assigned = Arc::new(Notify::new());
         let context = GroupContext {
             topic: config.name.clone(),
+            debug: super::debug_contexts().is_some(),
             owned: Arc::clone(&owned),
             assigned: Arc::clone(&assigned),
         };

@@ -19,6 +19,9 @@
 //!   id and type in headers.
 //! - **Counting** ([`pending_count`]): per partition, the high watermark minus the
 //!   group's committed offset (or the low watermark when nothing was committed).
+//! - **Debugging**: `IDEM_KAFKA_DEBUG=cgrp,consumer` (librdkafka's `debug` contexts)
+//!   prints the client's debug log to stderr, e.g. to watch the group's joins and
+//!   assignments.
 
 mod config;
 mod consumer;
@@ -93,12 +96,28 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
     }
 }
 
+/// The environment variable that turns librdkafka's debug contexts on (its `debug`
+/// setting, e.g. `cgrp,consumer,fetch`): the consumer's logs then go to stderr.
+pub const DEBUG_ENV: &str = "IDEM_KAFKA_DEBUG";
+
+/// librdkafka's `debug` contexts from [`DEBUG_ENV`], if set and not empty.
+pub(crate) fn debug_contexts() -> Option<String> {
+    std::env::var(DEBUG_ENV)
+        .ok()
+        .filter(|d| !d.trim().is_empty())
+}
+
 pub(crate) fn base_config(brokers: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", brokers)
         .set("client.id", "idem")
         .set("socket.timeout.ms", "10000")
         .set("log_level", "3");
+    if let Some(d) = debug_contexts() {
+        c.set("debug", d)
+            .set("log_level", "7")
+            .set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+    }
     c
 }
 
