@@ -1,0 +1,99 @@
+//! One member of a Kafka consumer group writing grant disbursements into Postgres, in
+//! its own process so that a test can kill it (`SIGKILL`) mid-run:
+//!
+//! ```text
+//! cargo run -p idem-broker --features kafka --example kafka_member -- \
+//!     URL TOPIC SCHEMA [--delay-ms N] [--exit-when-idle SECS]
+//! ```
+//!
+//! `URL` is a `kafka://host:port?group=G…` URL, `SCHEMA` a migrated grant schema of the
+//! Postgres at `IDEM_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
+//! One message at a time, each after `--delay-ms` (default 0). Prints `joined` once the
+//! group assigned it partitions, and with `--exit-when-idle` ends after that long without
+//! a delivery, printing its stats; otherwise it consumes until it is killed.
+//! Exit status 2 on bad arguments, 1 on a failure.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use idem_broker::any::{AnyConsumer, BrokerUrl};
+use idem_broker::until_idle;
+use idem_core::{consumer, ConsumerConfig, Gate};
+use idem_grant::GrantDb;
+use idem_store_postgres::{PgConfig, PgStore};
+
+fn usage() -> ! {
+    eprintln!("usage: kafka_member URL TOPIC SCHEMA [--delay-ms N] [--exit-when-idle SECS]");
+    std::process::exit(2)
+}
+
+fn fail(what: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("kafka_member: {what}: {e}");
+    std::process::exit(1)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (url, topic, schema) = match args.as_slice() {
+        [u, t, s, ..] => (u.clone(), t.clone(), s.clone()),
+        _ => usage(),
+    };
+    let mut delay = Duration::ZERO;
+    let mut idle = None;
+    let mut rest = args[3..].iter();
+    while let Some(flag) = rest.next() {
+        let value = rest
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--delay-ms" => delay = Duration::from_millis(value),
+            "--exit-when-idle" => idle = Some(Duration::from_secs(value)),
+            _ => usage(),
+        }
+    }
+    let url = BrokerUrl::parse(&url).unwrap_or_else(|e| fail("URL", e));
+    let pg = std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let config = PgConfig::new(schema)
+        .unwrap_or_else(|e| fail("schema", e))
+        .with_max_connections(2);
+    let store = PgStore::connect(&pg, config)
+        .await
+        .unwrap_or_else(|e| fail("Postgres", e));
+    let deliveries = AnyConsumer::connect(&url, &topic, 4)
+        .await
+        .unwrap_or_else(|e| fail("connect", e));
+    println!("joined");
+    let deliveries = Box::pin(deliveries.then(move |d| async move {
+        tokio::time::sleep(delay).await;
+        d
+    }));
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    let config = ConsumerConfig::new(1, 1);
+    let stats = match idle {
+        Some(idle) => {
+            consumer::run(
+                &gate,
+                until_idle(deliveries, idle),
+                config,
+                std::future::pending::<()>(),
+                |_| {},
+            )
+            .await
+        }
+        None => {
+            consumer::run(
+                &gate,
+                deliveries,
+                config,
+                std::future::pending::<()>(),
+                |_| {},
+            )
+            .await
+        }
+    }
+    .unwrap_or_else(|e| fail("consume", e));
+    println!("{stats:?}");
+}
