@@ -1,12 +1,16 @@
 //! The grant tables and their read-back, per store.
 
 use async_trait::async_trait;
-use idem_core::{IdempotencyKey, StoreError};
+use idem_core::{IdempotencyKey, OutboxBacklog, StoreError};
 
 use crate::handler::GrantHandler;
 
 /// The reference name of the business table.
 pub const GRANT_TABLE: &str = "disbursements";
+
+/// The tables a consumer reads and inserts into.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+const CONSUMER_TABLES: [&str; 3] = ["processed_messages", GRANT_TABLE, "outbox"];
 
 /// One `disbursements` row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +38,19 @@ pub trait GrantDb: Send + Sync {
 
     /// How many outbox rows there are.
     async fn outbox_rows(&self) -> Result<u64, StoreError>;
+
+    /// The outbox's unpublished events and the age of the oldest (as
+    /// [`OutboxSource::backlog`](idem_core::OutboxSource::backlog) reports them).
+    async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError>;
+
+    /// Checks, changing nothing, that the tables a consumer writes (`processed_messages`,
+    /// `disbursements`, `outbox`) exist and that this connection may read them: what a
+    /// process started without migrating (`--no-migrate`, under a least-privilege role)
+    /// verifies before it takes a delivery.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] naming the missing table or the refused privilege.
+    async fn check_grants(&self) -> Result<(), StoreError>;
 
     /// The handler writing to this store's `disbursements` table.
     fn grant_handler(&self) -> GrantHandler;
@@ -158,6 +175,24 @@ mod sqlite {
             Ok(self.count("outbox").await?.try_into().unwrap_or(0))
         }
 
+        async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
+            SqliteStore::outbox_backlog(self).await
+        }
+
+        async fn check_grants(&self) -> Result<(), StoreError> {
+            for table in CONSUMER_TABLES {
+                sqlx::query(&format!("SELECT 1 FROM \"{table}\" LIMIT 0"))
+                    .execute(self.pool())
+                    .await
+                    .map_err(|e| {
+                        StoreError::Config(format!(
+                            "table {table}: {e}; run `idem migrate` on this database first"
+                        ))
+                    })?;
+            }
+            Ok(())
+        }
+
         fn grant_handler(&self) -> GrantHandler {
             GrantHandler::new()
         }
@@ -214,6 +249,17 @@ mod memory {
 
         async fn outbox_rows(&self) -> Result<u64, StoreError> {
             Ok(self.outbox().len() as u64)
+        }
+
+        async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
+            use idem_core::OutboxSource as _;
+            idem_testkit::MemoryOutbox::new(self.clone(), std::time::Duration::ZERO)
+                .backlog()
+                .await
+        }
+
+        async fn check_grants(&self) -> Result<(), StoreError> {
+            Ok(())
         }
 
         fn grant_handler(&self) -> GrantHandler {
@@ -339,6 +385,20 @@ mod postgres {
 
         async fn outbox_rows(&self) -> Result<u64, StoreError> {
             count(self, "outbox").await
+        }
+
+        async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
+            PgStore::outbox_backlog(self).await
+        }
+
+        async fn check_grants(&self) -> Result<(), StoreError> {
+            for table in CONSUMER_TABLES {
+                sqlx::query(&format!("SELECT 1 FROM {} LIMIT 0", self.table(table)))
+                    .execute(self.pool())
+                    .await
+                    .map_err(|e| map_sqlx(e, &format!("checking {}", self.table(table))))?;
+            }
+            Ok(())
         }
 
         fn grant_handler(&self) -> GrantHandler {

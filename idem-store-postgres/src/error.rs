@@ -105,6 +105,7 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
 /// | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available | `Conflict` |
 /// | `08xxx` connection, `57P0x` shutdown, `53xxx` resources, I/O, TLS, pool timeout or closed | `Unavailable` |
 /// | `3F000` no schema, `42P01` no table, `42703` no column | `Config` (run the migration) |
+/// | `42501` insufficient privilege (or DDL on another role's table) | `Config` (grant, or `--no-migrate`) |
 /// | `23xxx` constraints (including `23505`), `22xxx` data, other `42xxx` | `Rejected` |
 /// | anything else | `Other`, not retryable |
 pub fn map_sqlx(e: sqlx::Error, what: &str) -> StoreError {
@@ -119,6 +120,14 @@ pub fn map_sqlx(e: sqlx::Error, what: &str) -> StoreError {
                 },
                 "3F000" | "42P01" | "42703" => StoreError::Config(format!(
                     "{what}: {} (SQLSTATE {code}); has the schema been migrated?",
+                    db.message()
+                )),
+                // Insufficient privilege, or DDL on a table this role does not own: a
+                // deployment mistake that retrying cannot fix.
+                "42501" => StoreError::Config(format!(
+                    "{what}: {} (SQLSTATE {code}); this database role lacks the privilege \
+                     (see the role layout in README: a least-privilege role runs with \
+                     --no-migrate after the schema's owner ran `idem migrate`)",
                     db.message()
                 )),
                 c if c.starts_with("08")
