@@ -1,17 +1,179 @@
-//! Stage latency histograms for the metrics endpoint: [`StageMetrics`] is a
-//! [`GateObserver`] that records how long each step of the gate took (claim, handler,
-//! commit, ack) and how many acks failed after a successful commit, and renders them in
-//! the Prometheus text exposition format (version 0.0.4).
+//! The `--metrics-addr` endpoint of `idem consume` and `idem relay`: a tiny HTTP server
+//! answering every request with the Prometheus text exposition format (version 0.0.4),
+//! rendered afresh on each scrape ([`serve`]), and the pieces it is made of:
 //!
-//! Wiring (in `consume`): `let m = Arc::new(StageMetrics::default());`, build the gate with
-//! `Gate::new(store, handler).with_observer(m.clone())`, and append `m.render()` to the
-//! text the `--metrics-addr` endpoint serves.
+//! - [`StageMetrics`], a [`GateObserver`] recording how long each step of the gate took
+//!   (claim, handler, commit, ack) and how many acks failed after a successful commit;
+//! - [`filter_text`]: the front filter's hits, errors and bypassed lookups;
+//! - [`backlog_text`]: the outbox backlog and the age of its oldest unpublished event,
+//!   measured in the store at scrape time;
+//! - [`RelayCounters`]: events published and batches retried by the relay.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{GateObserver, Outcome, Stage};
+use futures::future::BoxFuture;
+use idem_core::{FilterStats, GateObserver, Outcome, Stage};
+use idem_grant::GrantDb;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::error::error_chain;
+use crate::CliError;
+
+/// Renders the exposition text; called on every scrape.
+pub(crate) type Render = Arc<dyn Fn() -> BoxFuture<'static, String> + Send + Sync>;
+
+/// How long a scrape may wait for the store before the backlog is reported as unknown.
+const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Binds `addr` now (a taken port is the caller's mistake, exit 2) and serves `render`'s
+/// text to every HTTP request on it, in the background, until the process ends.
+pub(crate) async fn serve(addr: SocketAddr, render: Render) -> Result<(), CliError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::usage(format!("--metrics-addr {addr}: {e}")))?;
+    tokio::spawn(async move {
+        loop {
+            let mut stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, say: do not spin.
+                    tracing::warn!(target: "idem::metrics", error = %e, "accepting a metrics connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let render = Arc::clone(&render);
+            tokio::spawn(async move {
+                // The request itself does not matter: every path gets the metrics.
+                let mut buf = [0u8; 1024];
+                let _ = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf)).await;
+                let body = render().await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// One metric's `# HELP` and `# TYPE` lines.
+fn header(s: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// The front filter's counters.
+pub(crate) fn filter_text(stats: &FilterStats) -> String {
+    let mut s = String::new();
+    for (name, help, value) in [
+        (
+            "idem_front_filter_hits_total",
+            "Deliveries the front filter answered as already done (no store round trip).",
+            stats.hits(),
+        ),
+        (
+            "idem_front_filter_errors_total",
+            "Front filter lookups or marks that failed (the store decided instead).",
+            stats.errors(),
+        ),
+        (
+            "idem_front_filter_bypassed_total",
+            "Lookups skipped while the filter's circuit breaker was open.",
+            stats.bypassed(),
+        ),
+    ] {
+        header(&mut s, name, "counter", help);
+        let _ = writeln!(s, "{name} {value}");
+    }
+    s
+}
+
+/// The outbox backlog gauges, measured now in `db` (at most [`STORE_TIMEOUT`]). When the
+/// store cannot answer, `idem_outbox_backlog_up` is 0 and the two gauges are left out
+/// rather than reported stale.
+pub(crate) async fn backlog_text(db: &dyn GrantDb) -> String {
+    let mut s = String::new();
+    let measured = tokio::time::timeout(STORE_TIMEOUT, db.outbox_backlog()).await;
+    let backlog = match measured {
+        Ok(Ok(b)) => Some(b),
+        Ok(Err(e)) => {
+            tracing::debug!(target: "idem::metrics", error = %error_chain(&e), "measuring the outbox backlog failed");
+            None
+        }
+        Err(_) => None,
+    };
+    if let Some(b) = backlog {
+        header(
+            &mut s,
+            "idem_outbox_backlog",
+            "gauge",
+            "Outbox events committed but not yet published.",
+        );
+        let _ = writeln!(s, "idem_outbox_backlog {}", b.pending);
+        header(
+            &mut s,
+            "idem_outbox_oldest_unpublished_age_seconds",
+            "gauge",
+            "Age of the oldest unpublished outbox event (0 when none is pending).",
+        );
+        let age = b.oldest_age.map_or(0.0, |d| d.as_secs_f64());
+        let _ = writeln!(s, "idem_outbox_oldest_unpublished_age_seconds {age:.3}");
+    }
+    header(
+        &mut s,
+        "idem_outbox_backlog_up",
+        "gauge",
+        "1 when this scrape could measure the outbox backlog in the store, else 0.",
+    );
+    let _ = writeln!(s, "idem_outbox_backlog_up {}", u8::from(backlog.is_some()));
+    s
+}
+
+/// The relay's counters, shared between its loop and the metrics endpoint.
+#[derive(Debug, Default)]
+pub(crate) struct RelayCounters {
+    /// Events published and marked.
+    pub(crate) published: AtomicU64,
+    /// Batches published and marked.
+    pub(crate) batches: AtomicU64,
+    /// Batches that failed (store or broker) and were released for another try.
+    pub(crate) retries: AtomicU64,
+}
+
+impl RelayCounters {
+    /// The counters' exposition text.
+    pub(crate) fn render(&self) -> String {
+        let mut s = String::new();
+        for (name, help, value) in [
+            (
+                "idem_relay_published_total",
+                "Outbox events published to the broker and marked published.",
+                &self.published,
+            ),
+            (
+                "idem_relay_batches_total",
+                "Outbox batches published and marked.",
+                &self.batches,
+            ),
+            (
+                "idem_relay_retries_total",
+                "Outbox batches that failed (store or broker) and were retried.",
+                &self.retries,
+            ),
+        ] {
+            header(&mut s, name, "counter", help);
+            let _ = writeln!(s, "{name} {}", value.load(Ordering::Relaxed));
+        }
+        s
+    }
+}
 
 /// Bucket upper bounds, in seconds (a commit's WAL flush is ~1-5 ms; a slow handler or a
 /// broker under pressure reaches seconds).

@@ -10,10 +10,14 @@
 //! wait a capped exponential backoff with jitter while the store keeps failing, and a
 //! closed delivery stream is reconnected the same way. A broker or store that stays
 //! unreachable for `--reconnect-timeout` (default 60 s) is a one-line error and exit 1.
+//!
+//! `--metrics-addr ADDR` serves deliveries by outcome, settle failures, stage latency
+//! histograms, front-filter hits and the outbox backlog (measured at each scrape).
+//! `--no-migrate` leaves the tables alone and only checks that they can be read, for a
+//! least-privilege role that may not alter the schema.
 
-use std::io::{Read as _, Write as _};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::future::Either;
@@ -60,6 +64,10 @@ pub(crate) struct Args {
     /// Give up (exit 1) when the broker or the store stays unreachable this long.
     #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "60")]
     reconnect_timeout: Duration,
+    /// Do not create or upgrade tables at start; only check that they exist and can be
+    /// read (for a least-privilege role, after the schema's owner ran `idem migrate`).
+    #[arg(long)]
+    no_migrate: bool,
 }
 
 /// Capped exponential backoff with full jitter: attempt 1 waits up to 100 ms, doubling
@@ -146,13 +154,22 @@ pub(crate) fn broker_error(context: &str, e: &BrokerError) -> CliError {
 }
 
 /// Counts by outcome, for the report and the metrics endpoint.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Counters {
     by_kind: [AtomicU64; 5],
     settle_failures: AtomicU64,
     first_last: Mutex<Option<(Instant, Instant)>>,
     /// Claim / handler / commit / ack latency histograms, fed by the gate.
     stages: Arc<crate::metrics::StageMetrics>,
+    /// The store once it is open, for the outbox backlog.
+    store: OnceLock<Opened>,
+}
+
+/// What the metrics read from the opened store: the outbox backlog, and the front
+/// filter's counters when there is one.
+struct Opened {
+    db: Arc<dyn GrantDb>,
+    filter: Option<Arc<idem_core::FilterStats>>,
 }
 
 const KINDS: [OutcomeKind; 5] = [
@@ -210,35 +227,25 @@ impl Counters {
         s.push_str(&self.stages.render());
         s
     }
-}
 
-/// Serves `counters` at `addr` on a plain thread (one tiny response per connection).
-fn serve_metrics(addr: std::net::SocketAddr, counters: Arc<Counters>) -> Result<(), CliError> {
-    let listener = std::net::TcpListener::bind(addr)
-        .map_err(|e| CliError::usage(format!("--metrics-addr {addr}: {e}")))?;
-    std::thread::Builder::new()
-        .name("idem-metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-                let mut buf = [0u8; 1024];
-                let _ = stream.read(&mut buf);
-                let body = counters.prometheus();
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
+    /// Everything the metrics endpoint serves: the counters and histograms, the front
+    /// filter's counters, and the outbox backlog measured now.
+    async fn render(&self) -> String {
+        let mut s = self.prometheus();
+        if let Some(Opened { db, filter }) = self.store.get() {
+            if let Some(f) = filter {
+                s.push_str(&crate::metrics::filter_text(f));
             }
-        })
-        .map_err(|e| CliError::failed(format!("cannot start the metrics thread: {e}")))?;
-    Ok(())
+            s.push_str(&crate::metrics::backlog_text(db.as_ref()).await);
+        }
+        s
+    }
 }
 
 #[derive(Clone)]
 struct Consume {
     visited: Arc<AtomicBool>,
+    migrate: bool,
     reconnect_timeout: Duration,
     broker: BrokerUrl,
     source: String,
@@ -254,13 +261,23 @@ impl StoreVisitor for Consume {
         self,
         store: S,
         db: Arc<dyn GrantDb>,
-        _extras: Extras,
+        extras: Extras,
     ) -> Result<Self::Output, CliError>
     where
         S: ClaimStore + Clone + 'static,
         GrantHandler: Handler<S::Tx>,
     {
         self.visited.store(true, Ordering::SeqCst);
+        if !self.migrate {
+            // Not migrated by us: fail now, naming the table, rather than nack every
+            // delivery until the reconnect timeout.
+            db.check_grants().await?;
+        }
+        // Set once; a reconnect to the store keeps the first (same database).
+        let _ = self.counters.store.set(Opened {
+            db: Arc::clone(&db),
+            filter: extras.filter_stats.clone(),
+        });
         let prefetch = 2 * self.config.concurrency * self.config.batch_size;
         let timeout = self.reconnect_timeout;
         let broker = self.broker.clone();
@@ -435,12 +452,18 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let spec = StoreSpec::new(&args.store, args.schema, args.front_filter)?;
     let counters = Arc::new(Counters::default());
     if let Some(addr) = args.metrics_addr {
-        serve_metrics(addr, Arc::clone(&counters))?;
+        let c = Arc::clone(&counters);
+        let render: crate::metrics::Render = Arc::new(move || {
+            let c = Arc::clone(&c);
+            Box::pin(async move { c.render().await })
+        });
+        crate::metrics::serve(addr, render).await?;
     }
     let started = Instant::now();
     let visited = Arc::new(AtomicBool::new(false));
     let visitor = Consume {
         visited: Arc::clone(&visited),
+        migrate: !args.no_migrate,
         reconnect_timeout: args.reconnect_timeout,
         broker,
         source: args.source,
@@ -456,7 +479,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         let visited = Arc::clone(&visited);
         let spec = &spec;
         async move {
-            let open = stores::open(spec, true, visitor);
+            let open = stores::open(spec, visitor.migrate, visitor);
             tokio::pin!(open);
             let r = loop {
                 tokio::select! {

@@ -4,7 +4,13 @@
 //! Every failed batch (store or broker down) is released and retried after a capped
 //! exponential backoff with jitter, on a new broker connection; failures lasting longer
 //! than `--reconnect-timeout` (default 60 s) are a one-line error and exit 1.
+//!
+//! `--metrics-addr ADDR` serves events published, batches retried, and the outbox
+//! backlog with the age of its oldest unpublished event (measured at each scrape).
+//! `--no-migrate` leaves the tables alone, for a role that may only read the outbox and
+//! mark it published.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
@@ -16,9 +22,11 @@ use idem_core::{OutboxEvent, OutboxSource, PublishError, Publisher, Relay, Relay
 use idem_grant::GrantDb;
 use idem_store_postgres::{PgConfig, PgOutboxSource, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteOutboxSource, SqliteStore};
+use tokio::sync::OnceCell;
 
 use super::consume::{backoff, broker_error, with_retry, Attempt};
 use crate::error::error_chain;
+use crate::metrics::RelayCounters;
 use crate::stores::{StoreSpec, StoreUrl};
 use crate::CliError;
 
@@ -48,6 +56,13 @@ pub(crate) struct Args {
     /// Give up (exit 1) when the broker or the store stays unreachable this long.
     #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "60")]
     reconnect_timeout: Duration,
+    /// Serve Prometheus metrics over HTTP at ADDR (e.g. 127.0.0.1:9899).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Do not create or upgrade tables at start (for a least-privilege role, after the
+    /// schema's owner ran `idem migrate`); the outbox must exist and be readable.
+    #[arg(long)]
+    no_migrate: bool,
 }
 
 /// The broker's publisher, connected on first use and again after any failure (a broker
@@ -106,6 +121,7 @@ async fn drive<S: OutboxSource>(
     relay: Relay<S, Reconnecting>,
     idle: Option<Duration>,
     timeout: Duration,
+    counters: &RelayCounters,
 ) -> Result<RelayStats, CliError> {
     let mut stats = RelayStats::default();
     let shutdown = crate::cmd::shutdown_signal();
@@ -143,10 +159,13 @@ async fn drive<S: OutboxSource>(
                 failing_since = None;
                 failures = 0;
                 stats.published += n as u64;
+                counters.published.fetch_add(n as u64, Ordering::Relaxed);
+                counters.batches.fetch_add(1, Ordering::Relaxed);
                 last_work = Instant::now();
             }
             Err(e) => {
                 stats.failed_batches += 1;
+                counters.retries.fetch_add(1, Ordering::Relaxed);
                 failures = failures.saturating_add(1);
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= timeout {
@@ -165,6 +184,17 @@ async fn drive<S: OutboxSource>(
             }
         }
     }
+}
+
+/// Migrates the store, or with `--no-migrate` checks that the relay can read its outbox
+/// (a relay role may read nothing else).
+async fn prepare(db: &dyn GrantDb, migrate: bool) -> Result<(), CliError> {
+    if migrate {
+        db.migrate_grants().await?;
+    } else {
+        db.outbox_backlog().await?;
+    }
+    Ok(())
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
@@ -188,6 +218,24 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         destination: args.destination.clone(),
         inner: tokio::sync::Mutex::new(Some(Arc::new(first))),
     };
+    let counters = Arc::new(RelayCounters::default());
+    // The store, once open, for the backlog gauges.
+    let db: Arc<OnceCell<Arc<dyn GrantDb>>> = Arc::new(OnceCell::new());
+    if let Some(addr) = args.metrics_addr {
+        let (c, db) = (Arc::clone(&counters), Arc::clone(&db));
+        let render: crate::metrics::Render = Arc::new(move || {
+            let (c, db) = (Arc::clone(&c), Arc::clone(&db));
+            Box::pin(async move {
+                let mut s = c.render();
+                if let Some(db) = db.get() {
+                    s.push_str(&crate::metrics::backlog_text(db.as_ref()).await);
+                }
+                s
+            })
+        });
+        crate::metrics::serve(addr, render).await?;
+    }
+    let migrate = !args.no_migrate;
     let started = Instant::now();
     let stats = match &spec.url {
         StoreUrl::Memory => {
@@ -201,7 +249,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             let store = with_retry("the store", timeout, || {
                 let attempt = async {
                     let store = PgStore::connect(url, config.clone()).await?;
-                    store.migrate_grants().await?;
+                    prepare(&store, migrate).await?;
                     Ok::<_, CliError>(store)
                 };
                 // One attempt may hang (a pool waiting to connect): cut off at the timeout.
@@ -213,22 +261,26 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
                 })
             })
             .await?;
+            let _ = db.set(Arc::new(store.clone()));
             let source = PgOutboxSource::new(store, POLL);
             drive(
                 Relay::new(source, publisher, BATCH),
                 args.exit_when_idle,
                 timeout,
+                &counters,
             )
             .await?
         }
         StoreUrl::Sqlite(path) => {
             let store = SqliteStore::open(path, SqliteConfig::default()).await?;
-            store.migrate_grants().await?;
+            prepare(&store, migrate).await?;
+            let _ = db.set(Arc::new(store.clone()));
             let source = SqliteOutboxSource::new(store, POLL);
             drive(
                 Relay::new(source, publisher, BATCH),
                 args.exit_when_idle,
                 timeout,
+                &counters,
             )
             .await?
         }
