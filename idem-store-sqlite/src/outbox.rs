@@ -40,7 +40,8 @@ impl SqliteStore {
         .map_err(|e| map("measuring the outbox backlog", e))?;
         Ok(OutboxBacklog {
             pending: u64::try_from(pending).unwrap_or(0),
-            oldest_age: age_ms.and_then(|ms| Duration::try_from_secs_f64(ms.max(0.0) / 1000.0).ok()),
+            oldest_age: age_ms
+                .and_then(|ms| Duration::try_from_secs_f64(ms.max(0.0) / 1000.0).ok()),
         })
     }
 }
