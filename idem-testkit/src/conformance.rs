@@ -408,7 +408,10 @@ where
         tx.commit().await.expect("commit");
     }
     let three = source.backlog().await.expect("backlog");
-    assert_eq!(three.pending, 3, "three committed events are pending: {three:?}");
+    assert_eq!(
+        three.pending, 3,
+        "three committed events are pending: {three:?}"
+    );
     let age = three.oldest_age.expect("an age while events are pending");
     assert!(
         age < Duration::from_secs(60),
