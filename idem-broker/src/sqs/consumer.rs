@@ -12,6 +12,8 @@ use aws_sdk_sqs::Client;
 use futures::stream::BoxStream;
 use futures::Stream;
 use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::JoinSet;
 
 use super::config::SqsConfig;
 use super::{attributes, body_text, client, ensure_queue, op_err, BROKER};
@@ -21,13 +23,22 @@ use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 const SQS_BATCH: usize = 10;
 /// The most receives in flight at once.
 const MAX_PARALLEL_RECEIVES: usize = 8;
+/// The most `DeleteMessageBatch` calls in flight at once for single acks; more acks
+/// wait and go together in the next call.
+const MAX_PARALLEL_DELETES: usize = 4;
 /// The longest visibility timeout SQS accepts (12 hours).
 const MAX_VISIBILITY_SECS: u64 = 43_200;
+
+/// A single ack waiting for its `DeleteMessageBatch`: the receipt handle and where the
+/// result goes.
+type DeleteRequest = (String, oneshot::Sender<Result<(), AckError>>);
 
 struct Shared {
     client: Client,
     queue_url: String,
     dead_letter_url: String,
+    /// Single acks, gathered into `DeleteMessageBatch` calls by [`delete_loop`].
+    deletes: mpsc::UnboundedSender<DeleteRequest>,
 }
 
 fn secs_i32(d: Duration) -> i32 {
@@ -35,6 +46,12 @@ fn secs_i32(d: Duration) -> i32 {
 }
 
 /// Messages of an SQS queue, as a stream of `Result<Delivery<SqsAcker>, BrokerError>`.
+///
+/// Receives run in the background, up to `prefetch` messages ahead, and each one's
+/// messages are yielded as soon as it returns: the first delivery waits for one
+/// `ReceiveMessage`, not for a round of them. The number of receives in flight starts at
+/// one, grows by one after each full receive (10 messages) up to the most `prefetch`
+/// allows (at most 8), and falls back to one after an empty receive.
 ///
 /// A message is invisible to other consumers for the visibility timeout after it is
 /// received; settle it within that time or it is delivered again (and then skipped as a
@@ -56,7 +73,13 @@ impl std::fmt::Debug for SqsConsumer {
 struct Reader {
     shared: Arc<Shared>,
     buf: VecDeque<Delivery<SqsAcker>>,
-    parallel: usize,
+    /// Receives in flight (spawned, so they progress while the buffer is drained;
+    /// aborted when the stream is dropped).
+    receives: JoinSet<Result<Vec<Message>, BrokerError>>,
+    /// How many receives to keep in flight now (1..=`max_receives`).
+    target: usize,
+    max_receives: usize,
+    prefetch: usize,
     wait: i32,
     visibility: i32,
 }
@@ -86,38 +109,142 @@ impl Reader {
         }
     }
 
+    /// Starts receives up to the target, keeping at most `prefetch` messages (on hand
+    /// plus 10 per receive in flight) ahead; always one when nothing is on hand.
+    fn start_receives(&mut self) {
+        while self.receives.len() < self.target
+            && (self.receives.is_empty() && self.buf.is_empty()
+                || self.buf.len() + SQS_BATCH * (self.receives.len() + 1) <= self.prefetch)
+        {
+            let receive = self
+                .shared
+                .client
+                .receive_message()
+                .queue_url(&self.shared.queue_url)
+                .max_number_of_messages(SQS_BATCH as i32)
+                .wait_time_seconds(self.wait)
+                .visibility_timeout(self.visibility)
+                .message_attribute_names("All")
+                .send();
+            self.receives.spawn(async move {
+                receive
+                    .await
+                    .map(|out| out.messages.unwrap_or_default())
+                    .map_err(|e| op_err("ReceiveMessage", e))
+            });
+        }
+    }
+
     async fn next(&mut self) -> Result<Delivery<SqsAcker>, BrokerError> {
         loop {
+            self.start_receives();
             if let Some(d) = self.buf.pop_front() {
                 return Ok(d);
             }
-            let receives = (0..self.parallel).map(|_| {
-                self.shared
-                    .client
-                    .receive_message()
-                    .queue_url(&self.shared.queue_url)
-                    .max_number_of_messages(SQS_BATCH as i32)
-                    .wait_time_seconds(self.wait)
-                    .visibility_timeout(self.visibility)
-                    .message_attribute_names("All")
-                    .send()
-            });
-            let mut first_err = None;
-            for r in futures::future::join_all(receives).await {
-                match r {
-                    Ok(out) => self.push(out.messages.unwrap_or_default()),
-                    Err(e) => {
-                        first_err.get_or_insert(op_err("ReceiveMessage", e));
+            let Some(joined) = self.receives.join_next().await else {
+                continue;
+            };
+            match joined {
+                Ok(Ok(messages)) => {
+                    if messages.len() >= SQS_BATCH {
+                        self.target = (self.target + 1).min(self.max_receives);
+                    } else if messages.is_empty() {
+                        self.target = 1;
                     }
+                    self.push(messages);
+                }
+                Ok(Err(e)) if self.receives.is_empty() => return Err(e),
+                Ok(Err(e)) => {
+                    tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "one receive failed");
+                }
+                Err(e) => {
+                    return Err(BrokerError::op(
+                        BROKER,
+                        "ReceiveMessage",
+                        format!("the receive task ended: {e}"),
+                    ))
                 }
             }
-            if self.buf.is_empty() {
-                if let Some(e) = first_err {
-                    return Err(e);
-                }
-            } else if let Some(e) = first_err {
-                tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "one receive failed");
+        }
+    }
+}
+
+/// Gathers single acks into `DeleteMessageBatch` calls: at most
+/// [`MAX_PARALLEL_DELETES`] calls in flight; acks arriving meanwhile wait and go
+/// together (up to 10 a call). Ends when every acker and the consumer are gone.
+async fn delete_loop(
+    client: Client,
+    queue_url: String,
+    mut requests: mpsc::UnboundedReceiver<DeleteRequest>,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_PARALLEL_DELETES));
+    let mut batch: Vec<DeleteRequest> = Vec::with_capacity(SQS_BATCH);
+    loop {
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+            return;
+        };
+        if requests.recv_many(&mut batch, SQS_BATCH).await == 0 {
+            return;
+        }
+        let taken = std::mem::take(&mut batch);
+        let client = client.clone();
+        let queue_url = queue_url.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let (receipts, replies): (Vec<String>, Vec<_>) = taken.into_iter().unzip();
+            let results = delete_batch(&client, &queue_url, &receipts).await;
+            for (reply, r) in replies.into_iter().zip(results) {
+                // The acker may have given up waiting; nothing to tell then.
+                let _ = reply.send(r);
             }
+        });
+    }
+}
+
+/// One `DeleteMessageBatch` of at most 10 receipt handles: a result per handle.
+async fn delete_batch(
+    client: &Client,
+    queue_url: &str,
+    receipts: &[String],
+) -> Vec<Result<(), AckError>> {
+    let len = receipts.len();
+    let entries: Vec<DeleteMessageBatchRequestEntry> = receipts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(r)
+                .build()
+                .ok()
+        })
+        .collect();
+    let r = client
+        .delete_message_batch()
+        .queue_url(queue_url)
+        .set_entries(Some(entries))
+        .send()
+        .await;
+    match r {
+        Ok(o) => {
+            let mut res: Vec<Result<(), AckError>> = (0..len).map(|_| Ok(())).collect();
+            for f in o.failed {
+                if let Some(slot) = f.id.parse::<usize>().ok().and_then(|i| res.get_mut(i)) {
+                    *slot = Err(batch_error(
+                        &format!(
+                            "sqs: DeleteMessageBatch entry failed: {} {}",
+                            f.code,
+                            f.message.unwrap_or_default()
+                        ),
+                        !f.sender_fault,
+                    ));
+                }
+            }
+            res
+        }
+        Err(e) => {
+            let e = op_err("DeleteMessageBatch", e).to_string();
+            (0..len).map(|_| Err(batch_error(&e, true))).collect()
         }
     }
 }
@@ -132,18 +259,22 @@ impl SqsConsumer {
         let client = client(config.endpoint.as_deref()).await;
         let queue_url = ensure_queue(&client, &config.name).await?;
         let dead_letter_url = ensure_queue(&client, &dead_letter_name(&config.name)).await?;
+        let (deletes, requests) = mpsc::unbounded_channel();
+        tokio::spawn(delete_loop(client.clone(), queue_url.clone(), requests));
         let shared = Arc::new(Shared {
             client,
             queue_url,
             dead_letter_url,
+            deletes,
         });
+        let prefetch = config.prefetch.max(1);
         let state = Reader {
             shared,
             buf: VecDeque::new(),
-            parallel: config
-                .prefetch
-                .div_ceil(SQS_BATCH)
-                .clamp(1, MAX_PARALLEL_RECEIVES),
+            receives: JoinSet::new(),
+            target: 1,
+            max_receives: prefetch.div_ceil(SQS_BATCH).clamp(1, MAX_PARALLEL_RECEIVES),
+            prefetch,
             wait: secs_i32(config.wait.min(Duration::from_secs(20))),
             visibility: secs_i32(config.visibility_timeout).max(1),
         };
@@ -210,8 +341,24 @@ fn batch_error(message: &str, retryable: bool) -> AckError {
 
 #[async_trait]
 impl Acker for SqsAcker {
+    /// Goes into a `DeleteMessageBatch` with the acks that arrive meanwhile.
     async fn ack(self, _proof: AckProof) -> Result<(), AckError> {
-        self.delete().await
+        let (reply, result) = oneshot::channel();
+        if self
+            .shared
+            .deletes
+            .send((self.receipt.clone(), reply))
+            .is_err()
+        {
+            return self.delete().await;
+        }
+        match result.await {
+            Ok(r) => r,
+            Err(_) => Err(batch_error(
+                "sqs: the batch delete ended without a result",
+                true,
+            )),
+        }
     }
 
     async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
@@ -278,56 +425,11 @@ impl Acker for SqsAcker {
             }
             return out;
         }
-        let ackers: Vec<SqsAcker> = items.into_iter().map(|(a, _)| a).collect();
+        let receipts: Vec<String> = items.into_iter().map(|(a, _)| a.receipt).collect();
         let mut out: Vec<Result<(), AckError>> = Vec::with_capacity(n);
-        let chunks = ackers.chunks(SQS_BATCH).map(|chunk| {
-            let entries: Vec<DeleteMessageBatchRequestEntry> = chunk
-                .iter()
-                .enumerate()
-                .filter_map(|(i, a)| {
-                    DeleteMessageBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(&a.receipt)
-                        .build()
-                        .ok()
-                })
-                .collect();
-            let shared = Arc::clone(&shared);
-            let len = chunk.len();
-            async move {
-                let r = shared
-                    .client
-                    .delete_message_batch()
-                    .queue_url(&shared.queue_url)
-                    .set_entries(Some(entries))
-                    .send()
-                    .await;
-                match r {
-                    Ok(o) => {
-                        let mut res: Vec<Result<(), AckError>> = (0..len).map(|_| Ok(())).collect();
-                        for f in o.failed {
-                            if let Some(slot) =
-                                f.id.parse::<usize>().ok().and_then(|i| res.get_mut(i))
-                            {
-                                *slot = Err(batch_error(
-                                    &format!(
-                                        "sqs: DeleteMessageBatch entry failed: {} {}",
-                                        f.code,
-                                        f.message.unwrap_or_default()
-                                    ),
-                                    !f.sender_fault,
-                                ));
-                            }
-                        }
-                        res
-                    }
-                    Err(e) => {
-                        let e = op_err("DeleteMessageBatch", e).to_string();
-                        (0..len).map(|_| Err(batch_error(&e, true))).collect()
-                    }
-                }
-            }
-        });
+        let chunks = receipts
+            .chunks(SQS_BATCH)
+            .map(|chunk| delete_batch(&shared.client, &shared.queue_url, chunk));
         for r in futures::future::join_all(chunks).await {
             out.extend(r);
         }

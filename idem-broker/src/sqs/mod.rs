@@ -5,8 +5,10 @@
 //!   other `.` to `-`: the dead-letter place `NAME.dead-letter` is the queue
 //!   `NAME-dead-letter`, and for a FIFO queue `NAME.fifo` it is `NAME-dead-letter.fifo`.
 //! - **Consuming** ([`SqsConsumer`]): long-poll `ReceiveMessage` (up to 10 a call, several
-//!   calls at once to keep `prefetch` messages on hand), with the configured visibility
-//!   timeout. [`SqsAcker`]: `ack` → `DeleteMessage` (one `DeleteMessageBatch` per 10 in
+//!   calls in flight in the background to keep up to `prefetch` messages ahead; each
+//!   call's messages are yielded as soon as it returns), with the configured visibility
+//!   timeout. [`SqsAcker`]: `ack` → `DeleteMessageBatch` with the other acks waiting at
+//!   that moment (at most 4 calls in flight, up to 10 handles each; one call per 10 in
 //!   [`ack_all`](idem_core::Acker::ack_all)); `nack(delay)` → `ChangeMessageVisibility`
 //!   to 0 (or to the delay: a deferred delivery); `dead_letter` → `SendMessage` to the
 //!   dead-letter queue with the reason in the
