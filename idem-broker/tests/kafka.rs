@@ -1,7 +1,9 @@
 //! Kafka on a real protocol server (tansu; `IDEM_TEST_KAFKA_BROKERS`, default
 //! `127.0.0.1:9092`, started by `scripts/ensure-kafka`) and the real Postgres store
 //! (`IDEM_TEST_POSTGRES_URL`). A missing server fails the test. Also: the low-water-mark
-//! tracker against a model, and two group members with one killed (`SIGKILL`) mid-run.
+//! tracker against a model, and two group members with one killed (`SIGKILL`) mid-run
+//! (the `kafka_member` example in a child process; a full `cargo test` / `cargo nextest
+//! run` builds it).
 
 mod common;
 
@@ -207,13 +209,15 @@ fn spawn_member(group: &str, name: &str, store: &PgStore, args: &[&str]) -> Chil
 /// disbursement per submission, and nothing left uncommitted in the group.
 ///
 /// On Kafka the survivor takes the dead member's partitions once its session times out
-/// and the replacement finds nothing left. tansu 0.6 never gives them to the survivor: the
-/// survivor's heartbeat that finds the dead member expired removes it from the group but
-/// leaves the group "formed" with the old generation and assignments, so the survivor's
-/// rejoin gets its old partitions back (tansu's SyncGroup in that state ignores the
-/// leader's new assignment). Only a join or leave that changes the membership makes tansu
-/// form the group again; here that is the survivor leaving and the replacement joining,
-/// which then owns every partition and resumes from the committed offsets.
+/// and the replacement finds nothing left. tansu 0.6 never gives them to the survivor
+/// (seen with `IDEM_KAFKA_DEBUG=cgrp`): the survivor's heartbeat that finds the dead
+/// member's session expired removes it and answers REBALANCE_IN_PROGRESS, but the group
+/// stays "formed" with its generation and stored assignments, so the survivor's rejoin
+/// gets the same generation, the dead member still named leader, and from SyncGroup its
+/// old partitions (a formed group's SyncGroup returns the stored assignment). Only a join
+/// or leave that changes the membership forms the group again; here the survivor leaves
+/// when idle and the replacement joins, owns every partition and resumes from the
+/// committed offsets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_members_one_killed_mid_run_exactly_once() {
     const N: usize = 400;
