@@ -19,6 +19,16 @@
 //!   id and type in headers.
 //! - **Counting** ([`pending_count`]): per partition, the high watermark minus the
 //!   group's committed offset (or the low watermark when nothing was committed).
+//! - **tansu 0.6** (the test broker) differs from Kafka in two ways that matter here:
+//!   its fetch starts at the first record batch whose base offset is at or after the
+//!   requested offset, skipping the rest of a batch a committed offset points into
+//!   (hence [`KafkaConfig::batch_messages`] `= 1` against it); and its group
+//!   coordinator never hands a dead member's partitions to the surviving members: the
+//!   heartbeat that finds the session expired drops the member but keeps the group's
+//!   generation and assignments, so the survivors' rejoin gets their old partitions
+//!   back. The dead member's partitions are consumed again only after a member joins or
+//!   leaves the group (a restarted or replacement consumer, or a survivor that
+//!   reconnects); nothing is lost or doubled, it waits.
 //! - **Debugging**: `IDEM_KAFKA_DEBUG=cgrp,consumer` (librdkafka's `debug` contexts)
 //!   prints the client's debug log to stderr, e.g. to watch the group's joins and
 //!   assignments.
