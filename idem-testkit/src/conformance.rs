@@ -1,9 +1,11 @@
 //! The conformance suite every store runs: plain async functions, one call list.
 //!
-//! A store's `tests/conformance.rs` is one line:
+//! A store's `tests/conformance.rs` is one line — here the in-memory store's; an
+//! expression that makes a fresh, isolated store (it may `.await`) goes in the call:
 //!
-//! ```ignore
-//! idem_testkit::conformance_tests!(my_fresh_isolated_store().await);
+//! ```
+//! idem_testkit::conformance_tests!(idem_testkit::MemoryStore::new());
+//! # fn main() {}
 //! ```
 //!
 //! which expands to one `#[tokio::test]` per check. Each check panics with a message
