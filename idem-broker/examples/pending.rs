@@ -1,8 +1,11 @@
-//! Prints what is left to settle in a queue or stream, for scripts:
-//! `cargo run -p idem-broker --features rabbitmq,nats,redis-streams --example pending -- URL NAME`.
+//! Prints what is left to settle in a queue or stream, for scripts (`scripts/build-release`
+//! builds it with every broker feature):
+//! `cargo run -p idem-broker --features rabbitmq,nats,redis-streams,sqs,kafka --example pending -- URL NAME`.
 //!
 //! RabbitMQ: ready messages; NATS: the durable consumer's pending + ack-pending;
-//! Redis Streams: the group's lag + pending entries (see `idem_broker::any::pending_count`).
+//! Redis Streams: the group's lag + pending entries; Kafka (`kafka://HOST:PORT?group=G`):
+//! per partition, the end minus the group's committed offset (see
+//! `idem_broker::any::pending_count`).
 //! Exit status 2 on bad arguments, 1 when the broker cannot be asked.
 
 use idem_broker::any::{pending_count, BrokerUrl};
