@@ -43,6 +43,8 @@ mod error;
 #[cfg(feature = "_tokio")]
 mod idle;
 mod names;
+#[cfg(any(feature = "redis-streams", feature = "sqs", feature = "kafka"))]
+mod pull;
 
 #[cfg(feature = "kafka")]
 pub mod kafka;

@@ -323,6 +323,10 @@ impl Reader {
             },
         })
     }
+}
+
+impl crate::pull::Pull for Reader {
+    type Acker = KafkaAcker;
 
     async fn next(&mut self) -> Result<Delivery<KafkaAcker>, BrokerError> {
         if let Some(d) = self.first.take() {
@@ -427,16 +431,8 @@ impl KafkaConsumer {
                 ))
             }
         }
-        let inner = futures::stream::unfold(Some(reader), |state| async move {
-            let mut st = state?;
-            match st.next().await {
-                Ok(d) => Some((Ok(d), Some(st))),
-                // An error ends the stream after it is yielded.
-                Err(e) => Some((Err(e), None)),
-            }
-        });
         Ok(Self {
-            inner: Box::pin(inner),
+            inner: crate::pull::deliveries(reader),
             name: config.name.clone(),
             group: config.group.clone(),
         })

@@ -123,6 +123,10 @@ impl Reader {
             });
         }
     }
+}
+
+impl crate::pull::Pull for Reader {
+    type Acker = RedisStreamsAcker;
 
     async fn next(&mut self) -> Result<Delivery<RedisStreamsAcker>, BrokerError> {
         let s = Arc::clone(&self.shared);
@@ -224,16 +228,8 @@ impl RedisStreamsConsumer {
             count: u64::try_from(config.prefetch.max(1)).unwrap_or(u64::MAX),
             block: config.block,
         };
-        let inner = futures::stream::unfold(Some(state), |state| async move {
-            let mut st = state?;
-            match st.next().await {
-                Ok(d) => Some((Ok(d), Some(st))),
-                // An error ends the stream after it is yielded.
-                Err(e) => Some((Err(e), None)),
-            }
-        });
         Ok(Self {
-            inner: Box::pin(inner),
+            inner: crate::pull::deliveries(state),
             name: config.name.clone(),
             consumer: config.consumer.clone(),
         })

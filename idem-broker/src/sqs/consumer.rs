@@ -134,6 +134,10 @@ impl Reader {
             });
         }
     }
+}
+
+impl crate::pull::Pull for Reader {
+    type Acker = SqsAcker;
 
     async fn next(&mut self) -> Result<Delivery<SqsAcker>, BrokerError> {
         loop {
@@ -278,16 +282,8 @@ impl SqsConsumer {
             wait: secs_i32(config.wait.min(Duration::from_secs(20))),
             visibility: secs_i32(config.visibility_timeout).max(1),
         };
-        let inner = futures::stream::unfold(Some(state), |state| async move {
-            let mut st = state?;
-            match st.next().await {
-                Ok(d) => Some((Ok(d), Some(st))),
-                // An error ends the stream after it is yielded.
-                Err(e) => Some((Err(e), None)),
-            }
-        });
         Ok(Self {
-            inner: Box::pin(inner),
+            inner: crate::pull::deliveries(state),
             name: config.name.clone(),
         })
     }
