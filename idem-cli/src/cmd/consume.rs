@@ -27,6 +27,7 @@ use idem_broker::{until_idle, BrokerError};
 use idem_core::{consumer, ClaimStore, ConsumerConfig, Gate, Handler, Outcome, OutcomeKind};
 use idem_grant::{GrantDb, GrantHandler};
 
+use crate::cmd::parse_secs;
 use crate::error::error_chain;
 use crate::stores::{self, Extras, StoreSpec, StoreVisitor};
 use crate::CliError;
@@ -129,17 +130,6 @@ where
             }
         }
     }
-}
-
-/// Seconds as a number (`3`, `0.5`) or a duration (`3s`, `2m`).
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs > 0.0 && secs < 1e9 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-        return Err(format!("{s:?} is not a positive number of seconds"));
-    }
-    crate::cmd::parse_duration(s)
 }
 
 /// A broker error as the command reports it: the caller's mistake exits 2, a failure 1.

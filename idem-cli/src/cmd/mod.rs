@@ -58,6 +58,17 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
+/// Seconds as a number (`3`, `0.5`) or a duration (`3s`, `2m`).
+pub(crate) fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs > 0.0 && secs < 1e9 {
+            return Ok(std::time::Duration::from_secs_f64(secs));
+        }
+        return Err(format!("{s:?} is not a positive number of seconds"));
+    }
+    parse_duration(s)
+}
+
 /// Parses a duration such as `30s`, `15m`, `12h`, `90d`, `3y` (a year is 365 days).
 #[allow(dead_code)] // used by consume, relay and purge
 pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {

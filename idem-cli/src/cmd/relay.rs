@@ -25,6 +25,7 @@ use idem_store_sqlite::{SqliteConfig, SqliteOutboxSource, SqliteStore};
 use tokio::sync::OnceCell;
 
 use super::consume::{backoff, broker_error, with_retry, Attempt};
+use crate::cmd::parse_secs;
 use crate::error::error_chain;
 use crate::metrics::RelayCounters;
 use crate::stores::{StoreSpec, StoreUrl};
@@ -103,16 +104,6 @@ impl Publisher for Reconnecting {
         }
         r
     }
-}
-
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs > 0.0 && secs < 1e9 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-        return Err(format!("{s:?} is not a positive number of seconds"));
-    }
-    crate::cmd::parse_duration(s)
 }
 
 /// Runs `relay` until shutdown, or until idle for `idle`. Every failure (store or broker
