@@ -308,9 +308,14 @@ async fn export_sqlite(
         .fetch_all(store.pool())
         .await
         .map_err(failed)?;
+        let index: std::collections::HashMap<String, usize> = page
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.key.clone(), i))
+            .collect();
         for row in rows {
             let key: String = row.try_get(2).map_err(failed)?;
-            if let Some(c) = page.iter_mut().find(|c| c.key == key) {
+            if let Some(c) = index.get(&key).map(|&i| &mut page[i]) {
                 c.events.push(AuditEvent {
                     event_id: row.try_get(0).map_err(failed)?,
                     event_type: row.try_get(1).map_err(failed)?,
