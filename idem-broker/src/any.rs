@@ -350,6 +350,7 @@ where
             r.map(|d| Delivery {
                 payload: d.payload,
                 headers: d.headers,
+                attempt: d.attempt,
                 acker: f(d.acker),
             })
         })

@@ -17,6 +17,13 @@ pub struct Delivery<A> {
     pub payload: Vec<u8>,
     /// The broker's headers or attributes.
     pub headers: Headers,
+    /// Which delivery of this message this is, counted from 1, as the broker knows it
+    /// (NATS `num_delivered`, RabbitMQ quorum `x-delivery-count` + 1, SQS
+    /// `ApproximateReceiveCount`, the Redis pending entry's delivery count, Kafka counted per
+    /// offset). `None` when the broker keeps no count: the consumer counts then.
+    /// The gate dead-letters a delivery whose attempt exceeds
+    /// [`GateConfig::max_attempts`](crate::GateConfig::max_attempts) after a failure.
+    pub attempt: Option<u32>,
     /// Settles the delivery. Only the gate uses it.
     pub acker: A,
 }
@@ -27,8 +34,23 @@ impl<A> Delivery<A> {
         Self {
             payload: payload.into(),
             headers: Vec::new(),
+            attempt: None,
             acker,
         }
+    }
+
+    /// Sets the attempt number the broker reported (1 for a first delivery).
+    #[must_use]
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = Some(attempt);
+        self
+    }
+
+    /// Sets the headers.
+    #[must_use]
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
     }
 
     /// The first header named `name` (ASCII case-insensitive).

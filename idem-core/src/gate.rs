@@ -184,6 +184,9 @@ pub struct GateConfig {
     pub defer_delay: Duration,
     /// The nack delay of a [`OutcomeKind::Failed`] delivery (`None`: at once).
     pub retry_delay: Option<Duration>,
+    /// A delivery that fails on its `max_attempts`-th attempt (see [`Delivery::attempt`])
+    /// is dead-lettered with the last error instead of nacked again.
+    pub max_attempts: u32,
 }
 
 impl Default for GateConfig {
@@ -191,6 +194,7 @@ impl Default for GateConfig {
         Self {
             defer_delay: Duration::from_secs(1),
             retry_delay: None,
+            max_attempts: 10,
         }
     }
 }
@@ -380,6 +384,7 @@ where
             payload,
             headers,
             acker,
+            ..
         } = delivery;
         let settle = acker.dead_letter(&payload, &headers, &reason).await;
         Outcome::Rejected { reason, settle }

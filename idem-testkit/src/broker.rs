@@ -141,6 +141,7 @@ impl SimBroker {
         let delivery = Delivery {
             payload: msg.payload.clone(),
             headers: msg.headers.clone(),
+            attempt: None,
             acker: SimAcker {
                 broker: self.clone(),
                 tag,

@@ -91,6 +91,7 @@ where
                 .map(|d| Delivery {
                     payload: d.payload,
                     headers: d.headers,
+                    attempt: d.attempt,
                     acker: FaultyAcker::new(d.acker, plan.clone()),
                 })
                 .collect();

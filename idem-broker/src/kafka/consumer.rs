@@ -288,6 +288,7 @@ impl Reader {
         Delivery {
             payload: payload.clone(),
             headers: headers.clone(),
+            attempt: None,
             acker: KafkaAcker {
                 partition,
                 offset,
@@ -312,6 +313,7 @@ impl Reader {
         Some(Delivery {
             payload: r.payload.clone(),
             headers: r.headers.clone(),
+            attempt: None,
             acker: KafkaAcker {
                 partition: r.partition,
                 offset: r.offset,

@@ -127,6 +127,7 @@ impl Stream for NatsConsumer {
                     Poll::Ready(Some(Ok(Delivery {
                         payload: msg.payload.to_vec(),
                         headers,
+                        attempt: None,
                         acker: NatsAcker {
                             acker: Box::new(acker),
                             shared: Arc::clone(&self.shared),

@@ -147,6 +147,7 @@ impl Stream for RabbitConsumer {
                 Poll::Ready(Some(Ok(Delivery {
                     payload: d.data,
                     headers,
+                    attempt: None,
                     acker: RabbitAcker {
                         tag,
                         shared: Arc::clone(&self.shared),

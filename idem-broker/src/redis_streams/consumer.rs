@@ -116,6 +116,7 @@ impl Reader {
             self.buf.push_back(Delivery {
                 payload,
                 headers,
+                attempt: None,
                 acker: RedisStreamsAcker {
                     id,
                     shared: Arc::clone(&self.shared),

@@ -100,6 +100,7 @@ impl Reader {
             self.buf.push_back(Delivery {
                 payload: m.body.unwrap_or_default().into_bytes(),
                 headers,
+                attempt: None,
                 acker: SqsAcker {
                     receipt,
                     message_id: m.message_id.unwrap_or_default(),

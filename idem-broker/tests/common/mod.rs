@@ -237,6 +237,7 @@ pub async fn crash_after_commit_before_ack(broker: Broker) {
             r.map(|d| Delivery {
                 payload: d.payload,
                 headers: d.headers,
+                attempt: d.attempt,
                 acker: LostAck(d.acker),
             })
         })
