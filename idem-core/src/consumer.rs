@@ -4,10 +4,11 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use futures::{Stream, StreamExt};
+use futures::channel::oneshot;
+use futures::{FutureExt as _, Stream, StreamExt};
 
 use crate::delivery::{Acker, Delivery};
-use crate::error::{BoxError, Error};
+use crate::error::{BoxError, Error, ErrorClass, StoreError};
 use crate::gate::{Gate, Handler, Outcome, OutcomeKind};
 use crate::store::ClaimStore;
 
@@ -104,9 +105,14 @@ impl Counters {
 ///   returns. Nothing uncommitted is acked; deliveries never taken stay with the broker.
 /// - `observe` sees every outcome (progress bars, metrics).
 ///
+/// - A delivery that fails with a configuration error ([`ErrorClass::Config`]: a missing
+///   table or privilege) is nacked, and the loop stops as on shutdown: no delivery can get
+///   past such an error until an operator acts, so acking or dead-lettering them would be
+///   wrong and retrying them would spin.
+///
 /// # Errors
-/// [`Error::Stream`] when the delivery stream yields an error; in-flight work is finished
-/// first.
+/// [`Error::Stream`] when the delivery stream yields an error; [`Error::Store`] with
+/// [`StoreError::Config`] after a configuration error. In-flight work is finished first.
 pub async fn run<S, H, A, St, E>(
     gate: &Gate<S, H>,
     deliveries: St,
@@ -123,10 +129,14 @@ where
 {
     let counters = Counters::default();
     let stream_error: Mutex<Option<BoxError>> = Mutex::new(None);
+    let config_error: Mutex<Option<String>> = Mutex::new(None);
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let stop_tx = Mutex::new(Some(stop_tx));
     let config = ConsumerConfig::new(config.concurrency, config.batch_size);
+    let stop = futures::future::select(Box::pin(shutdown), stop_rx.map(|_| ())).map(|_| ());
 
     deliveries
-        .take_until(shutdown)
+        .take_until(stop)
         .scan((), |(), item| {
             futures::future::ready(match item {
                 Ok(d) => Some(d),
@@ -142,6 +152,8 @@ where
         .for_each_concurrent(config.concurrency, |mut batch| {
             let counters = &counters;
             let observe = &observe;
+            let config_error = &config_error;
+            let stop_tx = &stop_tx;
             async move {
                 let outcomes = if batch.len() == 1 {
                     match batch.pop() {
@@ -154,11 +166,24 @@ where
                 for o in &outcomes {
                     counters.record(o);
                     observe(o);
+                    if let Outcome::Failed { error, .. } = o {
+                        if error.class() == ErrorClass::Config {
+                            if let Ok(mut slot) = config_error.lock() {
+                                slot.get_or_insert_with(|| error.to_string());
+                            }
+                            if let Some(tx) = stop_tx.lock().ok().and_then(|mut s| s.take()) {
+                                let _ = tx.send(());
+                            }
+                        }
+                    }
                 }
             }
         })
         .await;
 
+    if let Some(msg) = config_error.lock().ok().and_then(|mut s| s.take()) {
+        return Err(Error::Store(StoreError::Config(msg)));
+    }
     let err = stream_error.lock().ok().and_then(|mut s| s.take());
     match err {
         Some(e) => Err(Error::Stream(e)),

@@ -73,7 +73,42 @@ pub enum StoreError {
     },
 }
 
+/// What a failure means for the delivery that met it: the one place that decides between
+/// a redelivery, a dead letter and stopping the consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// A retry can succeed (the store or broker is unreachable, a timeout, a serialization
+    /// failure, a deadlock): roll back and nack with a growing delay.
+    Transient,
+    /// This message can never succeed (bad bytes, a value no column holds, a handler's
+    /// refusal): roll back and dead-letter it with the reason.
+    Permanent,
+    /// The deployment is wrong (a missing table or privilege): no message can succeed until
+    /// an operator acts, so the consumer stops and acks nothing.
+    Config,
+}
+
+impl ErrorClass {
+    /// A lowercase name (`transient`, `permanent`, `config`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::Permanent => "permanent",
+            Self::Config => "config",
+        }
+    }
+}
+
 impl StoreError {
+    /// What the failure means for the delivery: see [`ErrorClass`].
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Config(_) => ErrorClass::Config,
+            e if e.is_retryable() => ErrorClass::Transient,
+            _ => ErrorClass::Permanent,
+        }
+    }
+
     /// Whether running the same operation again can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -204,6 +239,15 @@ pub enum HandlerError {
 }
 
 impl HandlerError {
+    /// What the failure means for the delivery: see [`ErrorClass`].
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Reject(_) => ErrorClass::Permanent,
+            Self::Transient(_) => ErrorClass::Transient,
+            Self::Store(e) => e.class(),
+        }
+    }
+
     /// Whether a redelivery can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -242,6 +286,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// What the failure means for the delivery: see [`ErrorClass`].
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Key(_) => ErrorClass::Permanent,
+            Self::Store(e) => e.class(),
+            Self::Handler(e) => e.class(),
+            other if other.is_retryable() => ErrorClass::Transient,
+            _ => ErrorClass::Permanent,
+        }
+    }
+
     /// Whether retrying can help.
     pub fn is_retryable(&self) -> bool {
         match self {

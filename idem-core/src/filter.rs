@@ -11,11 +11,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::clock::{self, SharedClock};
 use crate::error::StoreError;
+use crate::mutant::{self, Mutant};
 use crate::key::IdempotencyKey;
 use crate::outbox::OutboxEvent;
 use crate::store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
@@ -43,24 +45,29 @@ pub struct FilterStats {
     hits: AtomicU64,
     errors: AtomicU64,
     bypassed: AtomicU64,
-    /// Milliseconds since `epoch` until which the filter is bypassed after an error.
+    /// Milliseconds of `clock` until which the filter is bypassed after an error.
     open_until_ms: AtomicU64,
-    epoch: Instant,
+    clock: SharedClock,
 }
 
 impl Default for FilterStats {
     fn default() -> Self {
+        Self::with_clock(clock::system())
+    }
+}
+
+impl FilterStats {
+    /// Counters whose circuit breaker reads `clock`.
+    pub fn with_clock(clock: SharedClock) -> Self {
         Self {
             hits: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             bypassed: AtomicU64::new(0),
             open_until_ms: AtomicU64::new(0),
-            epoch: Instant::now(),
+            clock,
         }
     }
-}
 
-impl FilterStats {
     /// Claims answered `Duplicate` by the filter alone.
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
@@ -77,7 +84,7 @@ impl FilterStats {
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Whether the filter should be skipped now (the breaker is open).
@@ -129,6 +136,15 @@ impl<S: ClaimStore, F: DoneFilter> Filtered<S, F> {
             store,
             filter: Arc::new(filter),
             stats: Arc::default(),
+        }
+    }
+
+    /// Puts `filter` in front of `store`, with a circuit breaker that reads `clock`.
+    pub fn with_clock(store: S, filter: F, clock: SharedClock) -> Self {
+        Self {
+            store,
+            filter: Arc::new(filter),
+            stats: Arc::new(FilterStats::with_clock(clock)),
         }
     }
 
@@ -226,6 +242,9 @@ where
         }
         let out = self.inner.claim(key, meta).await?;
         if out == ClaimOutcome::Claimed {
+            if mutant::active(Mutant::FilterMarkBeforeCommit) {
+                let _ = self.filter.mark_done(std::slice::from_ref(key)).await;
+            }
             self.claimed.push(*key);
         }
         Ok(out)

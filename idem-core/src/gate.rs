@@ -1,16 +1,19 @@
 //! The [`Gate`]: claim → handler → commit → ack, one delivery or one batch at a time.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::FutureExt as _;
 use tracing::Instrument as _;
 
 use crate::audit;
 use crate::delivery::{AckProof, Acker, CommitReceipt, Delivery, Headers};
-use crate::error::{AckError, Error, HandlerError, RejectReason, StoreError};
+use crate::error::{AckError, BoxError, Error, ErrorClass, HandlerError, RejectReason, StoreError};
 use crate::key::IdempotencyKey;
+use crate::mutant::{self, Mutant};
 use crate::store::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx};
 
 /// A delivery identified: its key, its subject, and the parsed input the handler needs.
@@ -176,16 +179,100 @@ impl Outcome {
     }
 }
 
+/// How long a failed delivery waits before its redelivery: a delay that grows with the
+/// attempt number, capped, with jitter so a burst of failures does not come back at once.
+///
+/// The delay of attempt `n` (counted from 1) is `min(max, initial × 2^(n-1))`, and with
+/// jitter a deterministic fraction of it between one half and all of it (derived from the
+/// key and the attempt, so a replay sees the same delays).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::gate::RetryPolicy;
+/// let p = RetryPolicy::default();
+/// assert!(p.delay(None, 1) <= p.initial);
+/// assert!(p.delay(None, 30) <= p.max);
+/// assert_eq!(RetryPolicy::fixed(Duration::from_secs(2)).delay(None, 7), Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// The delay of the first retry.
+    pub initial: Duration,
+    /// The longest delay.
+    pub max: Duration,
+    /// Whether the delay is spread between one half and all of its value.
+    pub jitter: bool,
+}
+
+impl Default for RetryPolicy {
+    /// 200 ms, doubling, capped at one minute, with jitter.
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(60),
+            jitter: true,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The same delay for every attempt, without jitter.
+    pub fn fixed(delay: Duration) -> Self {
+        Self {
+            initial: delay,
+            max: delay,
+            jitter: false,
+        }
+    }
+
+    /// A growing policy.
+    pub fn exponential(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max: max.max(initial),
+            jitter: true,
+        }
+    }
+
+    /// The delay before redelivering attempt `attempt` (1 for the first delivery) of `key`.
+    pub fn delay(&self, key: Option<&IdempotencyKey>, attempt: u32) -> Duration {
+        let shift = attempt.saturating_sub(1).min(30);
+        let full = self
+            .initial
+            .checked_mul(1u32 << shift)
+            .unwrap_or(self.max)
+            .min(self.max);
+        if !self.jitter {
+            return full;
+        }
+        // splitmix64 over the key's first bytes and the attempt: deterministic jitter.
+        let seed = key.map_or(0, |k| {
+            let b = k.as_bytes();
+            u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+        });
+        let mut z = seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let per_mille = 500 + u32::try_from(z % 501).unwrap_or(500);
+        full.mul_f64(f64::from(per_mille) / 1000.0)
+    }
+}
+
 /// How the gate settles what it cannot process now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GateConfig {
     /// The nack delay of a [`OutcomeKind::Deferred`] delivery (a key held elsewhere).
     pub defer_delay: Duration,
-    /// The nack delay of a [`OutcomeKind::Failed`] delivery (`None`: at once).
-    pub retry_delay: Option<Duration>,
-    /// A delivery that fails on its `max_attempts`-th attempt (see [`Delivery::attempt`])
-    /// is dead-lettered with the last error instead of nacked again.
+    /// The nack delay of a delivery that failed with a transient error.
+    pub retry: RetryPolicy,
+    /// A delivery that fails with a message-specific transient error (a handler error, a
+    /// serialization failure, a panic) on its `max_attempts`-th attempt (see
+    /// [`Delivery::attempt`]) is dead-lettered with the last error instead of nacked again.
+    /// An unreachable store never counts against it: that is the store's fault, not the
+    /// message's, and the consumer's reconnect deadline decides. Default 10.
     pub max_attempts: u32,
 }
 
@@ -193,7 +280,7 @@ impl Default for GateConfig {
     fn default() -> Self {
         Self {
             defer_delay: Duration::from_secs(1),
-            retry_delay: None,
+            retry: RetryPolicy::default(),
             max_attempts: 10,
         }
     }
@@ -207,14 +294,27 @@ impl GateConfig {
         self
     }
 
-    /// Sets the retry delay.
+    /// A fixed retry delay (`None`: at once) instead of the growing default.
     #[must_use]
     pub fn with_retry_delay(mut self, d: Option<Duration>) -> Self {
-        self.retry_delay = d;
+        self.retry = RetryPolicy::fixed(d.unwrap_or(Duration::ZERO));
+        self
+    }
+
+    /// Sets the retry policy.
+    #[must_use]
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets the attempt limit (at least 1).
+    #[must_use]
+    pub fn with_max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
         self
     }
 }
-
 /// The claim → commit → ack state machine.
 ///
 /// For one delivery ([`process`](Gate::process)):
@@ -223,8 +323,12 @@ impl GateConfig {
 /// 3. `Claimed` → run the handler in the transaction → commit → ack
 ///    ([`Outcome::Processed`]); `Duplicate` → roll back → ack ([`Outcome::Duplicate`]);
 ///    `InProgress` → roll back → nack with a delay ([`Outcome::Deferred`]);
-/// 4. any error → roll back → nack ([`Outcome::Failed`]), or dead-letter for
-///    [`HandlerError::Reject`].
+/// 4. any error → roll back, then by its [`ErrorClass`]: transient → nack with a growing
+///    delay ([`Outcome::Failed`]), or dead-letter once the attempts reach
+///    [`GateConfig::max_attempts`]; permanent (the store or the handler refuses this
+///    message for good) → dead-letter with the reason ([`Outcome::Rejected`]); config →
+///    nack ([`Outcome::Failed`]) and [`consumer::run`](crate::consumer::run) stops.
+///    A handler that panics is caught: a failed attempt like a transient error.
 ///
 /// The ack needs an [`AckProof`], which only a commit or a duplicate claim mints.
 ///
@@ -244,7 +348,13 @@ pub struct Gate<S, H> {
     handler: H,
     config: GateConfig,
     observer: Option<Arc<dyn GateObserver>>,
+    /// Failed attempts per key, for deliveries whose broker keeps no count.
+    attempts: Mutex<HashMap<IdempotencyKey, u32>>,
 }
+
+/// How many keys the gate's own attempt counter holds before it starts over (it only
+/// serves brokers that keep no count; a reset means a few more attempts, never fewer).
+const ATTEMPT_MEMORY: usize = 100_000;
 
 impl<S: std::fmt::Debug, H: std::fmt::Debug> std::fmt::Debug for Gate<S, H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -253,7 +363,7 @@ impl<S: std::fmt::Debug, H: std::fmt::Debug> std::fmt::Debug for Gate<S, H> {
             .field("handler", &self.handler)
             .field("config", &self.config)
             .field("observer", &self.observer.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -299,6 +409,28 @@ pub trait GateObserver: Send + Sync {
     }
 }
 
+/// The reason code of a delivery dead-lettered because its attempts ran out.
+pub const ATTEMPTS_EXHAUSTED: &str = "attempts_exhausted";
+/// The reason code of a delivery dead-lettered because the store refused it for good.
+pub const STORE_REJECTED: &str = "store_rejected";
+/// The reason code of a delivery dead-lettered because of another permanent failure.
+pub const PERMANENT_FAILURE: &str = "permanent_failure";
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_owned()
+    }
+}
+
+/// The handler panicked; the gate caught it and counts it as a failed attempt.
+#[derive(Debug, thiserror::Error)]
+#[error("the handler panicked: {0}")]
+pub struct HandlerPanic(pub String);
+
 impl<S, H> Gate<S, H>
 where
     S: ClaimStore,
@@ -316,6 +448,7 @@ where
             handler,
             config,
             observer: None,
+            attempts: Mutex::new(HashMap::new()),
         }
     }
 
@@ -390,27 +523,113 @@ where
         Outcome::Rejected { reason, settle }
     }
 
-    async fn fail<A: Acker>(&self, acker: A, key: Option<IdempotencyKey>, error: Error) -> Outcome {
+    /// The attempt number of a failed delivery: the broker's count, else the gate's own.
+    fn attempt_of(&self, delivery_attempt: Option<u32>, key: Option<&IdempotencyKey>) -> u32 {
+        if let Some(n) = delivery_attempt {
+            return n.max(1);
+        }
+        let Some(key) = key else { return 1 };
+        let mut map = self
+            .attempts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= ATTEMPT_MEMORY {
+            map.clear();
+        }
+        let n = map.entry(*key).or_insert(0);
+        *n += 1;
+        *n
+    }
+
+    fn forget_attempts(&self, key: &IdempotencyKey) {
+        let mut map = self
+            .attempts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !map.is_empty() {
+            map.remove(key);
+        }
+    }
+
+    /// Settles a delivery whose transaction failed (and was rolled back), by the error's
+    /// class: the one place that decides between nack, dead letter and stop.
+    async fn fail<A: Acker>(
+        &self,
+        delivery: Delivery<A>,
+        key: Option<IdempotencyKey>,
+        subject: Option<&str>,
+        error: Error,
+    ) -> Outcome {
+        let class = error.class();
+        let attempt = self.attempt_of(delivery.attempt, key.as_ref());
+        let store_down = matches!(
+            &error,
+            Error::Store(StoreError::Unavailable { .. })
+                | Error::Handler(HandlerError::Store(StoreError::Unavailable { .. }))
+        );
+        let dead_letter = match class {
+            ErrorClass::Permanent if !mutant::active(Mutant::PermanentErrorNacked) => {
+                let code = if matches!(
+                    &error,
+                    Error::Store(StoreError::Rejected { .. })
+                        | Error::Handler(HandlerError::Store(StoreError::Rejected { .. }))
+                ) {
+                    STORE_REJECTED
+                } else {
+                    PERMANENT_FAILURE
+                };
+                Some(RejectReason::new(code, error.to_string()))
+            }
+            ErrorClass::Transient if !store_down && attempt >= self.config.max_attempts => {
+                Some(RejectReason::new(
+                    ATTEMPTS_EXHAUSTED,
+                    format!("{attempt} attempts; the last failed with: {error}"),
+                ))
+            }
+            _ => None,
+        };
+        if let Some(reason) = dead_letter {
+            tracing::warn!(
+                target: "idem::gate",
+                key = key.as_ref().map(IdempotencyKey::short).unwrap_or_default(),
+                class = class.as_str(),
+                attempt,
+                error = %error,
+                "delivery failed for good; rolled back and dead-lettered"
+            );
+            if let Some(k) = &key {
+                self.forget_attempts(k);
+            }
+            return self.reject(delivery, subject, reason).await;
+        }
+        let delay = self.config.retry.delay(key.as_ref(), attempt);
         tracing::warn!(
             target: "idem::gate",
             key = key.as_ref().map(IdempotencyKey::short).unwrap_or_default(),
-            retryable = error.is_retryable(),
+            class = class.as_str(),
+            attempt,
+            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
             error = %error,
             "delivery failed; rolled back and nacked"
         );
-        let settle = acker.nack(self.config.retry_delay).await;
+        let settle = delivery.acker.nack(Some(delay)).await;
         Outcome::Failed { key, error, settle }
     }
 
-    async fn timed_handle(
-        &self,
-        tx: &mut S::Tx,
-        sub: &Submission<H::Input>,
-    ) -> Result<(), HandlerError> {
-        let started = Instant::now();
-        let r = self.handler.handle(tx, sub).await;
-        self.timed(Stage::Handler, started);
-        r
+    /// Runs the handler, turning a panic into a failed attempt.
+    async fn guarded<F>(&self, stage_started: Instant, fut: F) -> Result<(), HandlerError>
+    where
+        F: std::future::Future<Output = Result<(), HandlerError>>,
+    {
+        let r = AssertUnwindSafe(fut).catch_unwind().await;
+        self.timed(Stage::Handler, stage_started);
+        match r {
+            Ok(r) => r,
+            Err(p) => {
+                let e: BoxError = Box::new(HandlerPanic(panic_message(&*p)));
+                Err(HandlerError::Transient(e))
+            }
+        }
     }
 
     async fn process_identified<A: Acker>(
@@ -419,10 +638,11 @@ where
         sub: Submission<H::Input>,
     ) -> Outcome {
         let key = sub.key;
+        let subject = Some(sub.subject.as_str());
         let started = Instant::now();
         let mut tx = match self.store.begin().await {
             Ok(tx) => tx,
-            Err(e) => return self.fail(delivery.acker, Some(key), e.into()).await,
+            Err(e) => return self.fail(delivery, Some(key), subject, e.into()).await,
         };
         let meta = ClaimMeta::new(sub.subject.clone());
         let claimed = match tx.claim(&key, &meta).await {
@@ -432,17 +652,30 @@ where
             }
             Err(e) => {
                 let _ = tx.rollback().await;
-                return self.fail(delivery.acker, Some(key), e.into()).await;
+                return self.fail(delivery, Some(key), subject, e.into()).await;
             }
         };
         match claimed {
             ClaimOutcome::Duplicate => {
                 // Roll back first: nothing of this delivery may remain. A failed rollback
                 // is harmless (nothing was written), so the duplicate is still acked.
+                let mutant_early_ack = mutant::active(Mutant::DuplicateAckBeforeRollback);
+                let mut early = None;
+                let mut acker = Some(delivery.acker);
+                if mutant_early_ack {
+                    if let Some(a) = acker.take() {
+                        early = Some(a.ack(AckProof::duplicate(key)).await);
+                    }
+                }
                 let _ = tx.rollback().await;
+                self.forget_attempts(&key);
                 audit::duplicate(&key, &sub.subject);
                 let started = Instant::now();
-                let settle = delivery.acker.ack(AckProof::duplicate(key)).await;
+                let settle = match (acker, early) {
+                    (Some(a), _) => a.ack(AckProof::duplicate(key)).await,
+                    (None, Some(r)) => r,
+                    (None, None) => Ok(()),
+                };
                 self.timed(Stage::Ack, started);
                 Outcome::Duplicate { key, settle }
             }
@@ -451,41 +684,58 @@ where
                 let settle = delivery.acker.nack(Some(self.config.defer_delay)).await;
                 Outcome::Deferred { key, settle }
             }
-            ClaimOutcome::Claimed => match self.timed_handle(&mut tx, &sub).await {
-                Err(HandlerError::Reject(reason)) => {
-                    let _ = tx.rollback().await;
-                    self.reject(delivery, Some(&sub.subject), reason).await
-                }
-                Err(e) => {
-                    let _ = tx.rollback().await;
-                    self.fail(delivery.acker, Some(key), e.into()).await
-                }
-                Ok(()) => {
-                    let started = Instant::now();
-                    let committed = tx.commit().await;
-                    self.timed(Stage::Commit, started);
-                    match committed {
-                        Err(e) => self.fail(delivery.acker, Some(key), e.into()).await,
-                        Ok(()) => {
-                            let receipt = CommitReceipt::new();
-                            audit::processed(&key, &sub.subject);
-                            let started = Instant::now();
-                            let settle =
-                                delivery.acker.ack(AckProof::committed(&receipt, key)).await;
-                            self.timed(Stage::Ack, started);
-                            Outcome::Processed { key, settle }
+            ClaimOutcome::Claimed => {
+                let handled = self
+                    .guarded(Instant::now(), self.handler.handle(&mut tx, &sub))
+                    .await;
+                match handled {
+                    Err(HandlerError::Reject(reason)) => {
+                        let _ = tx.rollback().await;
+                        self.forget_attempts(&key);
+                        self.reject(delivery, subject, reason).await
+                    }
+                    Err(e) => {
+                        let _ = tx.rollback().await;
+                        self.fail(delivery, Some(key), subject, e.into()).await
+                    }
+                    Ok(()) if mutant::active(Mutant::AckBeforeCommit) => {
+                        let receipt = CommitReceipt::new();
+                        let settle = delivery.acker.ack(AckProof::committed(&receipt, key)).await;
+                        let _ = tx.commit().await;
+                        Outcome::Processed { key, settle }
+                    }
+                    Ok(()) => {
+                        let started = Instant::now();
+                        let committed = tx.commit().await;
+                        self.timed(Stage::Commit, started);
+                        match committed {
+                            // The outcome of a failed commit may be unknown: never ack; the
+                            // redelivery finds out through its claim.
+                            Err(e) => self.fail(delivery, Some(key), subject, e.into()).await,
+                            Ok(()) => {
+                                self.forget_attempts(&key);
+                                let receipt = CommitReceipt::new();
+                                audit::processed(&key, &sub.subject);
+                                let started = Instant::now();
+                                let settle =
+                                    delivery.acker.ack(AckProof::committed(&receipt, key)).await;
+                                self.timed(Stage::Ack, started);
+                                Outcome::Processed { key, settle }
+                            }
                         }
                     }
                 }
-            },
+            }
         }
     }
 
     /// Processes a batch in one transaction: one round-trip claim of every key (where the
-    /// store can), the handler on each claimed submission, one commit, then acks for all
-    /// (duplicates too). A key twice in one batch is one effect. Bad input is
-    /// dead-lettered first. If the handler or the commit fails, the batch falls back to
-    /// one-by-one processing so a poison message cannot block its neighbours.
+    /// store can, in key order so two batches never wait on each other's keys), the
+    /// handler on each claimed submission, one commit, then acks for all (duplicates
+    /// too). A key twice in one batch is one effect. Bad input is dead-lettered first. If
+    /// the claim, the handler or the commit fails, the batch falls back to one-by-one
+    /// processing so a poison message cannot hold back its neighbours (a configuration
+    /// error, which no delivery can get past, nacks them all instead).
     ///
     /// Returns one outcome per delivery, in input order.
     pub async fn process_batch<A: Acker>(&self, deliveries: Vec<Delivery<A>>) -> Vec<Outcome> {
@@ -536,29 +786,29 @@ where
                 pos
             });
         }
+        // Claims take row locks in the order given: in key order, two batches sharing keys
+        // wait on each other in one direction only and can never deadlock.
+        if !mutant::active(Mutant::UnsortedBatchClaims) {
+            unique.sort_by_key(|&p| valid[p].2.key);
+        }
         let items: Vec<(IdempotencyKey, ClaimMeta)> = unique
             .iter()
             .map(|&p| (valid[p].2.key, ClaimMeta::new(valid[p].2.subject.clone())))
             .collect();
 
-        let attempt = self.try_batch(&valid, &unique, &items).await;
-        let claims = match attempt {
+        let claims = match self.try_batch(&valid, &unique, &items).await {
             Ok(c) => c,
-            Err(BatchFailure::Store(e)) => {
-                // The store itself failed: nack everything for redelivery.
-                let shared = std::sync::Arc::new(e);
+            Err(BatchFailure::Config(e)) => {
+                // No delivery can get past a configuration error: hand them all back.
+                let shared = Arc::new(e);
                 for (i, d, sub) in valid {
-                    let err = Error::Store(StoreError::Other {
-                        message: "batch failed".into(),
-                        retryable: shared.is_retryable(),
-                        source: Some(Box::new(ArcError(shared.clone()))),
-                    });
-                    outcomes[i] = Some(self.fail(d.acker, Some(sub.key), err).await);
+                    let err = Error::Store(StoreError::Config(shared.to_string()));
+                    outcomes[i] = Some(self.fail(d, Some(sub.key), Some(&sub.subject), err).await);
                 }
                 return;
             }
-            Err(BatchFailure::Handler) => {
-                // Fall back to one by one: each delivery gets its own transaction.
+            Err(BatchFailure::OneByOne) => {
+                // Each delivery gets its own transaction, so one poison key fails alone.
                 for (i, d, sub) in valid {
                     outcomes[i] = Some(self.process_identified(d, sub).await);
                 }
@@ -582,10 +832,12 @@ where
                 .unwrap_or(ClaimOutcome::InProgress)
             {
                 ClaimOutcome::Claimed if is_first => {
+                    self.forget_attempts(&sub.key);
                     audit::processed(&sub.key, &sub.subject);
                     to_ack.push((i, sub.key, true, d.acker));
                 }
                 ClaimOutcome::Claimed | ClaimOutcome::Duplicate => {
+                    self.forget_attempts(&sub.key);
                     audit::duplicate(&sub.key, &sub.subject);
                     to_ack.push((i, sub.key, false, d.acker));
                 }
@@ -626,7 +878,7 @@ where
         items: &[(IdempotencyKey, ClaimMeta)],
     ) -> Result<Vec<ClaimOutcome>, BatchFailure> {
         let started = Instant::now();
-        let mut tx = self.store.begin().await.map_err(BatchFailure::Store)?;
+        let mut tx = self.store.begin().await.map_err(BatchFailure::from_store)?;
         let claims = match tx.claim_batch(items).await {
             Ok(c) if c.len() == items.len() => {
                 self.timed(Stage::Claim, started);
@@ -634,14 +886,13 @@ where
             }
             Ok(_) => {
                 let _ = tx.rollback().await;
-                return Err(BatchFailure::Store(StoreError::other(
-                    "claim_batch returned a different number of outcomes",
-                    false,
-                )));
+                tracing::warn!(target: "idem::gate", "claim_batch returned a different number of outcomes; falling back to one by one");
+                return Err(BatchFailure::OneByOne);
             }
             Err(e) => {
                 let _ = tx.rollback().await;
-                return Err(BatchFailure::Store(e));
+                tracing::debug!(target: "idem::gate", error = %e, "batch claim failed; falling back to one by one");
+                return Err(BatchFailure::from_store(e));
             }
         };
         let claimed: Vec<&Submission<H::Input>> = unique
@@ -651,13 +902,16 @@ where
             .map(|(&p, _)| &valid[p].2)
             .collect();
         if !claimed.is_empty() {
-            let started = Instant::now();
-            let handled = self.handler.handle_batch(&mut tx, &claimed).await;
-            self.timed(Stage::Handler, started);
+            let handled = self
+                .guarded(
+                    Instant::now(),
+                    self.handler.handle_batch(&mut tx, &claimed),
+                )
+                .await;
             if let Err(e) = handled {
                 tracing::debug!(target: "idem::gate", error = %e, "handler failed in a batch; falling back to one by one");
                 let _ = tx.rollback().await;
-                return Err(BatchFailure::Handler);
+                return Err(BatchFailure::OneByOne);
             }
         }
         let started = Instant::now();
@@ -669,7 +923,7 @@ where
             // out through its own claim (a committed one is then a duplicate).
             Err(e) => {
                 tracing::debug!(target: "idem::gate", error = %e, "batch commit failed; falling back to one by one");
-                Err(BatchFailure::Handler)
+                Err(BatchFailure::OneByOne)
             }
         }
     }
@@ -679,22 +933,19 @@ where
 type Identified<A, I> = (usize, Delivery<A>, Submission<I>);
 
 enum BatchFailure {
-    Store(StoreError),
-    Handler,
+    /// The store is misconfigured: every delivery is handed back.
+    Config(StoreError),
+    /// Anything else: retry each delivery in its own transaction.
+    OneByOne,
 }
 
-#[derive(Debug)]
-struct ArcError(std::sync::Arc<StoreError>);
-
-impl std::fmt::Display for ArcError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for ArcError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
+impl BatchFailure {
+    fn from_store(e: StoreError) -> Self {
+        if e.class() == ErrorClass::Config {
+            Self::Config(e)
+        } else {
+            Self::OneByOne
+        }
     }
 }
 

@@ -26,22 +26,28 @@
 //! ```
 
 pub mod audit;
+pub mod clock;
 pub mod consumer;
 pub mod delivery;
 pub mod error;
 pub mod filter;
 pub mod gate;
 pub mod key;
+pub mod mutant;
 pub mod outbox;
 pub mod store;
 
+pub use clock::{Clock, SharedClock, SystemClock};
 pub use consumer::{ConsumerConfig, ConsumerStats};
 pub use delivery::{AckProof, AckReason, Acker, Delivery, Headers};
 pub use error::{
-    AckError, BoxError, Error, HandlerError, KeyError, PublishError, RejectReason, StoreError,
+    AckError, BoxError, Error, ErrorClass, HandlerError, KeyError, PublishError, RejectReason, StoreError,
 };
 pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx, BREAKER_COOL_DOWN};
-pub use gate::{Gate, GateConfig, GateObserver, Handler, Outcome, OutcomeKind, Stage, Submission};
+pub use gate::{
+    Gate, GateConfig, GateObserver, Handler, HandlerPanic, Outcome, OutcomeKind, RetryPolicy, Stage,
+    Submission,
+};
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{
     EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay, RelayStats,

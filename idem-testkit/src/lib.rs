@@ -13,6 +13,7 @@
 
 pub mod broker;
 pub mod conformance;
+pub mod explore;
 pub mod fault;
 pub mod harness;
 pub mod ledger;

@@ -1,0 +1,59 @@
+//! Deliberately broken variants of the protocol, compiled only with the internal
+//! `_mutants` feature, so the explorer in `idem-testkit` can show that it catches each
+//! of them. Without the feature [`active`] is a constant `false` and costs nothing.
+
+/// A broken variant of the gate or the filter wrapper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mutant {
+    /// Acks a processed delivery before its commit.
+    AckBeforeCommit,
+    /// Writes the front filter's mark at claim time, before the durable commit.
+    FilterMarkBeforeCommit,
+    /// Claims a batch's keys in arrival order instead of sorted order (two batches holding
+    /// each other's keys deadlock).
+    UnsortedBatchClaims,
+    /// Nacks a permanent failure for redelivery instead of dead-lettering it (a loop).
+    PermanentErrorNacked,
+    /// Acks a duplicate before its transaction's rollback finished.
+    DuplicateAckBeforeRollback,
+}
+
+#[cfg(feature = "_mutants")]
+mod imp {
+    use super::Mutant;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    static ACTIVE: AtomicU8 = AtomicU8::new(0);
+
+    fn code(m: Mutant) -> u8 {
+        match m {
+            Mutant::AckBeforeCommit => 1,
+            Mutant::FilterMarkBeforeCommit => 2,
+            Mutant::UnsortedBatchClaims => 3,
+            Mutant::PermanentErrorNacked => 4,
+            Mutant::DuplicateAckBeforeRollback => 5,
+        }
+    }
+
+    /// Makes `m` the active mutant (`None`: the real protocol) for the whole process.
+    pub fn set(m: Option<Mutant>) {
+        ACTIVE.store(m.map_or(0, code), Ordering::SeqCst);
+    }
+
+    /// Whether `m` is the active mutant.
+    pub fn active(m: Mutant) -> bool {
+        ACTIVE.load(Ordering::Relaxed) == code(m)
+    }
+}
+
+#[cfg(feature = "_mutants")]
+pub use imp::{active, set};
+
+/// Whether `m` is the active mutant: always `false` without the `_mutants` feature.
+#[cfg(not(feature = "_mutants"))]
+#[inline(always)]
+pub const fn active(m: Mutant) -> bool {
+    let _ = m;
+    false
+}

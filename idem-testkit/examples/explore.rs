@@ -1,0 +1,228 @@
+//! Explores the real `Gate` exhaustively within small bounds (see `idem_testkit::explore`).
+//!
+//! ```text
+//! cargo run --release -p idem-testkit --example explore
+//! cargo run --release -p idem-testkit --example explore -- --mutant ack-before-commit
+//! cargo run --release -p idem-testkit --example explore -- --replay 0.3.1.0 [same flags]
+//! ```
+//!
+//! Flags: `--workers N`, `--keys N`, `--copies N`, `--poison N`, `--batch N`,
+//! `--mode process|consumer|both`, `--crashes N`, `--errors N` (of each class: unavailable,
+//! conflict, rejected, config), `--lost-acks N`, `--expiries N`, `--outages N`,
+//! `--restores N`, `--lock-timeouts N`, `--max-depth N`, `--time-limit SECS`,
+//! `--mutant NAME`, `--replay SEQ`, `--skip-mutants`.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use idem_testkit::explore::{explore, replay, Config, Mode, Mutant, Report};
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("explore: {msg}");
+    let names: Vec<&str> = Mutant::ALL.iter().map(|(n, _)| *n).collect();
+    eprintln!("mutants: {}", names.join(", "));
+    ExitCode::from(2)
+}
+
+struct Args {
+    config: Config,
+    modes: Vec<Mode>,
+    mutant: Option<Mutant>,
+    replay: Option<String>,
+    skip_mutants: bool,
+    flags: Vec<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut config = Config::default();
+    let mut modes = vec![Mode::Process, Mode::Consumer];
+    let mut mutant = None;
+    let mut replay = None;
+    let mut skip_mutants = false;
+    let mut flags = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--skip-mutants" {
+            skip_mutants = true;
+            continue;
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let num = || -> Result<u32, String> {
+            value
+                .parse()
+                .map_err(|_| format!("{flag} takes a whole number, not {value:?}"))
+        };
+        let b = &mut config.budgets;
+        match flag.as_str() {
+            "--workers" => config.workers = num()? as usize,
+            "--keys" => config.keys = u8::try_from(num()?).map_err(|_| "--keys: at most 255")?,
+            "--copies" => config.copies = num()? as usize,
+            "--poison" => config.poison = num()? as usize,
+            "--batch" => config.batch = num()? as usize,
+            "--crashes" => b.crashes = num()?,
+            "--errors" => {
+                let n = num()?;
+                b.unavailable = n;
+                b.conflict = n;
+                b.rejected = n;
+                b.config = n;
+            }
+            "--lost-acks" => b.lost_acks = num()?,
+            "--expiries" => b.expiries = num()?,
+            "--outages" => b.outages = num()?,
+            "--restores" => b.restores = num()?,
+            "--lock-timeouts" => b.lock_timeouts = num()?,
+            "--max-faults" => b.total = num()?,
+            "--max-depth" => config.max_depth = num()? as usize,
+            "--time-limit" => config.time_limit = Duration::from_secs(u64::from(num()?)),
+            "--mode" => {
+                modes = match value.as_str() {
+                    "process" => vec![Mode::Process],
+                    "consumer" => vec![Mode::Consumer],
+                    "both" => vec![Mode::Process, Mode::Consumer],
+                    other => return Err(format!("--mode: process, consumer or both, not {other:?}")),
+                };
+            }
+            "--mutant" => {
+                mutant = Some(Mutant::by_name(&value).ok_or(format!("no mutant {value:?}"))?);
+            }
+            "--replay" => {
+                replay = Some(value.clone());
+                continue;
+            }
+            other => return Err(format!("unknown flag {other}")),
+        }
+        flags.push(format!("{flag} {value}"));
+    }
+    Ok(Args {
+        config,
+        modes,
+        mutant,
+        replay,
+        skip_mutants,
+        flags,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => return usage(&e),
+    };
+    let started = Instant::now();
+
+    if let Some(seq) = &args.replay {
+        let config = Config {
+            mode: args.modes[0],
+            mutant: args.mutant,
+            ..args.config.clone()
+        };
+        return match replay(&config, seq) {
+            Err(e) => usage(&e),
+            Ok((steps, end)) => {
+                for (i, s) in steps.iter().enumerate() {
+                    println!("step {i}: {}", s.choice);
+                    for e in &s.events {
+                        println!("    {e}");
+                    }
+                }
+                match end {
+                    Some(v) => {
+                        println!("violation: {v}");
+                        ExitCode::from(1)
+                    }
+                    None => {
+                        println!("violation: none");
+                        ExitCode::SUCCESS
+                    }
+                }
+            }
+        };
+    }
+
+    if let Some(m) = args.mutant {
+        for &mode in &args.modes {
+            let config = Config {
+                mode,
+                mutant: Some(m),
+                ..args.config.clone()
+            };
+            let r = explore(&config);
+            println!("mutant: {} ({mode:?} mode)", m.name());
+            println!("states: {}", r.states);
+            println!("runs: {}", r.runs);
+            if let Some((v, seq)) = r.violation {
+                let mode_flag = match mode {
+                    Mode::Process => "process",
+                    Mode::Consumer => "consumer",
+                };
+                println!("violation: {v}");
+                println!("sequence: {seq}");
+                println!(
+                    "replay: cargo run --release -p idem-testkit --example explore -- --mutant {} --mode {mode_flag} {} --replay {seq}",
+                    m.name(),
+                    args.flags.join(" ")
+                );
+                return ExitCode::from(1);
+            }
+        }
+        println!("violation: none found (the mutant was not caught)");
+        return ExitCode::SUCCESS;
+    }
+
+    let mut total = Report::default();
+    let mut exhaustive = true;
+    let mut violations = 0;
+    for &mode in &args.modes {
+        let config = Config {
+            mode,
+            ..args.config.clone()
+        };
+        let r = explore(&config);
+        eprintln!(
+            "{mode:?} mode: {} states, {} runs, {:.1} s{}",
+            r.states,
+            r.runs,
+            r.elapsed.as_secs_f64(),
+            if r.exhaustive { "" } else { " (not exhaustive)" }
+        );
+        total.states += r.states;
+        total.runs += r.runs;
+        exhaustive &= r.exhaustive;
+        if let Some((v, seq)) = r.violation {
+            violations += 1;
+            println!("violation ({mode:?} mode): {v}");
+            println!("sequence: {seq}");
+        }
+    }
+    let mut caught = 0;
+    let mutants = if args.skip_mutants { 0 } else { Mutant::ALL.len() };
+    if !args.skip_mutants {
+        for (name, m) in Mutant::ALL {
+            let config = Config {
+                mode: Mode::Process,
+                mutant: Some(m),
+                ..args.config.clone()
+            };
+            let r = explore(&config);
+            match r.violation {
+                Some((v, seq)) => {
+                    caught += 1;
+                    eprintln!("mutant {name}: caught after {} states: {v} [{seq}]", r.states);
+                }
+                None => eprintln!("mutant {name}: NOT caught ({} states)", r.states),
+            }
+        }
+    }
+    println!("states: {}", total.states);
+    println!("runs: {}", total.runs);
+    println!("violations: {violations}");
+    println!("mutants: caught {caught} of {mutants}");
+    println!("exhaustive: {}", if exhaustive { "yes" } else { "no" });
+    eprintln!("seconds: {:.1}", started.elapsed().as_secs_f64());
+    if violations == 0 && exhaustive && caught == mutants {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

@@ -1,0 +1,471 @@
+//! An exhaustive explorer of the real [`Gate`](idem_core::Gate): every interleaving,
+//! crash and fault within small bounds, checked.
+//!
+//! The explorer runs the real `Gate::process`, `Gate::process_batch` and
+//! [`consumer::run`](idem_core::consumer::run) futures on one thread, over a store, a
+//! broker and a front filter modelled in memory. Every call the gate makes through them —
+//! begin, claim, the handler's write, commit, ack, a worker's receive — is a *choice
+//! point*: it stays pending until the explorer grants it. At each step the explorer may
+//! grant any pending call (to proceed, or to fail with an error of each class), crash a
+//! worker by dropping its future (its transaction rolls back, its unsettled deliveries go
+//! back to the broker), let a commit take effect and then crash, lose an ack after it was
+//! sent, expire a visibility timeout (one message in flight twice), take the front filter
+//! down or up, restore the store from the snapshot before its latest commit (a database
+//! restored from backup, followed by the runbook: rotate the store identity, restart the
+//! consumers), and advance the logical clock to the next delayed redelivery.
+//!
+//! The search is depth-first over choice sequences, replaying each prefix from the start
+//! (futures cannot be copied), with a visited set over a hash of the state — the store,
+//! the broker, the filter, each worker's position (a hash of what it was granted) and the
+//! remaining fault budgets — so that interleavings reaching the same state are explored
+//! once. A state that repeats on the current path, or a path longer than
+//! [`Config::max_depth`], is a livelock.
+//!
+//! Checked at every step: at most one effect per key and one outbox row per effect; an ack
+//! only for a key the store has committed, and (one delivery or batch per worker) never
+//! while the worker's own transaction is open; a filter mark only for a committed claim of
+//! the same store identity, and a filter "done" only for a key the store has; a permanent
+//! failure is never nacked (it would loop); no two transactions wait on each other
+//! (deadlock). At quiescence: every delivery settled, one effect per distinct valid key
+//! (less what a restore took after its messages were settled), dead letters exactly the
+//! poison.
+//!
+//! ```
+//! use idem_testkit::explore::{explore, Config};
+//! let report = explore(&Config::tiny());
+//! assert_eq!(report.violation, None);
+//! assert!(report.exhaustive && report.states > 10);
+//! ```
+
+mod exec;
+mod world;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+pub use exec::Mode;
+pub use world::Fault;
+
+use exec::Run;
+
+/// A deliberately broken variant the explorer must catch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mutant {
+    /// A gate mutant compiled into `idem-core` (its `_mutants` feature).
+    Core(idem_core::mutant::Mutant),
+    /// Filter marks that ignore the store identity.
+    UnscopedFilterMarks,
+}
+
+impl Mutant {
+    /// Every mutant, with its command-line name.
+    pub const ALL: [(&'static str, Mutant); 6] = [
+        (
+            "ack-before-commit",
+            Mutant::Core(idem_core::mutant::Mutant::AckBeforeCommit),
+        ),
+        (
+            "filter-mark-before-commit",
+            Mutant::Core(idem_core::mutant::Mutant::FilterMarkBeforeCommit),
+        ),
+        ("unscoped-filter-marks", Mutant::UnscopedFilterMarks),
+        (
+            "unsorted-batch-claims",
+            Mutant::Core(idem_core::mutant::Mutant::UnsortedBatchClaims),
+        ),
+        (
+            "permanent-error-nacked",
+            Mutant::Core(idem_core::mutant::Mutant::PermanentErrorNacked),
+        ),
+        (
+            "duplicate-ack-before-rollback",
+            Mutant::Core(idem_core::mutant::Mutant::DuplicateAckBeforeRollback),
+        ),
+    ];
+
+    /// The mutant called `name`.
+    pub fn by_name(name: &str) -> Option<Mutant> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, m)| *m)
+    }
+
+    /// Its command-line name.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, m)| *m == self)
+            .map_or("?", |(n, _)| n)
+    }
+}
+
+/// Fault budgets: how many of each the explorer may inject in one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Budgets {
+    /// Workers killed at a choice point (a commit that takes effect and then crashes counts).
+    pub crashes: u32,
+    /// Transient `Unavailable` errors (an unknown commit outcome counts).
+    pub unavailable: u32,
+    /// Transient `Conflict` errors (serialization failure).
+    pub conflict: u32,
+    /// Permanent `Rejected` errors (the key stays refused).
+    pub rejected: u32,
+    /// `Config` errors (the consumer must stop).
+    pub config: u32,
+    /// Acks sent and lost.
+    pub lost_acks: u32,
+    /// Visibility timeouts that expire while a message is in flight.
+    pub expiries: u32,
+    /// Front-filter outages.
+    pub outages: u32,
+    /// Restores of the store from the snapshot before its latest commit.
+    pub restores: u32,
+    /// Claims that give up waiting on a lock (`InProgress`).
+    pub lock_timeouts: u32,
+    /// Faults of any kind in one run, at most (the kinds' own budgets still apply).
+    pub total: u32,
+}
+
+/// What to explore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Concurrent workers (processes in `process` mode; batches in flight in `consumer`).
+    pub workers: usize,
+    /// Distinct valid keys.
+    pub keys: u8,
+    /// How many times the first key is delivered (published copies).
+    pub copies: usize,
+    /// Bad-input messages.
+    pub poison: usize,
+    /// The most deliveries a worker takes at once.
+    pub batch: usize,
+    /// Which futures drive the gate.
+    pub mode: Mode,
+    /// Fault budgets.
+    pub budgets: Budgets,
+    /// A longer path is a livelock.
+    pub max_depth: usize,
+    /// The mutant to run instead of the real protocol.
+    pub mutant: Option<Mutant>,
+    /// Give up (not exhaustive) after this long.
+    pub time_limit: Duration,
+}
+
+impl Default for Config {
+    /// The default configuration the README and CI run: 2 workers, 2 keys (the first
+    /// delivered twice), batches of up to 2, 2 crashes, 1 error of each class, 1 lost
+    /// ack, 1 visibility expiry, 1 filter outage, 1 restore, 1 lock timeout.
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            keys: 2,
+            copies: 2,
+            poison: 0,
+            batch: 2,
+            mode: Mode::Process,
+            budgets: Budgets {
+                crashes: 2,
+                unavailable: 1,
+                conflict: 1,
+                rejected: 1,
+                config: 1,
+                lost_acks: 1,
+                expiries: 1,
+                outages: 1,
+                restores: 1,
+                lock_timeouts: 1,
+                total: 3,
+            },
+            max_depth: 400,
+            mutant: None,
+            time_limit: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl Config {
+    /// A small configuration for doc tests and quick checks: one fault of a few kinds.
+    pub fn tiny() -> Self {
+        Self {
+            workers: 2,
+            keys: 1,
+            copies: 2,
+            batch: 1,
+            budgets: Budgets {
+                crashes: 1,
+                unavailable: 0,
+                conflict: 0,
+                rejected: 0,
+                config: 0,
+                lost_acks: 1,
+                expiries: 0,
+                outages: 0,
+                restores: 0,
+                lock_timeouts: 0,
+                total: 2,
+            },
+            ..Self::default()
+        }
+    }
+}
+
+/// What an exploration found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Distinct states visited.
+    pub states: u64,
+    /// Runs (each replays a prefix and extends it to a leaf or a visited state).
+    pub runs: u64,
+    /// Whether the whole space was searched (no time limit hit, no violation stop).
+    pub exhaustive: bool,
+    /// The shortest violation found: the message and the choice sequence.
+    pub violation: Option<(String, String)>,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// A step of a replay, with what the world recorded while it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceStep {
+    /// The choice taken.
+    pub choice: String,
+    /// What happened.
+    pub events: Vec<String>,
+}
+
+fn encode(seq: &[usize]) -> String {
+    if seq.is_empty() {
+        return "-".to_owned();
+    }
+    seq.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Parses a sequence printed by the explorer.
+///
+/// # Errors
+/// A message when the string is not dot-separated indices.
+pub fn decode(s: &str) -> Result<Vec<usize>, String> {
+    if s == "-" || s.is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split('.')
+        .map(|p| p.parse().map_err(|_| format!("not a choice index: {p:?}")))
+        .collect()
+}
+
+/// The search proper: depth-first over choice sequences with state caching.
+struct Search<'a> {
+    config: &'a Config,
+    /// state hash → the shallowest depth it was seen at (depth-aware when shortening).
+    visited: HashMap<u64, usize>,
+    depth_aware: bool,
+    runs: u64,
+    started: Instant,
+}
+
+enum RunEnd {
+    /// The path ended (quiescence, a visited state, or the prefix ran out on a leaf).
+    Done,
+    /// A violation at the end of the path.
+    Violation(String),
+}
+
+impl Search<'_> {
+    /// Runs `prefix`, then extends it with first choices until a leaf, a visited state or a
+    /// violation; returns the frames (choice, options) of the whole path.
+    fn run(&mut self, prefix: &[usize], limit: usize) -> (Vec<(usize, usize)>, RunEnd) {
+        self.runs += 1;
+        let mut run = Run::new(self.config);
+        let mut frames: Vec<(usize, usize)> = Vec::new();
+        let mut on_path: HashSet<u64> = HashSet::new();
+        loop {
+            let depth = frames.len();
+            if let Some(v) = run.violation() {
+                return (frames, RunEnd::Violation(v));
+            }
+            let choices = run.choices();
+            let h = run.state_hash();
+            if !on_path.insert(h) {
+                return (
+                    frames,
+                    RunEnd::Violation("livelock: a state repeats without progress".into()),
+                );
+            }
+            if depth >= prefix.len() {
+                let seen_at = self.visited.get(&h).copied();
+                let prune = match seen_at {
+                    Some(d) => !self.depth_aware || d <= depth,
+                    None => false,
+                };
+                if prune {
+                    return (frames, RunEnd::Done);
+                }
+                self.visited.insert(h, depth);
+            }
+            if choices.is_empty() {
+                return match run.quiescence() {
+                    Some(v) => (frames, RunEnd::Violation(v)),
+                    None => (frames, RunEnd::Done),
+                };
+            }
+            if depth >= limit {
+                if limit >= self.config.max_depth {
+                    return (
+                        frames,
+                        RunEnd::Violation(format!(
+                            "livelock: no quiescence within {} steps",
+                            self.config.max_depth
+                        )),
+                    );
+                }
+                return (frames, RunEnd::Done);
+            }
+            let pick = prefix.get(depth).copied().unwrap_or(0).min(choices.len() - 1);
+            frames.push((pick, choices.len()));
+            run.apply(&choices[pick]);
+        }
+    }
+
+    /// Depth-first search from the root; stops at the first violation.
+    fn search(&mut self, limit: usize) -> (bool, Option<(String, Vec<usize>)>) {
+        let mut prefix: Vec<usize> = Vec::new();
+        loop {
+            if self.started.elapsed() > self.config.time_limit {
+                return (false, None);
+            }
+            let (mut frames, end) = self.run(&prefix, limit);
+            if let RunEnd::Violation(v) = end {
+                return (false, Some((v, frames.iter().map(|f| f.0).collect())));
+            }
+            // Backtrack to the deepest frame with an untried option.
+            loop {
+                match frames.pop() {
+                    None => return (true, None),
+                    Some((c, n)) if c + 1 < n => {
+                        frames.push((c + 1, n));
+                        break;
+                    }
+                    Some(_) => {}
+                }
+            }
+            prefix = frames.iter().map(|f| f.0).collect();
+        }
+    }
+}
+
+fn with_mutant<T>(m: Option<Mutant>, f: impl FnOnce() -> T) -> T {
+    let core = match m {
+        Some(Mutant::Core(c)) => Some(c),
+        _ => None,
+    };
+    idem_core::mutant::set(core);
+    let out = f();
+    idem_core::mutant::set(None);
+    out
+}
+
+/// Explores `config`'s space: exhaustively, or until the first violation, which it then
+/// shortens (searching again below its length) and reports as a replayable sequence.
+pub fn explore(config: &Config) -> Report {
+    with_mutant(config.mutant, || {
+        let started = Instant::now();
+        let mut s = Search {
+            config,
+            visited: HashMap::new(),
+            depth_aware: false,
+            runs: 0,
+            started,
+        };
+        let (exhaustive, found) = s.search(config.max_depth);
+        let mut states = s.visited.len() as u64;
+        let mut runs = s.runs;
+        let violation = found.map(|(msg, seq)| {
+            let (msg, seq) = shorten(config, msg, seq, &mut states, &mut runs, started);
+            (msg, encode(&seq))
+        });
+        Report {
+            states,
+            runs,
+            exhaustive,
+            violation,
+            elapsed: started.elapsed(),
+        }
+    })
+}
+
+/// Searches for shorter failing sequences than `seq` (depth-aware, so a state reached by a
+/// shorter path is explored again), within a third of the time limit.
+fn shorten(
+    config: &Config,
+    mut msg: String,
+    mut seq: Vec<usize>,
+    states: &mut u64,
+    runs: &mut u64,
+    started: Instant,
+) -> (String, Vec<usize>) {
+    let budget = Instant::now();
+    let cap = Duration::from_secs(20).min(config.time_limit / 3);
+    while seq.len() > 1 && budget.elapsed() < cap {
+        let limited = Config {
+            time_limit: started.elapsed() + cap.saturating_sub(budget.elapsed()),
+            ..config.clone()
+        };
+        let mut s = Search {
+            config: &limited,
+            visited: HashMap::new(),
+            depth_aware: true,
+            runs: 0,
+            started,
+        };
+        let (_, found) = s.search(seq.len() - 1);
+        *states += s.visited.len() as u64;
+        *runs += s.runs;
+        match found {
+            Some((m, shorter)) if shorter.len() < seq.len() => {
+                msg = m;
+                seq = shorter;
+            }
+            _ => break,
+        }
+    }
+    (msg, seq)
+}
+
+/// Reruns `seq` step by step and returns what happened at each step, and the violation
+/// it ends in, if any.
+///
+/// # Errors
+/// A message when `seq` is not a sequence of this configuration's choices.
+pub fn replay(config: &Config, seq: &str) -> Result<(Vec<TraceStep>, Option<String>), String> {
+    let seq = decode(seq)?;
+    with_mutant(config.mutant, || {
+        let mut run = Run::new(config);
+        let mut steps = vec![TraceStep {
+            choice: "start".into(),
+            events: run.take_trace(),
+        }];
+        for (i, &c) in seq.iter().enumerate() {
+            if let Some(v) = run.violation() {
+                return Ok((steps, Some(v)));
+            }
+            let choices = run.choices();
+            let Some(choice) = choices.get(c) else {
+                return Err(format!(
+                    "step {i}: choice {c} does not exist ({} options)",
+                    choices.len()
+                ));
+            };
+            let label = run.describe(choice);
+            run.apply(choice);
+            steps.push(TraceStep {
+                choice: format!("{c}: {label}"),
+                events: run.take_trace(),
+            });
+        }
+        let end = run
+            .violation()
+            .or_else(|| run.choices().is_empty().then(|| run.quiescence()).flatten());
+        Ok((steps, end))
+    })
+}
