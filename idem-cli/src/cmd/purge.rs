@@ -49,7 +49,10 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
     let store = PgStore::connect(&url, config).await?;
     let options = PurgeOptions::new(args.older_than)
-        .with_floor(args.retention_floor.unwrap_or(DEFAULT_RETENTION_FLOOR))
+        .with_floor(
+            args.retention_floor
+                .map_or(DEFAULT_RETENTION_FLOOR, Into::into),
+        )
         .allow_below_floor(args.allow_below_floor)
         .with_batch_size(usize::try_from(args.batch_size).unwrap_or(1000))
         .dry_run(args.dry_run);
