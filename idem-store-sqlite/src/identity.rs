@@ -76,7 +76,7 @@ impl SqliteStore {
     /// # Errors
     /// [`StoreError`] from the database.
     pub async fn store_identity(&self) -> Result<StoreIdentity, StoreError> {
-        let row: Option<(String, i64)> =
+        let row: Result<Option<(String, i64)>, _> =
             sqlx::query_as("SELECT store_id, session FROM idem_store_identity")
                 .fetch_optional(self.pool())
                 .await;
