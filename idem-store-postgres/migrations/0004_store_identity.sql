@@ -1,8 +1,8 @@
 -- The store's identity: one row, created once by `idem migrate` (PgStore::migrate).
--- Idempotent: an existing identity is kept. `{schema}` is replaced by the validated,
+-- Idempotent: an existing identity is kept. ASCII only (a LATIN1 database must read it). `{schema}` is replaced by the validated,
 -- quoted schema name before execution.
 --
--- `store_id` is random (128 bits), so two schemas or databases never share one — unless
+-- `store_id` is random (128 bits), so two schemas or databases never share one - unless
 -- one is a copy of the other (a restore, a clone), which is what `session` detects: every
 -- consumer start (and a periodic heartbeat) increments it and registers the new value in
 -- the front filter's Redis; a value not above the highest Redis has seen means this
