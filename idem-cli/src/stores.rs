@@ -4,11 +4,11 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use idem_core::{ClaimStore, FilterStats, Filtered, Handler};
+use idem_core::{ClaimStore, FilterStats, Filtered, Handler, StoreError};
 use idem_grant::{GrantBook, GrantDb, GrantHandler};
-use idem_store_postgres::{PgConfig, PgStore};
-use idem_store_redis::{RedisConfig, RedisFilter};
-use idem_store_sqlite::{SqliteConfig, SqliteStore};
+use idem_store_postgres::{PgConfig, PgIdentitySession, PgStore};
+use idem_store_redis::{IdentitySession, RedisConfig, RedisFilter, StoreIdentitySource};
+use idem_store_sqlite::{SqliteConfig, SqliteIdentitySession, SqliteStore};
 
 use crate::CliError;
 
@@ -148,9 +148,12 @@ pub(crate) async fn open<V: StoreVisitor>(
             if migrate {
                 store.migrate_grants().await?;
             }
-            with_filter(spec, store, visitor).await
+            let identity = Arc::new(SqliteIdentity(store.clone()));
+            with_filter(spec, store, Some(identity), visitor).await
         }
-        StoreUrl::Memory => with_filter(spec, idem_testkit::MemoryStore::new(), visitor).await,
+        StoreUrl::Memory => {
+            with_filter(spec, idem_testkit::MemoryStore::new(), None, visitor).await
+        }
         StoreUrl::Postgres(url) => {
             let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
             let mut config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
@@ -161,12 +164,21 @@ pub(crate) async fn open<V: StoreVisitor>(
             if migrate {
                 store.migrate_grants().await?;
             }
-            with_filter(spec, store, visitor).await
+            let identity = Arc::new(PgIdentity(store.clone()));
+            with_filter(spec, store, Some(identity), visitor).await
         }
     }
 }
 
-async fn with_filter<S, V>(spec: &StoreSpec, store: S, visitor: V) -> Result<V::Output, CliError>
+/// Puts the front filter (when asked for) in front of `store`: its marks are scoped to
+/// the store's identity when the store has one (every durable store), else to this
+/// process alone.
+async fn with_filter<S, V>(
+    spec: &StoreSpec,
+    store: S,
+    identity: Option<Arc<dyn StoreIdentitySource>>,
+    visitor: V,
+) -> Result<V::Output, CliError>
 where
     S: ClaimStore + GrantDb + Clone + 'static,
     S::Tx: GrantBook,
@@ -176,20 +188,83 @@ where
     match &spec.front_filter {
         None => visitor.visit(store, db, Extras::default()).await,
         Some(url) => {
-            let filter = RedisFilter::connect(RedisConfig::new(url.clone()))
-                .await
-                .map_err(|e| {
-                    CliError::failed(format!(
-                        "front filter {}: {}",
-                        redact(url),
-                        crate::error::error_chain(&e)
-                    ))
-                })?;
+            let config = RedisConfig::new(url.clone());
+            let filter = match identity {
+                Some(identity) => RedisFilter::connect_for_store(config, identity).await,
+                None => RedisFilter::connect(config).await,
+            };
+            let filter = filter.map_err(|e| {
+                let message = format!(
+                    "front filter {}: {}",
+                    redact(url),
+                    crate::error::error_chain(&e)
+                );
+                match e {
+                    StoreError::Config(_) => CliError::usage(message),
+                    _ => CliError::failed(message),
+                }
+            })?;
             let filtered = Filtered::new(store, filter);
             let extras = Extras {
                 filter_stats: Some(filtered.stats_handle()),
             };
             visitor.visit(filtered, db, extras).await
         }
+    }
+}
+
+/// The identity of a Postgres store, for the front filter.
+struct PgIdentity(PgStore);
+struct PgSession(PgIdentitySession);
+
+#[idem_core::async_trait]
+impl StoreIdentitySource for PgIdentity {
+    async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
+        Ok(Box::new(PgSession(self.0.begin_identity_session().await?)))
+    }
+}
+
+#[idem_core::async_trait]
+impl IdentitySession for PgSession {
+    fn store_id(&self) -> &str {
+        &self.0.identity().store_id
+    }
+    fn session(&self) -> i64 {
+        self.0.identity().session
+    }
+    async fn rotate(&mut self) -> Result<(), StoreError> {
+        self.0.rotate().await.map(|_| ())
+    }
+    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        self.0.commit().await
+    }
+}
+
+/// The identity of an SQLite store, for the front filter.
+struct SqliteIdentity(SqliteStore);
+struct SqliteSession(SqliteIdentitySession);
+
+#[idem_core::async_trait]
+impl StoreIdentitySource for SqliteIdentity {
+    async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
+        Ok(Box::new(SqliteSession(
+            self.0.begin_identity_session().await?,
+        )))
+    }
+}
+
+#[idem_core::async_trait]
+impl IdentitySession for SqliteSession {
+    fn store_id(&self) -> &str {
+        &self.0.identity().store_id
+    }
+    fn session(&self) -> i64 {
+        self.0.identity().session
+    }
+    async fn rotate(&mut self) -> Result<(), StoreError> {
+        self.0.rotate().await.map(|_| ())
+    }
+    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        self.0.commit().await
     }
 }

@@ -28,6 +28,8 @@ mod submission;
 
 pub use db::{GrantDb, LedgerRow, GRANT_TABLE};
 pub use handler::{GrantBook, GrantHandler, EVENT_DISBURSEMENT_RECORDED};
-pub use submission::{parse_submission, Grant, DEFAULT_MAX_BODY};
+pub use submission::{
+    parse_submission, Grant, DEFAULT_MAX_BODY, MAX_AWARD_ID_BYTES, MAX_TIMESTAMP_BYTES,
+};
 
 pub use idem_core::{IdempotencyKey, RejectReason};

@@ -6,6 +6,18 @@ use serde_json::Value;
 /// The default body size limit: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 
+/// The longest `award_id` accepted, in bytes of UTF-8: 256.
+///
+/// Far below what any store can index (a Postgres btree entry holds at most about 2700
+/// bytes; `processed_messages.award_id` is indexed for `idem inspect --award-id`), so a
+/// submission that parses is one every store can hold. Longer ids are refused as bad
+/// input (`too_long`) before the claim.
+pub const MAX_AWARD_ID_BYTES: usize = 256;
+
+/// The longest `submission_timestamp` accepted, in bytes: 64 (an RFC 3339 timestamp with
+/// nanoseconds and an offset is 35).
+pub const MAX_TIMESTAMP_BYTES: usize = 64;
+
 /// A parsed grant submission.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
@@ -35,6 +47,28 @@ fn field<'a>(obj: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a 
     }
 }
 
+/// Refuses an identity field that a store could not hold: control characters (the
+/// position is given, never the value) and values over `max` bytes.
+fn storable(name: &str, value: &str, max: usize) -> Result<(), RejectReason> {
+    // U+0000..=U+001F and U+007F; C1 controls are valid text that every store holds.
+    if let Some(at) = value.chars().position(|c| c.is_ascii_control()) {
+        return Err(RejectReason::new(
+            "control_character",
+            format!("`{name}` contains a control character (at character {at})"),
+        ));
+    }
+    if value.len() > max {
+        return Err(RejectReason::new(
+            "too_long",
+            format!(
+                "`{name}` is {} bytes, over the {max}-byte limit",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Parses a submission body and derives its key from `award_id`, `submission_timestamp`
 /// and the SHA-256 of the *raw body bytes* (so a resubmission with a changed payload gets
 /// a new key).
@@ -42,7 +76,11 @@ fn field<'a>(obj: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a 
 /// # Errors
 /// A [`RejectReason`] whose `code` is one of `empty_body`, `too_large`, `not_utf8`,
 /// `not_json`, `not_object`, `missing_field`, `wrong_type`, `not_integer`,
-/// `negative_amount`, `invalid_identity` (an `award_id` containing `|`). The detail never
+/// `negative_amount`, `invalid_identity` (an `award_id` containing `|`),
+/// `control_character` (a NUL or another control character — U+0000 to U+001F, U+007F
+/// — in `award_id` or `submission_timestamp`: Postgres refuses NUL in text, and no
+/// identifier or timestamp needs the others), `too_long` (an `award_id` over
+/// [`MAX_AWARD_ID_BYTES`] or a timestamp over [`MAX_TIMESTAMP_BYTES`]). The detail never
 /// quotes the payload.
 pub fn parse_submission(body: &[u8], max_body: usize) -> Result<Submission<Grant>, RejectReason> {
     if body.is_empty() {
@@ -81,6 +119,8 @@ pub fn parse_submission(body: &[u8], max_body: usize) -> Result<Submission<Grant
     };
     let award_id = field(&obj, "award_id")?;
     let timestamp = field(&obj, "submission_timestamp")?;
+    storable("award_id", award_id, MAX_AWARD_ID_BYTES)?;
+    storable("submission_timestamp", timestamp, MAX_TIMESTAMP_BYTES)?;
     let amount_cents = match obj.get("amount_cents") {
         None | Some(Value::Null) => {
             return Err(RejectReason::new(
@@ -175,6 +215,46 @@ mod tests {
             code(br#"{"award_id":"A|B","submission_timestamp":"t","amount_cents":1}"#),
             "invalid_identity"
         );
+    }
+
+    #[test]
+    fn identity_fields_a_store_cannot_hold_are_refused() {
+        let body = |a: &str, t: &str| {
+            serde_json::json!({"award_id": a, "submission_timestamp": t, "amount_cents": 1})
+                .to_string()
+        };
+        let code = |a: &str, t: &str| parse_submission(body(a, t).as_bytes(), 1 << 20).map(|_| ());
+        for bad in ["A\u{0}1", "A\t1", "A\n", "\u{1f}", "A\u{7f}"] {
+            assert_eq!(
+                code(bad, "t").unwrap_err().code,
+                "control_character",
+                "{bad:?}"
+            );
+            assert_eq!(
+                code("A", bad).unwrap_err().code,
+                "control_character",
+                "{bad:?}"
+            );
+        }
+        let max_id = "a".repeat(MAX_AWARD_ID_BYTES);
+        assert!(code(&max_id, "t").is_ok(), "an id at the limit passes");
+        assert_eq!(
+            code(&format!("{max_id}a"), "t").unwrap_err().code,
+            "too_long"
+        );
+        // The limit is in bytes: 129 two-byte characters are 258 bytes.
+        assert_eq!(code(&"é".repeat(129), "t").unwrap_err().code, "too_long");
+        let max_ts = "1".repeat(MAX_TIMESTAMP_BYTES);
+        assert!(code("A", &max_ts).is_ok());
+        assert_eq!(
+            code("A", &format!("{max_ts}1")).unwrap_err().code,
+            "too_long"
+        );
+        // Other Unicode is fine, C1 controls included (Postgres stores them).
+        assert!(code("Å-\u{85}-\u{2028}-日本", "2026-07-01T09:00:00+02:00").is_ok());
+        // The reason never quotes the value.
+        let r = parse_submission(body("SECRET\u{0}", "t").as_bytes(), 1 << 20).unwrap_err();
+        assert!(!r.detail.contains("SECRET"), "{r}");
     }
 
     #[test]

@@ -7,11 +7,22 @@
 #![cfg(feature = "memory")]
 
 use idem_core::{Gate, Outcome};
-use idem_grant::{GrantDb, GrantHandler, DEFAULT_MAX_BODY};
+use idem_grant::{
+    GrantDb, GrantHandler, DEFAULT_MAX_BODY, MAX_AWARD_ID_BYTES, MAX_TIMESTAMP_BYTES,
+};
 use idem_testkit::{MemoryStore, SimBroker};
 
 const VALID: &[u8] =
     br#"{"award_id":"A-2026-014","submission_timestamp":"2026-07-01T09:00:00Z","amount_cents":125000}"#;
+
+/// An award id one byte over the limit (and far under what the bodies may carry).
+fn long_award_id() -> Vec<u8> {
+    format!(
+        "{{\"award_id\":\"{}\",\"submission_timestamp\":\"2026-07-01T09:00:00Z\",\"amount_cents\":1}}",
+        "B".repeat(MAX_AWARD_ID_BYTES + 1)
+    )
+    .into_bytes()
+}
 
 /// (what, body, expected reason code).
 fn cases() -> Vec<(&'static str, Vec<u8>, &'static str)> {
@@ -88,6 +99,31 @@ fn cases() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             br#"{"award_id":"A-1","submission_timestamp":"2026-07-01T09:00:00Z","amount_cents":-1}"#
                 .to_vec(),
             "negative_amount",
+        ),
+        (
+            "NUL in the award id",
+            b"{\"award_id\":\"A-\\u00001\",\"submission_timestamp\":\"2026-07-01T09:00:00Z\",\"amount_cents\":1}".to_vec(),
+            "control_character",
+        ),
+        (
+            "NUL in the timestamp",
+            b"{\"award_id\":\"A-1\",\"submission_timestamp\":\"2026-07-01T09:00:00Z\\u0000\",\"amount_cents\":1}".to_vec(),
+            "control_character",
+        ),
+        (
+            "a newline in the award id",
+            b"{\"award_id\":\"A-\\n1\",\"submission_timestamp\":\"2026-07-01T09:00:00Z\",\"amount_cents\":1}".to_vec(),
+            "control_character",
+        ),
+        ("an award id over the length limit", long_award_id(), "too_long"),
+        (
+            "a timestamp over the length limit",
+            format!(
+                "{{\"award_id\":\"A-1\",\"submission_timestamp\":\"2026-07-01T09:00:00Z{}\",\"amount_cents\":1}}",
+                "0".repeat(MAX_TIMESTAMP_BYTES)
+            )
+            .into_bytes(),
+            "too_long",
         ),
         (
             "| in the award id",

@@ -27,10 +27,16 @@ pub struct PgConfig {
     /// business tables). An SQL identifier: `^[A-Za-z_][A-Za-z0-9_]{0,62}$`. It is always
     /// quoted, so its case is kept. Default `public`.
     pub schema: String,
-    /// When set, a claim that waits longer than this for a concurrent transaction holding
-    /// the same key answers [`ClaimOutcome::InProgress`](idem_core::ClaimOutcome) instead
-    /// of waiting (`SET LOCAL lock_timeout` at the start of each claim transaction).
-    /// Default `None`: wait until the other transaction ends.
+    /// How long a claim waits for a concurrent transaction holding the same key before it
+    /// answers [`ClaimOutcome::InProgress`](idem_core::ClaimOutcome) (the gate defers the
+    /// delivery: nack with a delay) instead of waiting on. `SET LOCAL lock_timeout` at the
+    /// start of each claim transaction, so it bounds every lock wait of that transaction
+    /// (the handler's business writes included) and nothing outside it.
+    ///
+    /// Default [`PgConfig::DEFAULT_LOCK_TIMEOUT`] (5 s): longer than a healthy handler
+    /// holds a key, short enough that redeliveries of a key stuck behind a hung
+    /// transaction do not pile up on the pool. `None` waits until the other transaction
+    /// ends, however long.
     pub lock_timeout: Option<Duration>,
     /// The pool's maximum number of connections ([`PgStore::connect`](crate::PgStore::connect)
     /// only). Default 10.
@@ -63,7 +69,7 @@ impl Default for PgConfig {
     fn default() -> Self {
         Self {
             schema: "public".to_owned(),
-            lock_timeout: None,
+            lock_timeout: Some(Self::DEFAULT_LOCK_TIMEOUT),
             max_connections: 10,
             acquire_timeout: Duration::from_secs(30),
             notify: true,
@@ -74,6 +80,9 @@ impl Default for PgConfig {
 }
 
 impl PgConfig {
+    /// The default [`lock_timeout`](PgConfig::lock_timeout): 5 s.
+    pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// The default configuration for `schema`.
     ///
     /// # Errors

@@ -24,14 +24,14 @@ pub enum PgError {
     /// [`allow_below_floor`](crate::PurgeOptions::allow_below_floor).
     #[error(
         "refusing to purge records younger than the retention floor: --older-than {older_than:?} \
-         is below the floor of {floor:?} (2 CFR §200.334 keeps records three years); \
+         is below the floor of {floor} (2 CFR §200.334 keeps records three years); \
          override explicitly to go below it"
     )]
     BelowRetentionFloor {
         /// The requested age.
         older_than: Duration,
         /// The configured floor.
-        floor: Duration,
+        floor: crate::retention::RetentionFloor,
     },
     /// A timestamp argument was rejected by the server (SQLSTATE class 22, e.g. not a
     /// valid `timestamptz`).
@@ -98,55 +98,90 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     sqlstate(e).as_deref() == Some(UNIQUE_VIOLATION)
 }
 
-/// Maps a driver error to a [`StoreError`] by SQLSTATE class:
+/// What a retry can do about an SQLSTATE: the class [`map_sqlx`] turns into a
+/// [`StoreError`] variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SqlStateClass {
+    /// Another transaction got in the way; running it again can succeed
+    /// ([`StoreError::Conflict`]).
+    Conflict,
+    /// The server, the connection or a session limit failed; retrying later can succeed
+    /// ([`StoreError::Unavailable`]).
+    Unavailable,
+    /// The deployment is wrong (a missing schema, table, column or privilege): retrying
+    /// cannot help, and every message would fail the same way ([`StoreError::Config`]).
+    Config,
+    /// The server refuses *this* message's values for good (bad bytes, a value too long
+    /// for its column or index, a constraint): dead-letter it ([`StoreError::Rejected`]).
+    Rejected,
+    /// Not known: not retried, not dead-lettered as bad input ([`StoreError::Other`]).
+    Other,
+}
+
+/// The [`SqlStateClass`] of an SQLSTATE code, by what a retry can do:
 ///
-/// | SQLSTATE / error | [`StoreError`] |
+/// | SQLSTATE | class |
 /// |---|---|
 /// | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available | `Conflict` |
-/// | `08xxx` connection, `57P0x` shutdown, `53xxx` resources, I/O, TLS, pool timeout or closed | `Unavailable` |
-/// | `3F000` no schema, `42P01` no table, `42703` no column | `Config` (run the migration) |
-/// | `42501` insufficient privilege (or DDL on another role's table) | `Config` (grant, or `--no-migrate`) |
-/// | `23xxx` constraints (including `23505`), `22xxx` data, other `42xxx` | `Rejected` |
-/// | anything else | `Other`, not retryable |
+/// | `57014` query canceled (a `statement_timeout`), `25006` read-only transaction (a failover to a standby), `25P03` idle-in-transaction timeout, `08xxx` connection, `57P0x` shutdown, `53xxx` resources, `58030` I/O | `Unavailable` |
+/// | `3F000` no schema, `42P01` no table, `42703` no column, `42501` insufficient privilege | `Config` |
+/// | `22xxx` data (`22021` bad bytes such as NUL, `22001` string too long, `22P05` untranslatable character), `54xxx` program limits (`54000`, e.g. an index row too big), `23xxx` constraints, other `42xxx` | `Rejected` |
+/// | anything else | `Other` |
+pub fn classify_sqlstate(code: &str) -> SqlStateClass {
+    match code {
+        "40001" | "40P01" | LOCK_NOT_AVAILABLE => SqlStateClass::Conflict,
+        "57014" | "25006" | "25P03" | "58030" => SqlStateClass::Unavailable,
+        "3F000" | "42P01" | "42703" | "42501" => SqlStateClass::Config,
+        c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57P") => {
+            SqlStateClass::Unavailable
+        }
+        c if c.starts_with("22")
+            || c.starts_with("23")
+            || c.starts_with("54")
+            || c.starts_with("42") =>
+        {
+            SqlStateClass::Rejected
+        }
+        _ => SqlStateClass::Other,
+    }
+}
+
+/// Maps a driver error to a [`StoreError`]: database errors by their SQLSTATE's
+/// [`classify_sqlstate`] class (never by message text), connection-level errors (I/O,
+/// TLS, protocol, a pool timeout or a closed pool) as `Unavailable`, a bad URL as
+/// `Config`.
 pub fn map_sqlx(e: sqlx::Error, what: &str) -> StoreError {
     let message = what.to_owned();
     match &e {
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-            match code.as_str() {
-                "40001" | "40P01" | LOCK_NOT_AVAILABLE => StoreError::Conflict {
+            match classify_sqlstate(&code) {
+                SqlStateClass::Conflict => StoreError::Conflict {
                     message,
                     source: Some(Box::new(e)),
                 },
-                "3F000" | "42P01" | "42703" => StoreError::Config(format!(
-                    "{what}: {} (SQLSTATE {code}); has the schema been migrated?",
-                    db.message()
-                )),
+                SqlStateClass::Unavailable => StoreError::Unavailable {
+                    message,
+                    source: Some(Box::new(e)),
+                },
                 // Insufficient privilege, or DDL on a table this role does not own: a
                 // deployment mistake that retrying cannot fix.
-                "42501" => StoreError::Config(format!(
+                SqlStateClass::Config if code == "42501" => StoreError::Config(format!(
                     "{what}: {} (SQLSTATE {code}); this database role lacks the privilege \
                      (see the role layout in README: a least-privilege role runs with \
                      --no-migrate after the schema's owner ran `idem migrate`)",
                     db.message()
                 )),
-                c if c.starts_with("08")
-                    || c.starts_with("53")
-                    || c.starts_with("57P")
-                    || c == "58030" =>
-                {
-                    StoreError::Unavailable {
-                        message,
-                        source: Some(Box::new(e)),
-                    }
-                }
-                c if c.starts_with("23") || c.starts_with("22") || c.starts_with("42") => {
-                    StoreError::Rejected {
-                        message,
-                        source: Some(Box::new(e)),
-                    }
-                }
-                _ => StoreError::Other {
+                SqlStateClass::Config => StoreError::Config(format!(
+                    "{what}: {} (SQLSTATE {code}); has the schema been migrated?",
+                    db.message()
+                )),
+                SqlStateClass::Rejected => StoreError::Rejected {
+                    message: format!("{what} (SQLSTATE {code})"),
+                    source: Some(Box::new(e)),
+                },
+                SqlStateClass::Other => StoreError::Other {
                     message,
                     retryable: false,
                     source: Some(Box::new(e)),
@@ -189,11 +224,96 @@ mod tests {
         assert!(!e.is_retryable());
     }
 
+    /// The whole table, by what a retry can do; each row is a case a mapping change
+    /// could break.
+    #[test]
+    fn sqlstates_are_classified_by_what_a_retry_can_do() {
+        use SqlStateClass::*;
+        let table = [
+            ("40001", Conflict),    // serialization_failure
+            ("40P01", Conflict),    // deadlock_detected
+            ("55P03", Conflict),    // lock_not_available (lock_timeout)
+            ("57014", Unavailable), // query_canceled (statement_timeout)
+            ("25006", Unavailable), // read_only_sql_transaction (failed over to a standby)
+            ("25P03", Unavailable), // idle_in_transaction_session_timeout
+            ("08006", Unavailable), // connection_failure
+            ("08001", Unavailable), // sqlclient_unable_to_establish_sqlconnection
+            ("57P01", Unavailable), // admin_shutdown
+            ("57P03", Unavailable), // cannot_connect_now
+            ("53300", Unavailable), // too_many_connections
+            ("53100", Unavailable), // disk_full
+            ("58030", Unavailable), // io_error
+            ("3F000", Config),      // invalid_schema_name
+            ("42P01", Config),      // undefined_table
+            ("42703", Config),      // undefined_column
+            ("42501", Config),      // insufficient_privilege
+            ("22021", Rejected),    // character_not_in_repertoire (NUL in text)
+            ("22001", Rejected),    // string_data_right_truncation
+            ("22P05", Rejected),    // untranslatable_character
+            ("22003", Rejected),    // numeric_value_out_of_range
+            ("54000", Rejected),    // program_limit_exceeded (index row too big)
+            ("23502", Rejected),    // not_null_violation
+            ("23505", Rejected),    // unique_violation (not the claim's: it uses ON CONFLICT)
+            ("42601", Rejected),    // syntax_error
+            ("XX000", Other),       // internal_error
+            ("IDEM1", Other),       // the append-only trigger
+            ("", Other),
+        ];
+        for (code, class) in table {
+            assert_eq!(classify_sqlstate(code), class, "SQLSTATE {code:?}");
+        }
+        // And through map_sqlx: the variant, hence what the gate does with it.
+        for (code, class) in table {
+            let e = map_sqlx(fake(code), "claim");
+            let ok = match class {
+                Conflict => matches!(e, StoreError::Conflict { .. }) && e.is_retryable(),
+                Unavailable => matches!(e, StoreError::Unavailable { .. }) && e.is_retryable(),
+                Config => matches!(e, StoreError::Config(_)) && !e.is_retryable(),
+                Rejected => matches!(e, StoreError::Rejected { .. }) && !e.is_retryable(),
+                Other => matches!(e, StoreError::Other { .. }) && !e.is_retryable(),
+            };
+            assert!(ok, "SQLSTATE {code:?} → {e:?}");
+        }
+    }
+
+    /// A database error carrying `code`, as the driver would return it.
+    fn fake(code: &str) -> sqlx::Error {
+        #[derive(Debug)]
+        struct Fake(String);
+        impl std::fmt::Display for Fake {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "fake error {}", self.0)
+            }
+        }
+        impl std::error::Error for Fake {}
+        impl sqlx::error::DatabaseError for Fake {
+            fn message(&self) -> &str {
+                "fake"
+            }
+            fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+                Some(std::borrow::Cow::Borrowed(&self.0))
+            }
+            fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+                self
+            }
+            fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+                self
+            }
+            fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+                self
+            }
+            fn kind(&self) -> sqlx::error::ErrorKind {
+                sqlx::error::ErrorKind::Other
+            }
+        }
+        sqlx::Error::Database(Box::new(Fake(code.to_owned())))
+    }
+
     #[test]
     fn floor_error_is_not_retryable() {
         let e = PgError::BelowRetentionFloor {
             older_than: Duration::from_secs(1),
-            floor: Duration::from_secs(2),
+            floor: Duration::from_secs(2).into(),
         };
         assert!(!e.is_retryable());
         assert!(e.to_string().contains("floor"));

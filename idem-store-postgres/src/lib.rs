@@ -14,6 +14,8 @@
 //! - [`PgStore::inspect_key`] / [`PgStore::inspect_subject`] — the audit questions.
 //! - [`PgStore::export_audit`] — the dedup records of a time window and their outbox
 //!   events, streamed in bounded pages, for a write-once archive.
+//! - [`PgStore::store_identity`] / [`PgStore::begin_identity_session`] /
+//!   [`PgStore::rotate_store_identity`] — the identity a front filter scopes its marks to.
 //! - [`PgStore::migrate`] — the embedded, idempotent schema (`migrations/`);
 //!   [`PgStore::migrate_append_only`] makes `processed_messages` append-only evidence.
 //!
@@ -47,6 +49,7 @@
 pub mod audit;
 pub mod config;
 pub mod error;
+pub mod identity;
 pub mod inspect;
 mod outbox;
 pub mod retention;
@@ -56,9 +59,10 @@ pub mod store;
 pub use audit::AuditSummary;
 pub use config::PgConfig;
 pub use error::PgError;
+pub use identity::{PgIdentitySession, StoreIdentity};
 pub use inspect::{ClaimRecord, OutboxRecord, Timestamp};
 pub use retention::{
-    PurgeOptions, PurgeProgress, PurgeReport, PurgeTable, DEFAULT_RETENTION_FLOOR,
+    PurgeOptions, PurgeProgress, PurgeReport, PurgeTable, RetentionFloor, DEFAULT_RETENTION_FLOOR,
 };
 pub use source::{PgOutboxBatch, PgOutboxSource};
 pub use store::{PgStore, PgTx, APPEND_ONLY_SQLSTATE};

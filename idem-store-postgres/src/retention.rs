@@ -7,8 +7,35 @@ use crate::error::{map_sqlx, PgError};
 use crate::inspect::Timestamp;
 use crate::store::PgStore;
 
-/// Three years of 365 days: the record retention of 2 CFR §200.334.
-pub const DEFAULT_RETENTION_FLOOR: Duration = Duration::from_secs(3 * 365 * 24 * 60 * 60);
+/// The age below which records are not purged without an explicit override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetentionFloor {
+    /// Calendar years, counted by the server (`now() - interval 'N years'`), so leap
+    /// days count: three years back from 2028-03-01 is 2025-03-01, 1096 days.
+    Years(u32),
+    /// An exact duration.
+    Exactly(Duration),
+}
+
+impl From<Duration> for RetentionFloor {
+    fn from(d: Duration) -> Self {
+        Self::Exactly(d)
+    }
+}
+
+impl std::fmt::Display for RetentionFloor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Years(n) => write!(f, "interval '{n} years'"),
+            Self::Exactly(d) => write!(f, "{d:?}"),
+        }
+    }
+}
+
+/// Three calendar years (`interval '3 years'`, leap days included): the record retention
+/// of 2 CFR §200.334.
+pub const DEFAULT_RETENTION_FLOOR: RetentionFloor = RetentionFloor::Years(3);
 
 /// What [`PgStore::purge`] deletes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +46,7 @@ pub struct PurgeOptions {
     pub older_than: Duration,
     /// The retention floor; default [`DEFAULT_RETENTION_FLOOR`]. A purge with
     /// `older_than` below it is refused unless `allow_below_floor`.
-    pub floor: Duration,
+    pub floor: RetentionFloor,
     /// Explicitly allows `older_than` below `floor`.
     pub allow_below_floor: bool,
     /// Rows deleted per statement (each its own short transaction). Default 1000.
@@ -43,8 +70,8 @@ impl PurgeOptions {
 
     /// Sets [`floor`](PurgeOptions::floor).
     #[must_use]
-    pub fn with_floor(mut self, floor: Duration) -> Self {
-        self.floor = floor;
+    pub fn with_floor(mut self, floor: impl Into<RetentionFloor>) -> Self {
+        self.floor = floor.into();
         self
     }
 
@@ -71,8 +98,9 @@ impl PurgeOptions {
 }
 
 impl Default for PurgeOptions {
+    /// Purges nothing younger than four years of 366 days (above the default floor).
     fn default() -> Self {
-        Self::new(DEFAULT_RETENTION_FLOOR)
+        Self::new(Duration::from_secs(4 * 366 * 86_400))
     }
 }
 
@@ -125,6 +153,29 @@ pub struct PurgeReport {
 }
 
 impl PgStore {
+    /// Whether a cutoff `older_than` ago is younger than `floor` ago. Calendar floors are
+    /// computed by the server (`now() - interval 'N years'`), so a leap day counts.
+    async fn below_floor(
+        &self,
+        older_than: Duration,
+        floor: RetentionFloor,
+    ) -> Result<bool, PgError> {
+        match floor {
+            RetentionFloor::Exactly(d) => Ok(older_than < d),
+            RetentionFloor::Years(years) => {
+                let years = i32::try_from(years).unwrap_or(i32::MAX);
+                sqlx::query_scalar(
+                    "SELECT now() - make_interval(secs => $1) > now() - make_interval(years => $2)",
+                )
+                .bind(older_than.as_secs_f64())
+                .bind(years)
+                .fetch_one(self.pool())
+                .await
+                .map_err(|e| map_sqlx(e, "compare with the retention floor").into())
+            }
+        }
+    }
+
     /// Deletes dedup records claimed before `now() - older_than` and published outbox
     /// rows created before it, `batch_size` rows per statement (each statement its own
     /// transaction: no long locks, concurrent consumers keep running). Unpublished outbox
@@ -153,7 +204,7 @@ impl PgStore {
         opts: &PurgeOptions,
         mut progress: impl FnMut(&PurgeProgress),
     ) -> Result<PurgeReport, PgError> {
-        if opts.older_than < opts.floor && !opts.allow_below_floor {
+        if !opts.allow_below_floor && self.below_floor(opts.older_than, opts.floor).await? {
             return Err(PgError::BelowRetentionFloor {
                 older_than: opts.older_than,
                 floor: opts.floor,

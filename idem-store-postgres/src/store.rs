@@ -17,6 +17,8 @@ use crate::error::{map_sqlx, sqlstate, LOCK_NOT_AVAILABLE};
 
 /// The embedded migration, with `{schema}` standing for the quoted schema name.
 const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
+/// The store's identity (see [`crate::identity`]).
+const IDENTITY: &str = include_str!("../migrations/0004_store_identity.sql");
 /// The optional retention / inspection indexes ([`PgConfig::audit_indexes`]).
 const AUDIT_INDEXES: &str = include_str!("../migrations/0002_audit_indexes.sql");
 /// The optional append-only trigger on `processed_messages` ([`PgStore::migrate_append_only`]).
@@ -248,7 +250,8 @@ impl PgStore {
         &self.shared
     }
 
-    /// Creates the schema, `processed_messages` and `outbox` if missing, and adds this
+    /// Creates the schema, `processed_messages`, `outbox` and the store's identity
+    /// (`idem_store_identity`, a random id kept once created) if missing, and adds this
     /// crate's columns and indexes to an `outbox` that lacks them (plus the audit indexes
     /// of [`PgConfig::audit_indexes`] when on). Idempotent, and safe
     /// to run from several processes at once (an advisory lock serialises them). Business
@@ -258,6 +261,7 @@ impl PgStore {
     /// [`StoreError`] from the database.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut sql = MIGRATION.replace("{schema}", &self.shared.qschema);
+        sql.push_str(&IDENTITY.replace("{schema}", &self.shared.qschema));
         if self.shared.config.audit_indexes {
             sql.push_str(&AUDIT_INDEXES.replace("{schema}", &self.shared.qschema));
         }

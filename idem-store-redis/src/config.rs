@@ -49,8 +49,9 @@ impl Default for ClientKind {
 ///   subset of its nodes; the client discovers the rest). Cluster mode needs the `fred`
 ///   client.
 ///
-/// Keys are `{key_prefix}l:{64 hex}` (leases and their done-marks) and
-/// `{key_prefix}f:{64 hex}` (front-filter marks). The prefix may not contain `{` or `}`,
+/// Keys are `{key_prefix}l:{64 hex}` (leases and their done-marks),
+/// `{key_prefix}f:{scope}:{64 hex}` (front-filter marks, scoped to a store's identity or
+/// to one filter) and `{key_prefix}fs:{store id}` (the highest identity session seen). The prefix may not contain `{` or `}`,
 /// so no hash tag pins all keys to one cluster slot: keys spread over the cluster, and
 /// every command touches one key (batches are pipelines, never multi-key commands) so
 /// nothing ever crosses a slot.
@@ -74,6 +75,11 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// The client library.
     pub client: ClientKind,
+    /// How often a front filter on a store's identity
+    /// ([`RedisFilter::connect_for_store`](crate::RedisFilter::connect_for_store))
+    /// registers a new identity session, which is what notices a store restored or
+    /// failed over under a running consumer (default 5 s).
+    pub identity_heartbeat: Duration,
 }
 
 impl Default for RedisConfig {
@@ -91,6 +97,8 @@ impl RedisConfig {
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
     /// The default per-command timeout.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
+    /// The default identity heartbeat of a front filter.
+    pub const DEFAULT_IDENTITY_HEARTBEAT: Duration = Duration::from_secs(5);
 
     /// A configuration for `url` with every default.
     pub fn new(url: impl Into<String>) -> Self {
@@ -101,7 +109,15 @@ impl RedisConfig {
             retention: Self::DEFAULT_RETENTION,
             timeout: Self::DEFAULT_TIMEOUT,
             client: ClientKind::default(),
+            identity_heartbeat: Self::DEFAULT_IDENTITY_HEARTBEAT,
         }
+    }
+
+    /// Sets [`identity_heartbeat`](RedisConfig::identity_heartbeat).
+    #[must_use]
+    pub fn with_identity_heartbeat(mut self, every: Duration) -> Self {
+        self.identity_heartbeat = every;
+        self
     }
 
     /// Sets the key prefix.
@@ -155,6 +171,7 @@ impl RedisConfig {
             ("lease", self.lease),
             ("retention", self.retention),
             ("timeout", self.timeout),
+            ("identity_heartbeat", self.identity_heartbeat),
         ] {
             if d.as_millis() == 0 {
                 return Err(RedisError::Config(format!("{name} must be at least 1 ms")));
@@ -205,6 +222,10 @@ impl RedisConfig {
 
     pub(crate) fn retention_ms(&self) -> i64 {
         millis(self.retention)
+    }
+
+    pub(crate) fn heartbeat_ms(&self) -> i64 {
+        millis(self.identity_heartbeat)
     }
 }
 

@@ -13,7 +13,10 @@
 //!   (Postgres, SQLite), used as `idem_core::Filtered::new(durable_store, redis_filter)`.
 //!   It answers `Duplicate` only for keys whose *durable commit already happened* (the
 //!   mark is written after the commit), so it can never lose a message; a miss, an error,
-//!   a timeout or a Redis outage falls through to the durable claim.
+//!   a timeout or a Redis outage falls through to the durable claim. Its marks are scoped
+//!   to the durable store's identity ([`RedisFilter::connect_for_store`]), so stores
+//!   sharing one Redis never see each other's marks, and a store restored from a backup
+//!   gets a new identity (see [`filter`] for what is automatic and what is not).
 //!
 //! What this crate deliberately does not offer is the naive filter — `SET NX` *before*
 //! the work — which skips a redelivery whose first attempt died before its commit and so
@@ -37,5 +40,5 @@ pub mod store;
 
 pub use config::{ClientKind, RedisConfig};
 pub use error::RedisError;
-pub use filter::RedisFilter;
+pub use filter::{IdentitySession, RedisFilter, StoreIdentitySource};
 pub use store::{KeyState, RedisLeaseStore, RedisLeaseTx};

@@ -1,7 +1,9 @@
 //! # idem-store-sqlite
 //!
 //! The embedded default store of [idem](idem_core): the claim, the business rows and the
-//! outbox in one SQLite transaction, with no server to run. WAL mode; migrations embedded
+//! outbox in one SQLite transaction, with no server to run. WAL mode with
+//! `synchronous=FULL` (a commit that was acked survives a power loss: every commit
+//! syncs the WAL); migrations embedded
 //! and idempotent; the reference table names (`processed_messages`, `outbox`), so a
 //! database written by another program's consumer can be shared.
 //!
@@ -31,10 +33,12 @@
 
 mod config;
 mod error;
+pub mod identity;
 mod outbox;
 mod store;
 
 pub use config::SqliteConfig;
+pub use identity::{SqliteIdentitySession, StoreIdentity};
 pub use outbox::{SqliteOutboxBatch, SqliteOutboxSource};
 pub use store::{ClaimRow, OutboxRow, SqliteStore, SqliteTx};
 

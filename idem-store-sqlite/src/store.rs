@@ -14,6 +14,8 @@ use crate::config::SqliteConfig;
 use crate::error::map;
 
 const MIGRATION: &str = include_str!("../migrations/0001_init.sql");
+/// The store's identity (see [`crate::identity`]).
+const IDENTITY: &str = include_str!("../migrations/0002_store_identity.sql");
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -69,7 +71,10 @@ impl SqliteStore {
             .map_err(|e| StoreError::Config(format!("invalid SQLite path {path:?}: {e}")))?
             .create_if_missing(config.create_if_missing)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            // FULL, not NORMAL: in WAL mode NORMAL skips the sync at commit, so a commit
+            // that was acked (and whose redelivery will be skipped) could vanish on a power
+            // loss. FULL syncs the WAL at every commit.
+            .synchronous(SqliteSynchronous::Full)
             .busy_timeout(config.busy_timeout)
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
@@ -90,7 +95,8 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// Creates the tables if they are missing. Idempotent.
+    /// Creates the tables if they are missing, and the store's identity (a random id,
+    /// kept once created; see [`crate::identity`]). Idempotent.
     ///
     /// # Errors
     /// A store error if the DDL fails.
@@ -99,6 +105,10 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map("migrating", e))?;
+        sqlx::raw_sql(IDENTITY)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map("creating the store identity", e))?;
         Ok(())
     }
 

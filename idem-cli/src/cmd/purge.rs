@@ -4,8 +4,25 @@
 use std::time::Duration;
 
 use idem_store_postgres::{
-    PgConfig, PgError, PgStore, PurgeOptions, PurgeProgress, DEFAULT_RETENTION_FLOOR,
+    PgConfig, PgError, PgStore, PurgeOptions, PurgeProgress, RetentionFloor,
+    DEFAULT_RETENTION_FLOOR,
 };
+
+/// A purge age: years count 366 days (a cutoff never younger than N calendar years).
+fn parse_age(s: &str) -> Result<Duration, String> {
+    match s.strip_suffix('y').map(str::parse::<u64>) {
+        Some(Ok(n)) => Ok(Duration::from_secs(n.saturating_mul(366 * 86_400))),
+        _ => parse_duration(s),
+    }
+}
+
+/// A floor: `Ny` is N calendar years, anything else an exact duration.
+fn parse_floor(s: &str) -> Result<RetentionFloor, String> {
+    match s.strip_suffix('y').map(str::parse::<u32>) {
+        Some(Ok(n)) => Ok(RetentionFloor::Years(n)),
+        _ => parse_duration(s).map(RetentionFloor::from),
+    }
+}
 
 use crate::cmd::parse_duration;
 use crate::error::error_chain;
@@ -21,16 +38,17 @@ pub(crate) struct Args {
     /// The Postgres schema.
     #[arg(long)]
     schema: Option<String>,
-    /// Delete what is older than this (30d, 3y, 1200d, …; a year is 365 days).
-    #[arg(long, value_parser = parse_duration)]
+    /// Delete what is older than this (30d, 3y, 1200d, …; here a year is 366 days, so
+    /// `3y` never reaches a record younger than three calendar years).
+    #[arg(long, value_parser = parse_age)]
     older_than: Duration,
     /// Only count what would be deleted.
     #[arg(long)]
     dry_run: bool,
     /// The retention floor: a purge of anything younger is refused (default 3y, per
-    /// 2 CFR §200.334).
-    #[arg(long, value_parser = parse_duration)]
-    retention_floor: Option<Duration>,
+    /// 2 CFR §200.334; `Ny` is N calendar years, `interval 'N years'`).
+    #[arg(long, value_parser = parse_floor)]
+    retention_floor: Option<RetentionFloor>,
     /// Purge below the retention floor anyway.
     #[arg(long)]
     allow_below_floor: bool,
