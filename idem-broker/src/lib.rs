@@ -39,6 +39,7 @@
 //! ```
 
 pub mod any;
+pub mod horizon;
 mod error;
 #[cfg(feature = "_tokio")]
 mod idle;

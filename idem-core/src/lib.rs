@@ -33,6 +33,7 @@ pub mod filter;
 pub mod gate;
 pub mod key;
 pub mod outbox;
+pub mod record;
 pub mod store;
 
 pub use consumer::{ConsumerConfig, ConsumerStats};
