@@ -96,7 +96,12 @@ impl fmt::Display for RedeliveryHorizon {
 /// A duration as `3d 4h 5m 6s` (zero parts left out; `0s` for zero).
 pub fn human(d: Duration) -> String {
     let s = d.as_secs();
-    let parts = [(s / 86_400, "d"), (s / 3600 % 24, "h"), (s / 60 % 60, "m"), (s % 60, "s")];
+    let parts = [
+        (s / 86_400, "d"),
+        (s / 3600 % 24, "h"),
+        (s / 60 % 60, "m"),
+        (s % 60, "s"),
+    ];
     let text: Vec<String> = parts
         .iter()
         .filter(|(n, _)| *n > 0)
@@ -153,7 +158,10 @@ pub fn check_cutoff(
         let Some(d) = h.horizon() else {
             return Err(HorizonError::Unbounded(h.to_string()));
         };
-        if longest.and_then(RedeliveryHorizon::horizon).is_none_or(|l| d > l) {
+        if longest
+            .and_then(RedeliveryHorizon::horizon)
+            .is_none_or(|l| d > l)
+        {
             longest = Some(h);
         }
     }
@@ -235,9 +243,7 @@ async fn sqs(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerE
     let q = crate::sqs::queue_name(name);
     let queue_url = match client.get_queue_url().queue_name(&q).send().await {
         Ok(out) => out.queue_url.ok_or_else(|| missing(name, "SQS queue"))?,
-        Err(aws_sdk_sqs::error::SdkError::ServiceError(e))
-            if e.err().is_queue_does_not_exist() =>
-        {
+        Err(aws_sdk_sqs::error::SdkError::ServiceError(e)) if e.err().is_queue_does_not_exist() => {
             return Err(missing(name, "SQS queue"))
         }
         Err(
@@ -330,10 +336,7 @@ async fn redis(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broke
     let client = crate::redis_streams::connect(&c.url).await?;
     let broker = crate::redis_streams::BROKER;
     let kind: String = client
-        .custom(
-            fred::cmd!("TYPE"),
-            vec![Value::from(name.to_owned())],
-        )
+        .r#type(name)
         .await
         .map_err(|e| BrokerError::op(broker, "TYPE", e))?;
     if kind != "stream" {
@@ -369,10 +372,6 @@ fn first_id_millis(v: &fred::types::Value) -> Option<u64> {
             .ok()
             .and_then(|s| s.split_once('-'))
             .and_then(|(ms, _)| ms.parse().ok()),
-        Value::Map(m) => m.inner().keys().next().and_then(|k| {
-            k.as_str()
-                .and_then(|s| s.split_once('-').and_then(|(ms, _)| ms.parse().ok()))
-        }),
         _ => None,
     }
 }
@@ -480,7 +479,10 @@ mod tests {
 
     #[test]
     fn the_longest_horizon_plus_the_margin_bounds_the_cutoff() {
-        let hs = [h(Retention::Limited(4 * DAY)), h(Retention::Limited(14 * DAY))];
+        let hs = [
+            h(Retention::Limited(4 * DAY)),
+            h(Retention::Limited(14 * DAY)),
+        ];
         assert_eq!(check_cutoff(15 * DAY, &hs, DAY), Ok(14 * DAY));
         let e = check_cutoff(15 * DAY - Duration::from_secs(1), &hs, DAY).unwrap_err();
         assert!(matches!(e, HorizonError::InsideHorizon { .. }), "{e}");
@@ -511,6 +513,9 @@ mod tests {
     fn durations_read_as_days_hours_minutes_seconds() {
         assert_eq!(human(Duration::ZERO), "0s");
         assert_eq!(human(4 * DAY), "4d");
-        assert_eq!(human(Duration::from_secs(86_400 + 3600 + 61)), "1d 1h 1m 1s");
+        assert_eq!(
+            human(Duration::from_secs(86_400 + 3600 + 61)),
+            "1d 1h 1m 1s"
+        );
     }
 }

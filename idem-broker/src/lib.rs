@@ -39,8 +39,8 @@
 //! ```
 
 pub mod any;
-pub mod horizon;
 mod error;
+pub mod horizon;
 #[cfg(feature = "_tokio")]
 mod idle;
 mod names;

@@ -46,11 +46,8 @@ async fn sqs_horizon_is_the_queue_message_retention_period() {
         .send()
         .await
         .expect("create the queue on moto (scripts/ensure-sqs)");
-    let url = BrokerUrl::parse(&format!(
-        "sqs://{}",
-        endpoint.trim_start_matches("http://")
-    ))
-    .expect("url");
+    let url = BrokerUrl::parse(&format!("sqs://{}", endpoint.trim_start_matches("http://")))
+        .expect("url");
     let h = redelivery_horizon(&url, &name).await.expect("horizon");
     assert_eq!(h.retention, Retention::Limited(2 * HOUR), "{h}");
     assert_eq!(h.horizon(), Some(2 * HOUR));
@@ -179,12 +176,12 @@ async fn redis_stream_horizon_is_the_age_of_its_oldest_entry() {
     );
     assert!(h.detail.contains("unbounded unless trimmed"), "{h}");
     // Trimming the old entry shortens the horizon.
-    let _: u64 = client
-        .xtrim(&key, ("MAXLEN", "=", 1))
-        .await
-        .expect("XTRIM");
+    let _: u64 = client.xtrim(&key, ("MAXLEN", "=", 1)).await.expect("XTRIM");
     let h = redelivery_horizon(&url, &key).await.expect("horizon");
-    assert!(h.horizon().expect("bounded") < Duration::from_secs(60), "{h}");
+    assert!(
+        h.horizon().expect("bounded") < Duration::from_secs(60),
+        "{h}"
+    );
 
     let e = redelivery_horizon(&url, &format!("idem-horizon-missing-{}", tag()))
         .await
@@ -197,7 +194,10 @@ async fn redis_stream_horizon_is_the_age_of_its_oldest_entry() {
 async fn rabbitmq_horizon_is_unknown_and_a_missing_queue_is_an_error() {
     use lapin::options::QueueDeclareOptions;
     use lapin::types::FieldTable;
-    let amqp = env("IDEM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let amqp = env(
+        "IDEM_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+    );
     let conn = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default())
         .await
         .expect("RabbitMQ");

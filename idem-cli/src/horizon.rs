@@ -12,7 +12,10 @@ use crate::CliError;
 
 /// Pairs `--broker` with `--source`: one broker for every source, or one broker per
 /// source in order.
-pub(crate) fn pairs(brokers: &[String], sources: &[String]) -> Result<Vec<(String, String)>, CliError> {
+pub(crate) fn pairs(
+    brokers: &[String],
+    sources: &[String],
+) -> Result<Vec<(String, String)>, CliError> {
     match (brokers.len(), sources.len()) {
         (0, 0) => Ok(Vec::new()),
         (0, _) | (_, 0) => Err(CliError::usage(
@@ -22,7 +25,11 @@ pub(crate) fn pairs(brokers: &[String], sources: &[String]) -> Result<Vec<(Strin
             .iter()
             .map(|s| (brokers[0].clone(), s.clone()))
             .collect()),
-        (b, s) if b == s => Ok(brokers.iter().cloned().zip(sources.iter().cloned()).collect()),
+        (b, s) if b == s => Ok(brokers
+            .iter()
+            .cloned()
+            .zip(sources.iter().cloned())
+            .collect()),
         (b, s) => Err(CliError::usage(format!(
             "{b} --broker and {s} --source: give one broker, or one per source"
         ))),
@@ -37,7 +44,10 @@ pub(crate) async fn read(pairs: &[(String, String)]) -> Result<Vec<RedeliveryHor
         let h = horizon::redelivery_horizon(&url, source)
             .await
             .map_err(|e| {
-                let text = format!("redelivery horizon of {source:?} on {url}: {}", error_chain(&e));
+                let text = format!(
+                    "redelivery horizon of {source:?} on {url}: {}",
+                    error_chain(&e)
+                );
                 if e.is_retryable() {
                     CliError::failed(text)
                 } else {

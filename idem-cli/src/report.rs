@@ -79,7 +79,10 @@ fn shell_quote(s: &str) -> String {
 
 /// A `<td>` with an id and its raw value.
 fn figure(id: &str, value: i128, shown: &str) -> String {
-    format!(r#"<td class="num" id="{id}" data-value="{value}">{}</td>"#, esc(shown))
+    format!(
+        r#"<td class="num" id="{id}" data-value="{value}">{}</td>"#,
+        esc(shown)
+    )
 }
 
 /// Every day of the window with its counts (days without activity as zeros), or only
@@ -294,10 +297,9 @@ generated <span id="generated">{generated}</span> by idem {version}. Times are U
             ),
         )
     };
-    let _ = write!(
+    let _ = writeln!(
         h,
-        r#"<div class="verdict {class}" id="verdict" data-agree="{}">{}</div>
-"#,
+        r#"<div class="verdict {class}" id="verdict" data-agree="{}">{}</div>"#,
         rec.agrees(),
         esc(&verdict)
     );
@@ -327,16 +329,52 @@ see ops/grafana) and logged as <code>idem::audit</code> events. This page shows 
 and outbox events.</div>
 </section>
 "#,
-        figure("processed", i128::from(rec.claims), &thousands(i128::from(rec.claims))),
-        figure("business-rows", i128::from(rec.rows), &thousands(i128::from(rec.rows))),
-        figure("amount-total", i128::from(rec.amount_total), &money(rec.amount_total)),
-        figure("claims-without-row", i128::from(rec.claims_without_row), &thousands(i128::from(rec.claims_without_row))),
-        figure("claims-with-several-rows", i128::from(rec.claims_with_several_rows), &thousands(i128::from(rec.claims_with_several_rows))),
-        figure("rows-without-claim", i128::from(rec.rows_without_claim), &thousands(i128::from(rec.rows_without_claim))),
-        figure("subjects-with-several-rows", i128::from(rec.subjects_with_several_rows), &thousands(i128::from(rec.subjects_with_several_rows))),
+        figure(
+            "processed",
+            i128::from(rec.claims),
+            &thousands(i128::from(rec.claims))
+        ),
+        figure(
+            "business-rows",
+            i128::from(rec.rows),
+            &thousands(i128::from(rec.rows))
+        ),
+        figure(
+            "amount-total",
+            i128::from(rec.amount_total),
+            &money(rec.amount_total)
+        ),
+        figure(
+            "claims-without-row",
+            i128::from(rec.claims_without_row),
+            &thousands(i128::from(rec.claims_without_row))
+        ),
+        figure(
+            "claims-with-several-rows",
+            i128::from(rec.claims_with_several_rows),
+            &thousands(i128::from(rec.claims_with_several_rows))
+        ),
+        figure(
+            "rows-without-claim",
+            i128::from(rec.rows_without_claim),
+            &thousands(i128::from(rec.rows_without_claim))
+        ),
+        figure(
+            "subjects-with-several-rows",
+            i128::from(rec.subjects_with_several_rows),
+            &thousands(i128::from(rec.subjects_with_several_rows))
+        ),
         figure("events", i128::from(events), &thousands(i128::from(events))),
-        figure("published", i128::from(published), &thousands(i128::from(published))),
-        figure("unpublished", i128::from(st.unpublished), &thousands(i128::from(st.unpublished))),
+        figure(
+            "published",
+            i128::from(published),
+            &thousands(i128::from(published))
+        ),
+        figure(
+            "unpublished",
+            i128::from(st.unpublished),
+            &thousands(i128::from(st.unpublished))
+        ),
         amount = esc(&r.business.amount_column),
         subject = esc(&r.business.subject_column),
     );
@@ -350,11 +388,13 @@ and outbox events.</div>
 "#,
         chart(&days)
     );
-    for d in days.iter().filter(|d| d.claims + d.events + d.published > 0) {
-        let _ = write!(
+    for d in days
+        .iter()
+        .filter(|d| d.claims + d.events + d.published > 0)
+    {
+        let _ = writeln!(
             h,
-            r#"<tr class="day" data-day="{day}" data-claims="{}" data-events="{}" data-published="{}"><td>{day}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>
-"#,
+            r#"<tr class="day" data-day="{day}" data-claims="{}" data-events="{}" data-published="{}"><td>{day}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
             d.claims,
             d.events,
             d.published,
@@ -364,11 +404,14 @@ and outbox events.</div>
             day = esc(&d.day),
         );
     }
-    let _ = write!(
+    let _ = writeln!(
         h,
-        r#"<tr><th>Total</th>{}<td class="num">{}</td><td class="num">{}</td></tr></table></section>
-"#,
-        figure("processed-by-day", i128::from(claims_by_day), &thousands(i128::from(claims_by_day))),
+        r#"<tr><th>Total</th>{}<td class="num">{}</td><td class="num">{}</td></tr></table></section>"#,
+        figure(
+            "processed-by-day",
+            i128::from(claims_by_day),
+            &thousands(i128::from(claims_by_day))
+        ),
         thousands(i128::from(events)),
         thousands(i128::from(published)),
     );
@@ -391,12 +434,24 @@ and outbox events.</div>
 "#,
         ret.oldest_claim
             .map_or_else(|| "none".to_owned(), |t| t.to_string()),
-        figure("all-claims", i128::from(ret.all_claims), &thousands(i128::from(ret.all_claims))),
+        figure(
+            "all-claims",
+            i128::from(ret.all_claims),
+            &thousands(i128::from(ret.all_claims))
+        ),
         r.floor.as_secs(),
         human(r.floor),
         ret.cutoff.map_or_else(|| "-".to_owned(), |t| t.to_string()),
-        figure("purgeable-claims", i128::from(ret.purgeable_claims), &thousands(i128::from(ret.purgeable_claims))),
-        figure("purgeable-events", i128::from(ret.purgeable_events), &thousands(i128::from(ret.purgeable_events))),
+        figure(
+            "purgeable-claims",
+            i128::from(ret.purgeable_claims),
+            &thousands(i128::from(ret.purgeable_claims))
+        ),
+        figure(
+            "purgeable-events",
+            i128::from(ret.purgeable_events),
+            &thousands(i128::from(ret.purgeable_events))
+        ),
     );
 
     // Sample.
@@ -415,12 +470,12 @@ award id and the key, not the message body nor its submission timestamp: re-deri
             "idem key --award-id {} --timestamp <submission_timestamp> --payload <message body file>",
             shell_quote(award)
         );
-        let _ = write!(
+        let _ = writeln!(
             h,
-            r#"<tr class="sample" data-key="{key}"><td class="mono">{key}</td><td>{}</td><td>{}</td><td class="num">{}</td><td><code>{}</code></td></tr>
-"#,
+            r#"<tr class="sample" data-key="{key}"><td class="mono">{key}</td><td>{}</td><td>{}</td><td class="num">{}</td><td><code>{}</code></td></tr>"#,
             esc(award),
-            c.claimed_at.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+            c.claimed_at
+                .map_or_else(|| "-".to_owned(), |t| t.to_string()),
             c.events.len(),
             esc(&cmd),
             key = esc(&c.key),
@@ -436,7 +491,10 @@ mod tests {
 
     #[test]
     fn text_is_escaped_and_numbers_grouped() {
-        assert_eq!(esc(r#"<a href="x">'&'</a>"#), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
+        assert_eq!(
+            esc(r#"<a href="x">'&'</a>"#),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
         assert_eq!(thousands(0), "0");
         assert_eq!(thousands(1234567), "1,234,567");
         assert_eq!(thousands(-1000), "-1,000");

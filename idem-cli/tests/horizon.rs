@@ -24,7 +24,11 @@ fn text(o: &Output) -> (String, String) {
 #[track_caller]
 fn ok(o: &Output) -> String {
     let (out, err) = text(o);
-    assert!(o.status.success(), "exit {:?}\n{out}\n{err}", o.status.code());
+    assert!(
+        o.status.success(),
+        "exit {:?}\n{out}\n{err}",
+        o.status.code()
+    );
     out
 }
 
@@ -45,7 +49,10 @@ fn tag() -> String {
 
 fn sqs() -> String {
     let e = env("IDEM_TEST_SQS_ENDPOINT", "http://127.0.0.1:5000");
-    format!("sqs://{}", e.trim_start_matches("http://").trim_end_matches('/'))
+    format!(
+        "sqs://{}",
+        e.trim_start_matches("http://").trim_end_matches('/')
+    )
 }
 
 /// A migrated Postgres schema with nothing in it.
@@ -79,6 +86,10 @@ fn publish(broker: &str, destination: &str) {
     ]));
 }
 
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
 fn purge(pg: &str, schema: &str, older_than: &str, extra: &[&str]) -> Output {
     let mut args = vec![
         "purge",
@@ -102,11 +113,14 @@ fn purge_refuses_a_cutoff_inside_an_sqs_queues_retention_whatever_the_floor_over
     // Inspect shows the horizon and the youngest cutoff a purge would take.
     let shown = ok(&idem(&["inspect", "--broker", &broker, "--source", &queue]));
     assert!(
-        shown.contains(&format!("redelivery_horizon: SQS {queue:?}: 4d (SQS MessageRetentionPeriod")),
+        shown.contains(&format!(
+            "redelivery_horizon: SQS {queue:?}: 4d (SQS MessageRetentionPeriod"
+        )),
         "{shown}"
     );
     assert!(
-        shown.contains("purge_older_than_at_least: 5d (the longest horizon 4d plus a margin of 1d)"),
+        shown
+            .contains("purge_older_than_at_least: 5d (the longest horizon 4d plus a margin of 1d)"),
         "{shown}"
     );
 
@@ -114,7 +128,6 @@ fn purge_refuses_a_cutoff_inside_an_sqs_queues_retention_whatever_the_floor_over
     let with = |extra: &[&str]| -> Vec<String> {
         src.iter().chain(extra).map(|s| (*s).to_owned()).collect()
     };
-    let args = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>();
     // Inside the retention: refused, --allow-below-floor or not.
     for older in ["1d", "3d", "4d", "119h"] {
         let a = with(&["--allow-below-floor", "--dry-run"]);
@@ -135,14 +148,26 @@ fn purge_refuses_a_cutoff_inside_an_sqs_queues_retention_whatever_the_floor_over
     let out = ok(&purge(&pg, &schema, "5d", &args(&a)));
     assert!(out.contains("dry_run: true"), "{out}");
     // Without a broker nothing changes: the override alone suffices, as before.
-    ok(&purge(&pg, &schema, "1d", &["--allow-below-floor", "--dry-run"]));
+    ok(&purge(
+        &pg,
+        &schema,
+        "1d",
+        &["--allow-below-floor", "--dry-run"],
+    ));
 
     // A source that does not exist is a usage error, not a horizon of zero.
     let err = refused(&purge(
         &pg,
         &schema,
         "30d",
-        &["--allow-below-floor", "--dry-run", "--broker", &broker, "--source", &format!("nope-{}", tag())],
+        &[
+            "--allow-below-floor",
+            "--dry-run",
+            "--broker",
+            &broker,
+            "--source",
+            &format!("nope-{}", tag()),
+        ],
     ));
     assert!(err.contains("no such SQS queue"), "{err}");
     let _ = Command::new("psql")
@@ -166,31 +191,59 @@ fn the_longest_of_several_sources_wins_and_an_unknown_one_refuses_every_cutoff()
         &pg,
         &schema,
         "2d",
-        &["--allow-below-floor", "--dry-run", "--broker", &nats, "--source", &stream],
+        &[
+            "--allow-below-floor",
+            "--dry-run",
+            "--broker",
+            &nats,
+            "--source",
+            &stream,
+        ],
     );
     ok(&ok_nats);
     // With the SQS queue beside it, its 4 days decide.
     let both = [
-        "--allow-below-floor", "--dry-run", "--broker", &nats, "--source", &stream, "--broker",
-        &broker, "--source", &queue,
+        "--allow-below-floor",
+        "--dry-run",
+        "--broker",
+        &nats,
+        "--source",
+        &stream,
+        "--broker",
+        &broker,
+        "--source",
+        &queue,
     ];
     let err = refused(&purge(&pg, &schema, "2d", &both));
     assert!(err.contains("SQS"), "{err}");
     ok(&purge(&pg, &schema, "5d", &both));
 
     // RabbitMQ does not tell its TTL over AMQP: no cutoff is safe.
-    let amqp = env("IDEM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let amqp = env(
+        "IDEM_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+    );
     let q = format!("idem-horizon-{}", tag());
     publish(&amqp, &q);
     let err = refused(&purge(
         &pg,
         &schema,
         "36500d",
-        &["--allow-below-floor", "--dry-run", "--broker", &amqp, "--source", &q],
+        &[
+            "--allow-below-floor",
+            "--dry-run",
+            "--broker",
+            &amqp,
+            "--source",
+            &q,
+        ],
     ));
     assert!(err.contains("any age"), "{err}");
     let shown = ok(&idem(&["inspect", "--broker", &amqp, "--source", &q]));
-    assert!(shown.contains("purge_older_than_at_least: never"), "{shown}");
+    assert!(
+        shown.contains("purge_older_than_at_least: never"),
+        "{shown}"
+    );
     let _ = Command::new("psql")
         .args([&pg, "-qc", &format!("DROP SCHEMA \"{schema}\" CASCADE")])
         .output();

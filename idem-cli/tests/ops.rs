@@ -114,9 +114,12 @@ fn idem_names(text: &str) -> BTreeSet<String> {
     let mut i = 0;
     while let Some(at) = text[i..].find("idem_") {
         let start = i + at;
-        let word_before = start > 0 && (b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_');
+        let word_before =
+            start > 0 && (b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_');
         let mut end = start + 5;
-        while end < b.len() && (b[end].is_ascii_lowercase() || b[end].is_ascii_digit() || b[end] == b'_') {
+        while end < b.len()
+            && (b[end].is_ascii_lowercase() || b[end].is_ascii_digit() || b[end] == b'_')
+        {
             end += 1;
         }
         if !word_before && end > start + 5 {
@@ -149,7 +152,10 @@ fn the_name_scanner_finds_metric_names_and_nothing_else() {
     let names: Vec<String> = idem_names(t).into_iter().collect();
     assert_eq!(
         names,
-        ["idem_deliveries_total", "idem_stage_duration_seconds_bucket"]
+        [
+            "idem_deliveries_total",
+            "idem_stage_duration_seconds_bucket"
+        ]
     );
     let e = exported("# HELP idem_a x\n# TYPE idem_a counter\nidem_a 1\nidem_b{l=\"v\"} 2\n");
     assert_eq!(e.into_iter().collect::<Vec<_>>(), ["idem_a", "idem_b"]);

@@ -127,7 +127,10 @@ fn day_claims(dom: &str) -> HashMap<String, i64> {
                 let v = row.split(&format!("{name}=\"")).nth(1).expect(name);
                 v[..v.find('"').expect("quote")].to_owned()
             };
-            (attr("data-day"), attr("data-claims").parse().expect("claims"))
+            (
+                attr("data-day"),
+                attr("data-claims").parse().expect("claims"),
+            )
         })
         .collect()
 }
@@ -158,13 +161,20 @@ fn check(dom: &str, want: &Counts, agree: bool) {
     let bars: i64 = dom
         .split("data-series=\"claims\" data-value=\"")
         .skip(1)
-        .map(|s| s[..s.find('"').expect("quote")].parse::<i64>().expect("bar"))
+        .map(|s| {
+            s[..s.find('"').expect("quote")]
+                .parse::<i64>()
+                .expect("bar")
+        })
         .sum();
     assert_eq!(bars, want.claims, "the chart's claim bars");
     let verdict = value_attr(dom, "verdict", "data-agree");
     assert_eq!(verdict, agree.to_string());
     if agree {
-        assert!(dom.contains("Totals agree"), "the page says the totals agree");
+        assert!(
+            dom.contains("Totals agree"),
+            "the page says the totals agree"
+        );
     } else {
         assert!(dom.contains("Totals DISAGREE"), "the page says they do not");
     }
@@ -186,8 +196,16 @@ fn value_attr(dom: &str, id: &str, attr: &str) -> String {
 fn report(store: &str, schema: Option<&str>, out: &Path) -> String {
     let out_s = out.to_str().expect("utf-8");
     let mut args = vec![
-        "audit", "report", "--store", store, "--since", "2000-01-01", "--until", "2100-01-01",
-        "--out", out_s,
+        "audit",
+        "report",
+        "--store",
+        store,
+        "--since",
+        "2000-01-01",
+        "--until",
+        "2100-01-01",
+        "--out",
+        out_s,
     ];
     if let Some(s) = schema {
         args.extend(["--schema", s]);
@@ -256,12 +274,10 @@ fn report_of_a_sqlite_demo_renders_in_chromium_and_agrees_with_the_store() {
 
     // A second payment for a processed key: the recount must disagree, and say so.
     rt().block_on(async {
-        let s = idem_store_sqlite::SqliteStore::open(
-            db.to_str().expect("utf-8"),
-            Default::default(),
-        )
-        .await
-        .expect("open");
+        let s =
+            idem_store_sqlite::SqliteStore::open(db.to_str().expect("utf-8"), Default::default())
+                .await
+                .expect("open");
         idem_store_sqlite::sqlx::query(
             "INSERT INTO disbursements (award_id, amount_cents, idempotency_key) \
              SELECT award_id, amount_cents, idempotency_key FROM disbursements LIMIT 1",

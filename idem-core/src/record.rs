@@ -85,11 +85,7 @@ impl Timestamp {
         if b.len() == 10 {
             return Some(Self::from_unix_micros(days * 86_400_000_000));
         }
-        if b.len() < 20
-            || !matches!(b[10], b'T' | b't' | b' ')
-            || b[13] != b':'
-            || b[16] != b':'
-        {
+        if b.len() < 20 || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
             return None;
         }
         let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
@@ -422,7 +418,13 @@ mod tests {
 
     #[test]
     fn rfc3339_parses_back_what_display_writes() {
-        for micros in [0, 1_782_896_400_123_456, -1, 951_782_400_000_000, 4_107_542_399_999_999] {
+        for micros in [
+            0,
+            1_782_896_400_123_456,
+            -1,
+            951_782_400_000_000,
+            4_107_542_399_999_999,
+        ] {
             let t = Timestamp::from_unix_micros(micros);
             assert_eq!(Timestamp::parse_rfc3339(&t.to_string()), Some(t), "{t}");
         }

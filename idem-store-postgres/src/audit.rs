@@ -13,8 +13,8 @@ use sqlx::Row;
 
 use crate::error::{map_sqlx, sqlstate, PgError};
 use crate::inspect::{ClaimRecord, OutboxRecord, Timestamp};
-use idem_core::record::{AuditStats, BusinessTable, DayCounts};
 use crate::store::PgStore;
+use idem_core::record::{AuditStats, BusinessTable, DayCounts};
 
 /// Microseconds since the epoch of a `timestamptz` column, exact (`extract` returns
 /// `numeric` on Postgres 14 and later).

@@ -322,9 +322,21 @@ mod tests {
     #[test]
     fn bounds_round_up_to_the_stored_millisecond() {
         let t = |s| Timestamp::parse_rfc3339(s).unwrap();
-        assert_eq!(stored_ceil(t("2026-07-01T09:00:00Z")), "2026-07-01T09:00:00.000Z");
-        assert_eq!(stored_ceil(t("2026-07-01T09:00:00.1234Z")), "2026-07-01T09:00:00.124Z");
-        assert_eq!(stored_ceil(t("2026-07-01T09:00:00.999500Z")), "2026-07-01T09:00:01.000Z");
-        assert_eq!(stored_ceil(t("2026-07-01T11:00:00.123+02:00")), "2026-07-01T09:00:00.123Z");
+        assert_eq!(
+            stored_ceil(t("2026-07-01T09:00:00Z")),
+            "2026-07-01T09:00:00.000Z"
+        );
+        assert_eq!(
+            stored_ceil(t("2026-07-01T09:00:00.1234Z")),
+            "2026-07-01T09:00:00.124Z"
+        );
+        assert_eq!(
+            stored_ceil(t("2026-07-01T09:00:00.999500Z")),
+            "2026-07-01T09:00:01.000Z"
+        );
+        assert_eq!(
+            stored_ceil(t("2026-07-01T11:00:00.123+02:00")),
+            "2026-07-01T09:00:00.123Z"
+        );
     }
 }

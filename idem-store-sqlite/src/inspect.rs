@@ -16,7 +16,10 @@ impl SqliteStore {
     ///
     /// # Errors
     /// A store error from the database.
-    pub async fn inspect_key(&self, key: &IdempotencyKey) -> Result<Option<ClaimRecord>, StoreError> {
+    pub async fn inspect_key(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<Option<ClaimRecord>, StoreError> {
         let mut records = self.records("idempotency_key = ?1", &key.to_hex()).await?;
         Ok(records.pop())
     }
@@ -30,7 +33,11 @@ impl SqliteStore {
         self.records("award_id = ?1", subject).await
     }
 
-    async fn records(&self, filter: &'static str, value: &str) -> Result<Vec<ClaimRecord>, StoreError> {
+    async fn records(
+        &self,
+        filter: &'static str,
+        value: &str,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
         let sql = format!(
             "SELECT idempotency_key, award_id, claimed_at FROM processed_messages WHERE {filter} \
              ORDER BY claimed_at, idempotency_key"

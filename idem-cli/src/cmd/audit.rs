@@ -205,20 +205,22 @@ async fn export(args: ExportArgs) -> Result<(), CliError> {
         None => Box::new(std::io::BufWriter::new(std::io::stdout())),
         Some(path) => Box::new(std::io::BufWriter::new(create("--output", path)?)),
     };
-    let mut write = |r: &ClaimRecord| {
-        out.write_all(audit_line(r).as_bytes())?;
-        out.write_all(b"\n")
+    let summary = {
+        let mut write = |r: &ClaimRecord| {
+            out.write_all(audit_line(r).as_bytes())?;
+            out.write_all(b"\n")
+        };
+        match &store {
+            Sql::Pg(s) => s
+                .export_audit(&w.since, &w.until, args.page_size, &mut write)
+                .await
+                .map_err(|e| w.pg_error("audit export from", e))?,
+            Sql::Sqlite(s) => {
+                s.export_audit(&w.since, &w.until, args.page_size, &mut write)
+                    .await?
+            }
+        }
     };
-    let summary = match &store {
-        Sql::Pg(s) => s
-            .export_audit(&w.since, &w.until, args.page_size, &mut write)
-            .await
-            .map_err(|e| w.pg_error("audit export from", e))?,
-        Sql::Sqlite(s) => s
-            .export_audit(&w.since, &w.until, args.page_size, &mut write)
-            .await?,
-    };
-    drop(write);
     out.flush()
         .map_err(|e| CliError::failed(format!("writing the audit export: {e}")))?;
     drop(out);

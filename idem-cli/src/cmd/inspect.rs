@@ -41,7 +41,11 @@ pub(crate) struct Args {
     horizon_margin: Duration,
 }
 
-async fn records(args: &Args, store: &str, key: Option<&IdempotencyKey>) -> Result<Vec<ClaimRecord>, CliError> {
+async fn records(
+    args: &Args,
+    store: &str,
+    key: Option<&IdempotencyKey>,
+) -> Result<Vec<ClaimRecord>, CliError> {
     Ok(match StoreUrl::parse(store)? {
         StoreUrl::Postgres(url) => {
             let schema = args.schema.clone().unwrap_or_else(|| "public".to_owned());
@@ -54,7 +58,12 @@ async fn records(args: &Args, store: &str, key: Option<&IdempotencyKey>) -> Resu
             let pg =
                 |e: idem_store_postgres::PgError| CliError::failed(crate::error::error_chain(&e));
             match (key, &args.award_id) {
-                (Some(k), _) => store.inspect_key(k).await.map_err(pg)?.into_iter().collect(),
+                (Some(k), _) => store
+                    .inspect_key(k)
+                    .await
+                    .map_err(pg)?
+                    .into_iter()
+                    .collect(),
                 (None, Some(a)) => store.inspect_subject(a).await.map_err(pg)?,
                 (None, None) => Vec::new(),
             }
@@ -100,7 +109,8 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             println!("award_id: {}", s.award_id.as_deref().unwrap_or("-"));
             println!(
                 "claimed_at: {}",
-                s.claimed_at.map_or_else(|| "-".to_owned(), |t| t.to_string())
+                s.claimed_at
+                    .map_or_else(|| "-".to_owned(), |t| t.to_string())
             );
             println!("events: {}", s.events.len());
             for e in &s.events {
@@ -108,7 +118,8 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
                     "event: {} {} created={} published={}",
                     e.event_id.as_deref().unwrap_or("-"),
                     e.event_type,
-                    e.created_at.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+                    e.created_at
+                        .map_or_else(|| "-".to_owned(), |t| t.to_string()),
                     e.published_at
                         .map_or_else(|| "not yet".to_owned(), |t| t.to_string())
                 );
