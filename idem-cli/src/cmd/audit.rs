@@ -123,9 +123,11 @@ enum Sql {
 }
 
 impl Window {
-    fn check(&self) -> Result<(), CliError> {
+    /// Both bounds are RFC 3339; a bare date (`2026-07-01`, its midnight UTC) only where
+    /// `dates` says so (the report; an export's bounds stay exact timestamps).
+    fn check(&self, dates: bool) -> Result<(), CliError> {
         for (name, value) in [("--since", &self.since), ("--until", &self.until)] {
-            if Timestamp::parse_rfc3339(value).is_none() {
+            if Timestamp::parse_rfc3339(value).is_none() || (!dates && value.len() == 10) {
                 return Err(CliError::usage(format!(
                     "{name} {value:?} is not an RFC 3339 timestamp (e.g. 2026-07-01T00:00:00Z)"
                 )));
@@ -196,7 +198,7 @@ fn sync(path: &std::path::Path) -> Result<(), CliError> {
 
 async fn export(args: ExportArgs) -> Result<(), CliError> {
     let w = &args.window;
-    w.check()?;
+    w.check(false)?;
     if args.page_size == 0 {
         return Err(CliError::usage("--page-size must be at least 1"));
     }
@@ -236,7 +238,7 @@ async fn export(args: ExportArgs) -> Result<(), CliError> {
 
 async fn report(args: ReportArgs) -> Result<(), CliError> {
     let w = &args.window;
-    w.check()?;
+    w.check(true)?;
     let business = BusinessTable::new(
         &args.business_table,
         &args.amount_column,
