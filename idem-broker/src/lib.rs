@@ -40,6 +40,7 @@
 
 pub mod any;
 mod error;
+pub mod horizon;
 #[cfg(feature = "_tokio")]
 mod idle;
 mod names;

@@ -6,7 +6,9 @@
 
 mod cmd;
 mod error;
+mod horizon;
 mod metrics;
+mod report;
 mod stores;
 
 use clap::{Parser, Subcommand};

@@ -35,6 +35,7 @@ pub mod gate;
 pub mod key;
 pub mod mutant;
 pub mod outbox;
+pub mod record;
 pub mod store;
 
 pub use clock::{Clock, SharedClock, SystemClock};

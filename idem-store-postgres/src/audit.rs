@@ -1,12 +1,20 @@
 //! The audit trail as evidence: [`PgStore::export_audit`] streams the dedup records
 //! claimed in a time window, each with its outbox events, in `claimed_at` order and in
 //! bounded pages (keyset pagination: never the whole window in memory).
+//!
+//! Each page is an index seek: the first page and the next ones are two SQL texts, and a
+//! next page's only condition on the cursor is the row comparison
+//! `(claimed_at, idempotency_key) > ($3::timestamptz, $4)`, which the `claimed_at`
+//! index answers by seeking to the cursor (a generic plan included: there is no
+//! "cursor IS NULL OR …" for it to filter through). The cost of a page does not grow
+//! with its position in the window.
 
 use sqlx::Row;
 
 use crate::error::{map_sqlx, sqlstate, PgError};
 use crate::inspect::{ClaimRecord, OutboxRecord, Timestamp};
 use crate::store::PgStore;
+use idem_core::record::{AuditStats, BusinessTable, DayCounts};
 
 /// Microseconds since the epoch of a `timestamptz` column, exact (`extract` returns
 /// `numeric` on Postgres 14 and later).
@@ -14,19 +22,34 @@ fn micros(col: &str) -> String {
     format!("(extract(epoch FROM {col}) * 1000000)::bigint")
 }
 
-/// What [`PgStore::export_audit`] wrote.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct AuditSummary {
-    /// Dedup records (claims) exported.
-    pub claims: u64,
-    /// Outbox events exported with them.
-    pub events: u64,
-    /// Pages (claim queries) run.
-    pub pages: u64,
-}
+/// What [`PgStore::export_audit`] wrote (shared with every SQL store).
+pub use idem_core::record::AuditSummary;
 
 impl PgStore {
+    /// The SQL text of one page of [`export_audit`](PgStore::export_audit), for checking
+    /// its plan with `EXPLAIN`. The first page takes `($1 since, $2 until, $3 limit)`;
+    /// the next ones `($1 cursor claimed_at as RFC 3339 text, $2 cursor key, $3 until,
+    /// $4 limit)` and seek the `claimed_at` index from the cursor (two texts, so that no
+    /// generic plan has to filter an "is this the first page" condition).
+    pub fn export_page_sql(&self, first: bool) -> String {
+        let pm = self.table("processed_messages");
+        let m = micros("claimed_at");
+        if first {
+            format!(
+                "SELECT idempotency_key, award_id, {m} FROM {pm} \
+                 WHERE claimed_at >= $1::timestamptz AND claimed_at < $2::timestamptz \
+                 ORDER BY claimed_at, idempotency_key LIMIT $3"
+            )
+        } else {
+            format!(
+                "SELECT idempotency_key, award_id, {m} FROM {pm} \
+                 WHERE (claimed_at, idempotency_key) > ($1::timestamptz, $2::text) \
+                   AND claimed_at < $3::timestamptz \
+                 ORDER BY claimed_at, idempotency_key LIMIT $4"
+            )
+        }
+    }
+
     /// Streams every dedup record with `since <= claimed_at < until` to `sink`, oldest
     /// first (ties by key), each with its outbox events in id order, `page_size` claims
     /// per query. `since` and `until` are passed to the server as `$n::timestamptz`
@@ -60,17 +83,8 @@ impl PgStore {
         mut sink: impl FnMut(&ClaimRecord) -> std::io::Result<()>,
     ) -> Result<AuditSummary, PgError> {
         let limit = i64::try_from(page_size.max(1)).unwrap_or(i64::MAX);
-        let pm = self.table("processed_messages");
         let ob = self.table("outbox");
-        // The cursor is (claimed_at in microseconds, key) of the last exported record.
-        let claims_sql = format!(
-            "SELECT idempotency_key, award_id, {m} FROM {pm} \
-             WHERE claimed_at >= $1::timestamptz AND claimed_at < $2::timestamptz \
-               AND ($3::bigint IS NULL OR (claimed_at, idempotency_key) > \
-                    (to_timestamp(0) + $3::bigint * interval '1 microsecond', $4::text)) \
-             ORDER BY claimed_at, idempotency_key LIMIT $5",
-            m = micros("claimed_at"),
-        );
+        let (first_sql, next_sql) = (self.export_page_sql(true), self.export_page_sql(false));
         let events_sql = format!(
             "SELECT id, event_id, event_type, subject, idempotency_key, {}, {} FROM {ob} \
              WHERE idempotency_key = ANY($1::text[]) ORDER BY id",
@@ -86,14 +100,17 @@ impl PgStore {
             .await
             .map_err(|e| timestamp_error(e, since, until))?;
         let mut summary = AuditSummary::default();
-        let mut cursor: Option<(i64, String)> = None;
+        let mut cursor: Option<(Timestamp, String)> = None;
         loop {
-            let rows = sqlx::query(&claims_sql)
-                .bind(since)
-                .bind(until)
-                .bind(cursor.as_ref().map(|c| c.0))
-                .bind(cursor.as_ref().map(|c| c.1.as_str()))
-                .bind(limit)
+            let query = match &cursor {
+                None => sqlx::query(&first_sql).bind(since).bind(until).bind(limit),
+                Some((at, key)) => sqlx::query(&next_sql)
+                    .bind(at.to_string())
+                    .bind(key.as_str())
+                    .bind(until)
+                    .bind(limit),
+            };
+            let rows = query
                 .fetch_all(self.pool())
                 .await
                 .map_err(|e| map_sqlx(e, "export dedup records"))?;
@@ -102,16 +119,16 @@ impl PgStore {
             let mut records = Vec::with_capacity(rows.len());
             for row in rows {
                 let micros: Option<i64> = row.try_get(2)?;
-                records.push(ClaimRecord {
-                    key: row.try_get(0)?,
-                    award_id: row.try_get(1)?,
-                    claimed_at: micros.map(Timestamp::from_unix_micros),
-                    events: Vec::new(),
-                });
+                records.push(ClaimRecord::new(
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    micros.map(Timestamp::from_unix_micros),
+                ));
             }
             let Some(last) = records.last() else { break };
+            // The window only holds records with a `claimed_at`.
             cursor = Some((
-                last.claimed_at.map_or(0, Timestamp::unix_micros),
+                last.claimed_at.unwrap_or(Timestamp::from_unix_micros(0)),
                 last.key.clone(),
             ));
             let keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
@@ -129,14 +146,14 @@ impl PgStore {
                 let key: String = row.try_get(4)?;
                 let created: Option<i64> = row.try_get(5)?;
                 let published: Option<i64> = row.try_get(6)?;
-                let ev = OutboxRecord {
-                    id: row.try_get(0)?,
-                    event_id: row.try_get(1)?,
-                    event_type: row.try_get(2)?,
-                    subject: row.try_get(3)?,
-                    created_at: created.map(Timestamp::from_unix_micros),
-                    published_at: published.map(Timestamp::from_unix_micros),
-                };
+                let ev = OutboxRecord::new(
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                    created.map(Timestamp::from_unix_micros),
+                    published.map(Timestamp::from_unix_micros),
+                );
                 if let Some(&i) = index.get(&key) {
                     records[i].events.push(ev);
                 }
@@ -151,6 +168,158 @@ impl PgStore {
             }
         }
         Ok(summary)
+    }
+}
+
+impl PgStore {
+    /// What an audit report shows of the window `since <= t < until` (RFC 3339): per
+    /// UTC day the claims, outbox events written and published; the window's claims
+    /// recounted against `business` (one row per claim, none without one); retention as
+    /// it stands for a purge of what is older than `cutoff`; and `sample` of the
+    /// window's dedup records (spread by key) with their events. Payloads are not read.
+    ///
+    /// # Errors
+    /// [`PgError::InvalidTimestamp`] for a bad bound; [`PgError::Store`] from the
+    /// database (a business table without the named columns included).
+    pub async fn audit_stats(
+        &self,
+        since: &str,
+        until: &str,
+        business: &BusinessTable,
+        cutoff: Timestamp,
+        sample: usize,
+    ) -> Result<AuditStats, PgError> {
+        sqlx::query("SELECT $1::timestamptz, $2::timestamptz")
+            .bind(since)
+            .bind(until)
+            .execute(self.pool())
+            .await
+            .map_err(|e| timestamp_error(e, since, until))?;
+        let pm = self.table("processed_messages");
+        let ob = self.table("outbox");
+        let biz = self.table(&business.table);
+        let (amount, subject) = (
+            format!("b.\"{}\"", business.amount_column),
+            format!("b.\"{}\"", business.subject_column),
+        );
+        let store = |what: &'static str| move |e: sqlx::Error| PgError::Store(map_sqlx(e, what));
+        let mut stats = AuditStats::default();
+
+        let day = |col: &str| format!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD')");
+        let sql = format!(
+            "WITH c AS (SELECT {dc} AS day, count(*) AS n FROM {pm} \
+                        WHERE claimed_at >= $1::timestamptz AND claimed_at < $2::timestamptz GROUP BY 1), \
+                  e AS (SELECT {de} AS day, count(*) AS n FROM {ob} \
+                        WHERE created_at >= $1::timestamptz AND created_at < $2::timestamptz GROUP BY 1), \
+                  p AS (SELECT {dp} AS day, count(*) AS n FROM {ob} \
+                        WHERE published_at >= $1::timestamptz AND published_at < $2::timestamptz GROUP BY 1) \
+             SELECT day, coalesce(c.n, 0), coalesce(e.n, 0), coalesce(p.n, 0) \
+             FROM c FULL JOIN e USING (day) FULL JOIN p USING (day) ORDER BY day",
+            dc = day("claimed_at"),
+            de = day("created_at"),
+            dp = day("published_at"),
+        );
+        let rows = sqlx::query(&sql)
+            .bind(since)
+            .bind(until)
+            .fetch_all(self.pool())
+            .await
+            .map_err(store("audit stats per day"))?;
+        for r in rows {
+            let n = |i: usize| -> Result<u64, PgError> {
+                Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
+            };
+            stats
+                .days
+                .push(DayCounts::new(r.try_get(0)?, n(1)?, n(2)?, n(3)?));
+        }
+        let unpublished: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {ob} WHERE published_at IS NULL \
+             AND created_at >= $1::timestamptz AND created_at < $2::timestamptz"
+        ))
+        .bind(since)
+        .bind(until)
+        .fetch_one(self.pool())
+        .await
+        .map_err(store("audit stats unpublished"))?;
+        stats.unpublished = u64::try_from(unpublished).unwrap_or(0);
+
+        let sql = format!(
+            "WITH c AS (SELECT idempotency_key FROM {pm} \
+                        WHERE claimed_at >= $1::timestamptz AND claimed_at < $2::timestamptz), \
+                  d AS (SELECT b.idempotency_key, count(*) AS n, sum({amount})::bigint AS s \
+                        FROM {biz} b JOIN c USING (idempotency_key) GROUP BY 1) \
+             SELECT (SELECT count(*) FROM c), coalesce(sum(n), 0)::bigint, coalesce(sum(s), 0)::bigint, \
+                    (SELECT count(*) FROM c) - count(*), count(*) FILTER (WHERE n > 1), \
+                    (SELECT count(*) FROM {biz} b WHERE NOT EXISTS \
+                        (SELECT 1 FROM {pm} p WHERE p.idempotency_key = b.idempotency_key)), \
+                    (SELECT count(*) FROM (SELECT {subject} FROM {biz} b JOIN c USING (idempotency_key) \
+                        GROUP BY 1 HAVING count(*) > 1) s) \
+             FROM d"
+        );
+        let r = sqlx::query(&sql)
+            .bind(since)
+            .bind(until)
+            .fetch_one(self.pool())
+            .await
+            .map_err(store("reconcile claims with the business table"))?;
+        let n = |i: usize| -> Result<u64, PgError> {
+            Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
+        };
+        let rec = &mut stats.reconciliation;
+        rec.claims = n(0)?;
+        rec.rows = n(1)?;
+        rec.amount_total = r.try_get(2)?;
+        rec.claims_without_row = n(3)?;
+        rec.claims_with_several_rows = n(4)?;
+        rec.rows_without_claim = n(5)?;
+        rec.subjects_with_several_rows = n(6)?;
+
+        let cut = cutoff.to_string();
+        let r = sqlx::query(&format!(
+            "SELECT (SELECT {m} FROM {pm} ORDER BY claimed_at LIMIT 1), \
+                    (SELECT count(*) FROM {pm}), \
+                    (SELECT count(*) FROM {pm} WHERE claimed_at < $1::timestamptz), \
+                    (SELECT count(*) FROM {ob} WHERE published_at IS NOT NULL AND created_at < $1::timestamptz)",
+            m = micros("claimed_at"),
+        ))
+        .bind(&cut)
+        .fetch_one(self.pool())
+        .await
+        .map_err(store("retention status"))?;
+        let n = |i: usize| -> Result<u64, PgError> {
+            Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
+        };
+        let ret = &mut stats.retention;
+        ret.oldest_claim = r
+            .try_get::<Option<i64>, _>(0)?
+            .map(Timestamp::from_unix_micros);
+        ret.all_claims = n(1)?;
+        ret.cutoff = Some(cutoff);
+        ret.purgeable_claims = n(2)?;
+        ret.purgeable_events = n(3)?;
+
+        if sample > 0 {
+            let keys: Vec<String> = sqlx::query_scalar(&format!(
+                "SELECT idempotency_key FROM {pm} \
+                 WHERE claimed_at >= $1::timestamptz AND claimed_at < $2::timestamptz \
+                 ORDER BY md5(idempotency_key) LIMIT $3"
+            ))
+            .bind(since)
+            .bind(until)
+            .bind(i64::try_from(sample).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await
+            .map_err(store("audit sample"))?;
+            for k in keys {
+                if let Ok(key) = k.parse::<idem_core::IdempotencyKey>() {
+                    if let Some(r) = self.inspect_key(&key).await? {
+                        stats.sample.push(r);
+                    }
+                }
+            }
+        }
+        Ok(stats)
     }
 }
 

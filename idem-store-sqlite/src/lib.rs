@@ -31,9 +31,11 @@
 //! # Ok(()) }
 //! ```
 
+mod audit;
 mod config;
 mod error;
 pub mod identity;
+mod inspect;
 mod outbox;
 mod store;
 
@@ -41,6 +43,10 @@ pub use config::SqliteConfig;
 pub use identity::{SqliteIdentitySession, StoreIdentity};
 pub use outbox::{SqliteOutboxBatch, SqliteOutboxSource};
 pub use store::{ClaimRow, OutboxRow, SqliteStore, SqliteTx};
+
+/// The record types every SQL store shares (`inspect_key`, `inspect_subject`,
+/// `export_audit`).
+pub use idem_core::record::{AuditSummary, ClaimRecord, OutboxRecord, Timestamp};
 
 /// Re-exported so callers use the same sqlx.
 pub use sqlx;

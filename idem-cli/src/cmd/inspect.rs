@@ -1,20 +1,25 @@
 //! `idem inspect`: was this award or key processed, when, under which key, and which
-//! outbox events did it cause. Never shows payloads.
+//! outbox events did it cause; with `--broker URL --source NAME`, the redelivery horizon
+//! a purge would respect. Never shows payloads.
 
+use std::time::Duration;
+
+use idem_core::record::ClaimRecord;
 use idem_core::IdempotencyKey;
-use idem_store_postgres::{ClaimRecord, PgConfig, PgStore};
+use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
+use crate::cmd::parse_duration;
 use crate::stores::{self, StoreUrl};
 use crate::CliError;
 
 /// Arguments of `idem inspect`.
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("what").required(true).args(["key", "award_id"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["key", "award_id", "source"])))]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://…
-    #[arg(long)]
-    store: String,
+    /// The store: sqlite://PATH or postgres://… (not needed for the horizon alone)
+    #[arg(long, required_unless_present = "source")]
+    store: Option<String>,
     /// The Postgres schema.
     #[arg(long)]
     schema: Option<String>,
@@ -22,68 +27,26 @@ pub(crate) struct Args {
     #[arg(long, value_name = "HEX")]
     key: Option<String>,
     /// An award id: every claim made for it.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     award_id: Option<String>,
+    /// A broker holding a source that feeds the store (with --source): shows the source's
+    /// redelivery horizon, which `idem purge --broker … --source …` respects.
+    #[arg(long, value_name = "URL")]
+    broker: Vec<String>,
+    /// A source (queue, stream, topic) on --broker; repeat for several.
+    #[arg(long, value_name = "NAME")]
+    source: Vec<String>,
+    /// Added to the longest redelivery horizon (as `idem purge` does).
+    #[arg(long, value_parser = parse_duration, default_value = "1d")]
+    horizon_margin: Duration,
 }
 
-/// One claim as printed, whatever the store.
-struct Shown {
-    key: String,
-    award_id: Option<String>,
-    claimed_at: Option<String>,
-    events: Vec<(String, String, Option<String>, Option<String>)>,
-}
-
-fn from_pg(r: ClaimRecord) -> Shown {
-    Shown {
-        key: r.key,
-        award_id: r.award_id,
-        claimed_at: r.claimed_at.map(|t| t.to_string()),
-        events: r
-            .events
-            .into_iter()
-            .map(|e| {
-                (
-                    e.event_id.unwrap_or_else(|| "-".into()),
-                    e.event_type,
-                    e.created_at.map(|t| t.to_string()),
-                    e.published_at.map(|t| t.to_string()),
-                )
-            })
-            .collect(),
-    }
-}
-
-async fn sqlite_shown(
-    store: &SqliteStore,
-    key: &IdempotencyKey,
-) -> Result<Option<Shown>, CliError> {
-    let Some(c) = store.claim_of(key).await? else {
-        return Ok(None);
-    };
-    let events = store
-        .outbox_of(key)
-        .await?
-        .into_iter()
-        .map(|e| (e.event_id, e.event_type, Some(e.created_at), e.published_at))
-        .collect();
-    Ok(Some(Shown {
-        key: c.idempotency_key,
-        award_id: c.award_id,
-        claimed_at: Some(c.claimed_at),
-        events,
-    }))
-}
-
-pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    let key = match &args.key {
-        Some(k) => Some(
-            k.parse::<IdempotencyKey>()
-                .map_err(|e| CliError::usage(format!("--key: {e}")))?,
-        ),
-        None => None,
-    };
-    let shown: Vec<Shown> = match StoreUrl::parse(&args.store)? {
+async fn records(
+    args: &Args,
+    store: &str,
+    key: Option<&IdempotencyKey>,
+) -> Result<Vec<ClaimRecord>, CliError> {
+    Ok(match StoreUrl::parse(store)? {
         StoreUrl::Postgres(url) => {
             let schema = args.schema.clone().unwrap_or_else(|| "public".to_owned());
             stores::validate_identifier(&schema)?;
@@ -94,21 +57,14 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             .await?;
             let pg =
                 |e: idem_store_postgres::PgError| CliError::failed(crate::error::error_chain(&e));
-            match (&key, &args.award_id) {
+            match (key, &args.award_id) {
                 (Some(k), _) => store
                     .inspect_key(k)
                     .await
                     .map_err(pg)?
                     .into_iter()
-                    .map(from_pg)
                     .collect(),
-                (None, Some(a)) => store
-                    .inspect_subject(a)
-                    .await
-                    .map_err(pg)?
-                    .into_iter()
-                    .map(from_pg)
-                    .collect(),
+                (None, Some(a)) => store.inspect_subject(a).await.map_err(pg)?,
                 (None, None) => Vec::new(),
             }
         }
@@ -121,40 +77,76 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             let mut config = SqliteConfig::default();
             config.create_if_missing = false;
             let store = SqliteStore::open(&path, config).await?;
-            let keys: Vec<IdempotencyKey> = match (&key, &args.award_id) {
-                (Some(k), _) => vec![*k],
-                (None, Some(a)) => store
-                    .claims_of_subject(a)
-                    .await?
-                    .into_iter()
-                    .filter_map(|c| c.idempotency_key.parse().ok())
-                    .collect(),
+            match (key, &args.award_id) {
+                (Some(k), _) => store.inspect_key(k).await?.into_iter().collect(),
+                (None, Some(a)) => store.inspect_subject(a).await?,
                 (None, None) => Vec::new(),
-            };
-            let mut out = Vec::new();
-            for k in &keys {
-                if let Some(s) = sqlite_shown(&store, k).await? {
-                    out.push(s);
-                }
             }
-            out
         }
         StoreUrl::Memory => return Err(CliError::usage("idem inspect needs a durable store")),
+    })
+}
+
+pub(crate) async fn run(args: Args) -> Result<(), CliError> {
+    let key = match &args.key {
+        Some(k) => Some(
+            k.parse::<IdempotencyKey>()
+                .map_err(|e| CliError::usage(format!("--key: {e}")))?,
+        ),
+        None => None,
     };
-    println!("processed: {}", if shown.is_empty() { "no" } else { "yes" });
-    println!("claims: {}", shown.len());
-    for s in &shown {
-        println!();
-        println!("key: {}", s.key);
-        println!("award_id: {}", s.award_id.as_deref().unwrap_or("-"));
-        println!("claimed_at: {}", s.claimed_at.as_deref().unwrap_or("-"));
-        println!("events: {}", s.events.len());
-        for (id, ty, created, published) in &s.events {
+    let sources = crate::horizon::pairs(&args.broker, &args.source)?;
+    if key.is_some() || args.award_id.is_some() {
+        let Some(store) = &args.store else {
+            return Err(CliError::usage("--key and --award-id need --store"));
+        };
+        let shown = records(&args, store, key.as_ref()).await?;
+        println!("processed: {}", if shown.is_empty() { "no" } else { "yes" });
+        println!("claims: {}", shown.len());
+        for s in &shown {
+            println!();
+            println!("key: {}", s.key);
+            println!("award_id: {}", s.award_id.as_deref().unwrap_or("-"));
             println!(
-                "event: {id} {ty} created={} published={}",
-                created.as_deref().unwrap_or("-"),
-                published.as_deref().unwrap_or("not yet")
+                "claimed_at: {}",
+                s.claimed_at
+                    .map_or_else(|| "-".to_owned(), |t| t.to_string())
             );
+            println!("events: {}", s.events.len());
+            for e in &s.events {
+                println!(
+                    "event: {} {} created={} published={}",
+                    e.event_id.as_deref().unwrap_or("-"),
+                    e.event_type,
+                    e.created_at
+                        .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+                    e.published_at
+                        .map_or_else(|| "not yet".to_owned(), |t| t.to_string())
+                );
+            }
+        }
+    }
+    if !sources.is_empty() {
+        let horizons = crate::horizon::read(&sources).await?;
+        if key.is_some() || args.award_id.is_some() {
+            println!();
+        }
+        let mut longest = Some(Duration::ZERO);
+        for h in &horizons {
+            println!("redelivery_horizon: {h}");
+            longest = match (longest, h.horizon()) {
+                (Some(l), Some(d)) => Some(l.max(d)),
+                _ => None,
+            };
+        }
+        match longest {
+            Some(d) => println!(
+                "purge_older_than_at_least: {} (the longest horizon {} plus a margin of {})",
+                idem_broker::horizon::human(d.saturating_add(args.horizon_margin)),
+                idem_broker::horizon::human(d),
+                idem_broker::horizon::human(args.horizon_margin)
+            ),
+            None => println!("purge_older_than_at_least: never (a source's horizon is unbounded)"),
         }
     }
     Ok(())

@@ -55,6 +55,18 @@ pub(crate) struct Args {
     /// Rows deleted per transaction.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     batch_size: u64,
+    /// A broker holding a source that feeds this store (with --source): the purge is
+    /// refused inside that source's redelivery horizon plus --horizon-margin, whatever
+    /// --allow-below-floor says. One broker for every --source, or one per source.
+    #[arg(long, value_name = "URL")]
+    broker: Vec<String>,
+    /// A source (queue, stream, topic) on --broker whose redelivery horizon bounds the
+    /// cutoff; repeat for several.
+    #[arg(long, value_name = "NAME")]
+    source: Vec<String>,
+    /// Added to the longest redelivery horizon.
+    #[arg(long, value_parser = parse_duration, default_value = "1d")]
+    horizon_margin: Duration,
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
@@ -64,6 +76,13 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     };
     let schema = args.schema.unwrap_or_else(|| "public".to_owned());
     stores::validate_identifier(&schema)?;
+    // The brokers' redelivery horizons first: no cutoff inside them, whatever the floor.
+    let sources = crate::horizon::pairs(&args.broker, &args.source)?;
+    let horizons = crate::horizon::read(&sources).await?;
+    for h in &horizons {
+        eprintln!("purge: redelivery horizon of {h}");
+    }
+    crate::horizon::check(args.older_than, &horizons, args.horizon_margin)?;
     let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
     let store = PgStore::connect(&url, config).await?;
     let options = PurgeOptions::new(args.older_than)

@@ -1,0 +1,225 @@
+//! Redelivery horizons read from the real brokers: SQS (moto, `IDEM_TEST_SQS_ENDPOINT`,
+//! default `http://127.0.0.1:5000`), NATS JetStream (`IDEM_TEST_NATS_URL`), Redis Streams
+//! (`IDEM_TEST_REDIS_URL`) and RabbitMQ (`IDEM_TEST_AMQP_URL`). Each source is set up
+//! with the broker's own client and a retention of its own, then read back through
+//! `idem_broker::horizon`. A missing service fails the test.
+#![cfg(all(
+    feature = "sqs",
+    feature = "nats",
+    feature = "redis-streams",
+    feature = "rabbitmq"
+))]
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_broker::any::BrokerUrl;
+use idem_broker::horizon::{redelivery_horizon, Retention};
+use idem_broker::BrokerError;
+
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn tag() -> String {
+    format!("{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[tokio::test]
+async fn sqs_horizon_is_the_queue_message_retention_period() {
+    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let endpoint = env("IDEM_TEST_SQS_ENDPOINT", "http://127.0.0.1:5000");
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(&endpoint)
+        .credentials_provider(Credentials::new("t", "t", None, None, "test"))
+        .build();
+    let client = aws_sdk_sqs::Client::from_conf(config);
+    let name = format!("horizon-{}", tag());
+    client
+        .create_queue()
+        .queue_name(&name)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "7200")
+        .send()
+        .await
+        .expect("create the queue on moto (scripts/ensure-sqs)");
+    let url = BrokerUrl::parse(&format!("sqs://{}", endpoint.trim_start_matches("http://")))
+        .expect("url");
+    let h = redelivery_horizon(&url, &name).await.expect("horizon");
+    assert_eq!(h.retention, Retention::Limited(2 * HOUR), "{h}");
+    assert_eq!(h.horizon(), Some(2 * HOUR));
+    assert!(h.detail.contains("MessageRetentionPeriod"), "{h}");
+
+    // A change of the queue's retention is what the next read says.
+    let queue_url = client
+        .get_queue_url()
+        .queue_name(&name)
+        .send()
+        .await
+        .expect("queue url")
+        .queue_url
+        .expect("url");
+    client
+        .set_queue_attributes()
+        .queue_url(&queue_url)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
+        .send()
+        .await
+        .expect("set retention");
+    let h = redelivery_horizon(&url, &name).await.expect("horizon");
+    assert_eq!(h.horizon(), Some(Duration::from_secs(1_209_600)), "{h}");
+
+    // A missing queue is an error, not a horizon of zero (and is not created).
+    let missing = format!("horizon-missing-{}", tag());
+    let e = redelivery_horizon(&url, &missing).await.unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidName { .. }), "{e}");
+    assert!(client
+        .get_queue_url()
+        .queue_name(&missing)
+        .send()
+        .await
+        .is_err());
+}
+
+#[tokio::test]
+async fn nats_horizon_is_max_age_or_the_oldest_message() {
+    use async_nats::jetstream::stream;
+    let nats = env("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222");
+    let js = async_nats::jetstream::new(async_nats::connect(&nats).await.expect("NATS"));
+    let url = BrokerUrl::parse(&nats).expect("url");
+
+    let limited = format!("horizon-max-age-{}", tag());
+    js.create_stream(stream::Config {
+        name: limited.clone(),
+        subjects: vec![limited.clone()],
+        max_age: 3 * HOUR,
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+    let h = redelivery_horizon(&url, &limited).await.expect("horizon");
+    assert_eq!(h.retention, Retention::Limited(3 * HOUR), "{h}");
+
+    // No max_age: kept until removed; the oldest message bounds it, an empty stream is 0.
+    let kept = format!("horizon-kept-{}", tag());
+    js.create_stream(stream::Config {
+        name: kept.clone(),
+        subjects: vec![kept.clone()],
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+    let h = redelivery_horizon(&url, &kept).await.expect("horizon");
+    assert_eq!(h.retention, Retention::UntilRemoved { oldest: None }, "{h}");
+    assert_eq!(h.horizon(), Some(Duration::ZERO));
+    js.publish(kept.clone(), "x".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let h = redelivery_horizon(&url, &kept).await.expect("horizon");
+    let age = h.horizon().expect("bounded");
+    assert!(
+        age >= Duration::from_secs(1) && age < Duration::from_secs(120),
+        "{h}"
+    );
+    assert!(h.detail.contains("no max_age"), "{h}");
+
+    let e = redelivery_horizon(&url, &format!("horizon-missing-{}", tag()))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidName { .. }), "{e}");
+    for s in [limited, kept] {
+        let _ = js.delete_stream(s).await;
+    }
+}
+
+#[tokio::test]
+async fn redis_stream_horizon_is_the_age_of_its_oldest_entry() {
+    use fred::prelude::*;
+    let redis = env("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let client = Builder::from_config(Config::from_url(&redis).expect("url"))
+        .build()
+        .expect("client");
+    client.init().await.expect("Redis");
+    let key = format!("idem-horizon-{}", tag());
+    // An entry stored two hours ago (an explicit id: its milliseconds are its time).
+    let two_hours_ago = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        - 2 * 3600 * 1000;
+    let _: String = client
+        .xadd(
+            &key,
+            false,
+            None,
+            format!("{two_hours_ago}-0"),
+            ("payload", "x"),
+        )
+        .await
+        .expect("XADD");
+    let _: String = client
+        .xadd(&key, false, None, "*", ("payload", "y"))
+        .await
+        .expect("XADD");
+    let url = BrokerUrl::parse(&redis).expect("url");
+    let h = redelivery_horizon(&url, &key).await.expect("horizon");
+    let age = h.horizon().expect("bounded");
+    assert!(
+        age >= 2 * HOUR && age < 2 * HOUR + Duration::from_secs(60),
+        "{h}"
+    );
+    assert!(h.detail.contains("unbounded unless trimmed"), "{h}");
+    // Trimming the old entry shortens the horizon.
+    let _: u64 = client.xtrim(&key, ("MAXLEN", "=", 1)).await.expect("XTRIM");
+    let h = redelivery_horizon(&url, &key).await.expect("horizon");
+    assert!(
+        h.horizon().expect("bounded") < Duration::from_secs(60),
+        "{h}"
+    );
+
+    let e = redelivery_horizon(&url, &format!("idem-horizon-missing-{}", tag()))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidName { .. }), "{e}");
+    let _: u64 = client.del(&key).await.expect("DEL");
+}
+
+#[tokio::test]
+async fn rabbitmq_horizon_is_unknown_and_a_missing_queue_is_an_error() {
+    use lapin::options::QueueDeclareOptions;
+    use lapin::types::FieldTable;
+    let amqp = env(
+        "IDEM_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+    );
+    let conn = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ");
+    let ch = conn.create_channel().await.expect("channel");
+    let name = format!("idem-horizon-{}", tag());
+    ch.queue_declare(
+        name.as_str().into(),
+        QueueDeclareOptions {
+            auto_delete: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .expect("declare");
+    let url = BrokerUrl::parse(&amqp).expect("url");
+    let h = redelivery_horizon(&url, &name).await.expect("horizon");
+    assert_eq!(h.retention, Retention::Unknown, "{h}");
+    assert_eq!(h.horizon(), None);
+    let e = redelivery_horizon(&url, &format!("idem-horizon-missing-{}", tag()))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidName { .. }), "{e}");
+    let _ = conn.close(200, "done".into()).await;
+}

@@ -1,0 +1,69 @@
+//! `--broker URL --source NAME` for `idem purge` and `idem inspect`: the redelivery
+//! horizons of the named sources (read by `idem_broker::horizon`), which bound how young a
+//! purge cutoff may be whatever `--allow-below-floor` says.
+
+use std::time::Duration;
+
+use idem_broker::any::BrokerUrl;
+use idem_broker::horizon::{self, RedeliveryHorizon};
+
+use crate::error::error_chain;
+use crate::CliError;
+
+/// Pairs `--broker` with `--source`: one broker for every source, or one broker per
+/// source in order.
+pub(crate) fn pairs(
+    brokers: &[String],
+    sources: &[String],
+) -> Result<Vec<(String, String)>, CliError> {
+    match (brokers.len(), sources.len()) {
+        (0, 0) => Ok(Vec::new()),
+        (0, _) | (_, 0) => Err(CliError::usage(
+            "--broker and --source go together (the source's redelivery horizon)",
+        )),
+        (1, _) => Ok(sources
+            .iter()
+            .map(|s| (brokers[0].clone(), s.clone()))
+            .collect()),
+        (b, s) if b == s => Ok(brokers
+            .iter()
+            .cloned()
+            .zip(sources.iter().cloned())
+            .collect()),
+        (b, s) => Err(CliError::usage(format!(
+            "{b} --broker and {s} --source: give one broker, or one per source"
+        ))),
+    }
+}
+
+/// Reads the horizon of every (broker, source) pair.
+pub(crate) async fn read(pairs: &[(String, String)]) -> Result<Vec<RedeliveryHorizon>, CliError> {
+    let mut out = Vec::with_capacity(pairs.len());
+    for (broker, source) in pairs {
+        let url = BrokerUrl::parse(broker).map_err(|e| CliError::usage(e.to_string()))?;
+        let h = horizon::redelivery_horizon(&url, source)
+            .await
+            .map_err(|e| {
+                let text = format!(
+                    "redelivery horizon of {source:?} on {url}: {}",
+                    error_chain(&e)
+                );
+                if e.is_retryable() {
+                    CliError::failed(text)
+                } else {
+                    CliError::usage(text)
+                }
+            })?;
+        out.push(h);
+    }
+    Ok(out)
+}
+
+/// Refuses `older_than` inside the longest horizon plus `margin` (exit 2).
+pub(crate) fn check(
+    older_than: Duration,
+    horizons: &[RedeliveryHorizon],
+    margin: Duration,
+) -> Result<Duration, CliError> {
+    horizon::check_cutoff(older_than, horizons, margin).map_err(|e| CliError::usage(e.to_string()))
+}

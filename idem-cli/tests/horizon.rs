@@ -1,0 +1,253 @@
+//! `idem purge --broker URL --source NAME` refuses a cutoff inside the source's
+//! redelivery horizon plus the margin, whatever `--allow-below-floor` says, and
+//! `idem inspect --broker URL --source NAME` shows the horizon it would use. On the real
+//! services: SQS (moto at `IDEM_TEST_SQS_ENDPOINT`, default `http://127.0.0.1:5000`,
+//! whose queues keep messages 4 days by default, as SQS does), NATS JetStream, RabbitMQ
+//! and Postgres. A missing service fails the test.
+
+use std::process::{Command, Output};
+
+fn idem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .output()
+        .expect("run idem")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[track_caller]
+fn ok(o: &Output) -> String {
+    let (out, err) = text(o);
+    assert!(
+        o.status.success(),
+        "exit {:?}\n{out}\n{err}",
+        o.status.code()
+    );
+    out
+}
+
+#[track_caller]
+fn refused(o: &Output) -> String {
+    let (out, err) = text(o);
+    assert_eq!(o.status.code(), Some(2), "expected exit 2\n{out}\n{err}");
+    err
+}
+
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn tag() -> String {
+    format!("{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+fn sqs() -> String {
+    let e = env("IDEM_TEST_SQS_ENDPOINT", "http://127.0.0.1:5000");
+    format!(
+        "sqs://{}",
+        e.trim_start_matches("http://").trim_end_matches('/')
+    )
+}
+
+/// A migrated Postgres schema with nothing in it.
+fn store() -> (String, String) {
+    let pg = env(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let schema = format!("horizon_{}", tag().replace('-', "_"));
+    ok(&idem(&["migrate", "--store", &pg, "--schema", &schema]));
+    (pg, schema)
+}
+
+/// Publishes one line to `destination` (creating it).
+fn publish(broker: &str, destination: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("one.jsonl");
+    std::fs::write(
+        &f,
+        "{\"award_id\":\"H-1\",\"submission_timestamp\":\"2026-07-01T09:00:00Z\",\"amount_cents\":1}\n",
+    )
+    .expect("write");
+    ok(&idem(&[
+        "publish",
+        "--broker",
+        broker,
+        "--destination",
+        destination,
+        "--file",
+        f.to_str().expect("utf-8"),
+    ]));
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn purge(pg: &str, schema: &str, older_than: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "purge",
+        "--store",
+        pg,
+        "--schema",
+        schema,
+        "--older-than",
+        older_than,
+    ];
+    args.extend_from_slice(extra);
+    idem(&args)
+}
+
+#[test]
+fn purge_refuses_a_cutoff_inside_an_sqs_queues_retention_whatever_the_floor_override() {
+    let (pg, schema) = store();
+    let (broker, queue) = (sqs(), format!("horizon-{}", tag()));
+    publish(&broker, &queue);
+
+    // Inspect shows the horizon and the youngest cutoff a purge would take.
+    let shown = ok(&idem(&["inspect", "--broker", &broker, "--source", &queue]));
+    assert!(
+        shown.contains(&format!(
+            "redelivery_horizon: SQS {queue:?}: 4d (SQS MessageRetentionPeriod"
+        )),
+        "{shown}"
+    );
+    assert!(
+        shown
+            .contains("purge_older_than_at_least: 5d (the longest horizon 4d plus a margin of 1d)"),
+        "{shown}"
+    );
+
+    let src = ["--broker", broker.as_str(), "--source", queue.as_str()];
+    let with = |extra: &[&str]| -> Vec<String> {
+        src.iter().chain(extra).map(|s| (*s).to_owned()).collect()
+    };
+    // Inside the retention: refused, --allow-below-floor or not.
+    for older in ["1d", "3d", "4d", "119h"] {
+        let a = with(&["--allow-below-floor", "--dry-run"]);
+        let err = refused(&purge(&pg, &schema, older, &args(&a)));
+        assert!(err.contains("redelivery horizon"), "{older}: {err}");
+        assert!(err.contains("SQS"), "{older}: {err}");
+    }
+    // A bigger margin moves the limit.
+    let a = with(&["--allow-below-floor", "--dry-run", "--horizon-margin", "3d"]);
+    refused(&purge(&pg, &schema, "6d", &args(&a)));
+    // Beyond horizon + margin the horizon lets it through; the policy floor still holds
+    // without the override, and with it the (dry) purge runs.
+    let a = with(&["--dry-run"]);
+    let err = refused(&purge(&pg, &schema, "5d", &args(&a)));
+    assert!(
+        err.contains("idem: refusing to purge records younger than the retention floor"),
+        "{err}"
+    );
+    assert!(err.contains("purge: redelivery horizon of SQS"), "{err}");
+    let a = with(&["--allow-below-floor", "--dry-run"]);
+    let out = ok(&purge(&pg, &schema, "5d", &args(&a)));
+    assert!(out.contains("dry_run: true"), "{out}");
+    // Without a broker nothing changes: the override alone suffices, as before.
+    ok(&purge(
+        &pg,
+        &schema,
+        "1d",
+        &["--allow-below-floor", "--dry-run"],
+    ));
+
+    // A source that does not exist is a usage error, not a horizon of zero.
+    let err = refused(&purge(
+        &pg,
+        &schema,
+        "30d",
+        &[
+            "--allow-below-floor",
+            "--dry-run",
+            "--broker",
+            &broker,
+            "--source",
+            &format!("nope-{}", tag()),
+        ],
+    ));
+    assert!(err.contains("no such SQS queue"), "{err}");
+    let _ = Command::new("psql")
+        .args([&pg, "-qc", &format!("DROP SCHEMA \"{schema}\" CASCADE")])
+        .output();
+}
+
+#[test]
+fn the_longest_of_several_sources_wins_and_an_unknown_one_refuses_every_cutoff() {
+    let (pg, schema) = store();
+    let nats = env("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222");
+    let stream = format!("horizon-{}", tag());
+    publish(&nats, &stream);
+    let (broker, queue) = (sqs(), format!("horizon-{}", tag()));
+    publish(&broker, &queue);
+
+    // The NATS stream (no max_age) holds one message a few seconds old.
+    let shown = ok(&idem(&["inspect", "--broker", &nats, "--source", &stream]));
+    assert!(shown.contains("has no max_age"), "{shown}");
+    let ok_nats = purge(
+        &pg,
+        &schema,
+        "2d",
+        &[
+            "--allow-below-floor",
+            "--dry-run",
+            "--broker",
+            &nats,
+            "--source",
+            &stream,
+        ],
+    );
+    ok(&ok_nats);
+    // With the SQS queue beside it, its 4 days decide.
+    let both = [
+        "--allow-below-floor",
+        "--dry-run",
+        "--broker",
+        &nats,
+        "--source",
+        &stream,
+        "--broker",
+        &broker,
+        "--source",
+        &queue,
+    ];
+    let err = refused(&purge(&pg, &schema, "2d", &both));
+    assert!(err.contains("SQS"), "{err}");
+    ok(&purge(&pg, &schema, "5d", &both));
+
+    // RabbitMQ does not tell its TTL over AMQP: no cutoff is safe.
+    let amqp = env(
+        "IDEM_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+    );
+    let q = format!("idem-horizon-{}", tag());
+    publish(&amqp, &q);
+    let err = refused(&purge(
+        &pg,
+        &schema,
+        "36500d",
+        &[
+            "--allow-below-floor",
+            "--dry-run",
+            "--broker",
+            &amqp,
+            "--source",
+            &q,
+        ],
+    ));
+    assert!(err.contains("any age"), "{err}");
+    let shown = ok(&idem(&["inspect", "--broker", &amqp, "--source", &q]));
+    assert!(
+        shown.contains("purge_older_than_at_least: never"),
+        "{shown}"
+    );
+    let _ = Command::new("psql")
+        .args([&pg, "-qc", &format!("DROP SCHEMA \"{schema}\" CASCADE")])
+        .output();
+}

@@ -1,0 +1,360 @@
+//! `idem audit report` rendered in a real browser: a demo run's store (SQLite, and
+//! Postgres at `IDEM_TEST_POSTGRES_URL`), the page rendered by headless Chromium
+//! (`chromium`, installed by `scripts/ensure-chromium`; a missing browser fails the
+//! test), the rendered DOM read back and its figures compared with the store's own
+//! counts, and a screenshot kept under the target directory (its path is printed).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use idem_store_postgres::{PgConfig, PgStore};
+
+fn idem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .output()
+        .expect("run idem")
+}
+
+#[track_caller]
+fn ok(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn pg_url() -> String {
+    std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Where screenshots are kept: under the target directory.
+fn artefacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("audit-report");
+    std::fs::create_dir_all(&dir).expect("artefact dir");
+    dir
+}
+
+/// Headless Chromium with the flags a sandbox-less CI needs, and a profile of its own.
+fn chromium(profile: &Path, args: &[&str]) -> Output {
+    Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .expect("chromium is installed (scripts/ensure-chromium)")
+}
+
+/// The rendered DOM of `page`, and a screenshot of it at `png`.
+fn render(page: &Path, png: &Path) -> String {
+    let profile = tempfile::tempdir().expect("profile");
+    let url = format!("file://{}", page.display());
+    let out = chromium(profile.path(), &["--dump-dom", &url]);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && dom.contains("</html>"),
+        "chromium --dump-dom failed: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shot = chromium(
+        profile.path(),
+        &[
+            &format!("--screenshot={}", png.display()),
+            "--window-size=1100,2600",
+            &url,
+        ],
+    );
+    assert!(
+        shot.status.success() && png.metadata().map(|m| m.len() > 10_000).unwrap_or(false),
+        "chromium --screenshot failed: {:?}\n{}",
+        shot.status,
+        String::from_utf8_lossy(&shot.stderr)
+    );
+    println!("screenshot: {}", png.display());
+    dom
+}
+
+/// `data-value` of the element with `id` in the DOM.
+fn value(dom: &str, id: &str) -> String {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no element #{id} in the rendered page"));
+    let tag_end = at + dom[at..].find('>').expect("tag end");
+    let tag_start = dom[..at].rfind('<').expect("tag start");
+    let tag = &dom[tag_start..tag_end];
+    let v = tag
+        .split("data-value=\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("#{id} has no data-value: {tag}"));
+    v[..v.find('"').expect("quote")].to_owned()
+}
+
+fn number(dom: &str, id: &str) -> i64 {
+    value(dom, id)
+        .parse()
+        .unwrap_or_else(|e| panic!("#{id}: {e}"))
+}
+
+/// Per-day rows of the rendered table: day → claims.
+fn day_claims(dom: &str) -> HashMap<String, i64> {
+    dom.split("<tr class=\"day\"")
+        .skip(1)
+        .map(|row| {
+            let attr = |name: &str| {
+                let v = row.split(&format!("{name}=\"")).nth(1).expect(name);
+                v[..v.find('"').expect("quote")].to_owned()
+            };
+            (
+                attr("data-day"),
+                attr("data-claims").parse().expect("claims"),
+            )
+        })
+        .collect()
+}
+
+/// What the store says, counted by the test itself.
+#[derive(Debug, PartialEq)]
+struct Counts {
+    claims: i64,
+    rows: i64,
+    amount: i64,
+    events: i64,
+    published: i64,
+}
+
+/// Checks the page against `want`, and that it renders the verdict `agree`.
+fn check(dom: &str, want: &Counts, agree: bool) {
+    let got = Counts {
+        claims: number(dom, "processed"),
+        rows: number(dom, "business-rows"),
+        amount: number(dom, "amount-total"),
+        events: number(dom, "events"),
+        published: number(dom, "published"),
+    };
+    assert_eq!(&got, want, "the page's figures and the store's");
+    // The per-day chart and table add up to the total.
+    assert_eq!(number(dom, "processed-by-day"), want.claims);
+    assert_eq!(day_claims(dom).values().sum::<i64>(), want.claims);
+    let bars: i64 = dom
+        .split("data-series=\"claims\" data-value=\"")
+        .skip(1)
+        .map(|s| {
+            s[..s.find('"').expect("quote")]
+                .parse::<i64>()
+                .expect("bar")
+        })
+        .sum();
+    assert_eq!(bars, want.claims, "the chart's claim bars");
+    let verdict = value_attr(dom, "verdict", "data-agree");
+    assert_eq!(verdict, agree.to_string());
+    if agree {
+        assert!(
+            dom.contains("Totals agree"),
+            "the page says the totals agree"
+        );
+    } else {
+        assert!(dom.contains("Totals DISAGREE"), "the page says they do not");
+    }
+    assert!(dom.contains("not recorded in the store"));
+    assert!(dom.contains("idem key --award-id"));
+    for remote in ["src=\"http", "href=\"http", "url(http", "@import"] {
+        assert!(!dom.contains(remote), "a network resource: {remote}");
+    }
+}
+
+fn value_attr(dom: &str, id: &str, attr: &str) -> String {
+    let at = dom.find(&format!("id=\"{id}\"")).expect("id");
+    let tag_start = dom[..at].rfind('<').expect("tag start");
+    let tag = &dom[tag_start..tag_start + dom[tag_start..].find('>').expect("end")];
+    let v = tag.split(&format!("{attr}=\"")).nth(1).expect(attr);
+    v[..v.find('"').expect("quote")].to_owned()
+}
+
+fn report(store: &str, schema: Option<&str>, out: &Path) -> String {
+    let out_s = out.to_str().expect("utf-8");
+    let mut args = vec![
+        "audit",
+        "report",
+        "--store",
+        store,
+        "--since",
+        "2000-01-01",
+        "--until",
+        "2100-01-01",
+        "--out",
+        out_s,
+    ];
+    if let Some(s) = schema {
+        args.extend(["--schema", s]);
+    }
+    ok(&idem(&args))
+}
+
+#[test]
+fn report_of_a_sqlite_demo_renders_in_chromium_and_agrees_with_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("demo.db");
+    let store = format!("sqlite://{}", db.display());
+    let demo = ok(&idem(&[
+        "demo",
+        "--store",
+        &store,
+        "--submissions",
+        "300",
+        "--redeliveries",
+        "0.3",
+        "--poison-rate",
+        "0.05",
+        "--seed",
+        "7",
+    ]));
+    assert!(demo.contains("exactly-once: OK"), "{demo}");
+
+    let counts = |db: &Path| {
+        rt().block_on(async {
+            let s = idem_store_sqlite::SqliteStore::open(
+                db.to_str().expect("utf-8"),
+                Default::default(),
+            )
+            .await
+            .expect("open");
+            let q = |sql: &'static str| {
+                let pool = s.pool().clone();
+                async move {
+                    idem_store_sqlite::sqlx::query_scalar::<_, i64>(sql)
+                        .fetch_one(&pool)
+                        .await
+                        .expect(sql)
+                }
+            };
+            Counts {
+                claims: q("SELECT count(*) FROM processed_messages").await,
+                rows: q("SELECT count(*) FROM disbursements").await,
+                amount: q("SELECT coalesce(sum(amount_cents), 0) FROM disbursements").await,
+                events: q("SELECT count(*) FROM outbox").await,
+                published: q("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL").await,
+            }
+        })
+    };
+    let want = counts(&db);
+    assert!(want.claims > 200, "{want:?}");
+
+    let page = dir.path().join("report.html");
+    let printed = report(&store, None, &page);
+    assert!(printed.contains("totals: agree"), "{printed}");
+    let html = std::fs::read_to_string(&page).expect("page");
+    assert!(!html.contains("<script"), "no scripts");
+    assert!(!html.contains("<link"), "no external stylesheets");
+    assert!(html.contains("@media print"), "print CSS");
+    let dom = render(&page, &artefacts().join("report-sqlite.png"));
+    check(&dom, &want, true);
+
+    // A second payment for a processed key: the recount must disagree, and say so.
+    rt().block_on(async {
+        let s =
+            idem_store_sqlite::SqliteStore::open(db.to_str().expect("utf-8"), Default::default())
+                .await
+                .expect("open");
+        idem_store_sqlite::sqlx::query(
+            "INSERT INTO disbursements (award_id, amount_cents, idempotency_key) \
+             SELECT award_id, amount_cents, idempotency_key FROM disbursements LIMIT 1",
+        )
+        .execute(s.pool())
+        .await
+        .expect("double payment");
+    });
+    let want = counts(&db);
+    let page = dir.path().join("report-bad.html");
+    let printed = report(&store, None, &page);
+    assert!(printed.contains("totals: DISAGREE"), "{printed}");
+    let dom = render(&page, &artefacts().join("report-sqlite-disagree.png"));
+    check(&dom, &want, false);
+    assert_eq!(number(&dom, "claims-with-several-rows"), 1);
+}
+
+#[test]
+fn report_of_a_postgres_demo_renders_in_chromium_and_agrees_with_the_store() {
+    let pg = pg_url();
+    let schema = format!(
+        "report_{}_{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
+    let demo = ok(&idem(&[
+        "demo",
+        "--store",
+        &pg,
+        "--schema",
+        &schema,
+        "--submissions",
+        "300",
+        "--redeliveries",
+        "0.3",
+        "--seed",
+        "11",
+    ]));
+    assert!(demo.contains("exactly-once: OK"), "{demo}");
+    let want = rt().block_on(async {
+        let s = PgStore::connect(&pg, PgConfig::new(schema.clone()).expect("schema"))
+            .await
+            .expect("connect");
+        let q = |sql: String| {
+            let pool = s.pool().clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(&sql)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("count")
+            }
+        };
+        let t = |name: &str| format!("\"{schema}\".{name}");
+        Counts {
+            claims: q(format!("SELECT count(*) FROM {}", t("processed_messages"))).await,
+            rows: q(format!("SELECT count(*) FROM {}", t("disbursements"))).await,
+            amount: q(format!(
+                "SELECT coalesce(sum(amount_cents), 0)::bigint FROM {}",
+                t("disbursements")
+            ))
+            .await,
+            events: q(format!("SELECT count(*) FROM {}", t("outbox"))).await,
+            published: q(format!(
+                "SELECT count(*) FROM {} WHERE published_at IS NOT NULL",
+                t("outbox")
+            ))
+            .await,
+        }
+    });
+    assert!(want.claims > 200, "{want:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = dir.path().join("report.html");
+    let printed = report(&pg, Some(&schema), &page);
+    assert!(printed.contains("totals: agree"), "{printed}");
+    let dom = render(&page, &artefacts().join("report-postgres.png"));
+    check(&dom, &want, true);
+    let _ = Command::new("psql")
+        .args([&pg, "-qc", &format!("DROP SCHEMA \"{schema}\" CASCADE")])
+        .output();
+}

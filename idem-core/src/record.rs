@@ -1,0 +1,457 @@
+//! The audit record every SQL store reads back the same way: a dedup record (a claim)
+//! with the outbox events its submission caused ([`ClaimRecord`], [`OutboxRecord`]), the
+//! point in time they carry ([`Timestamp`]), and what an export wrote
+//! ([`AuditSummary`]). Plain data, no driver: `idem-store-postgres` and
+//! `idem-store-sqlite` return these from `inspect_key`, `inspect_subject` and
+//! `export_audit`, so a tool over either store handles one shape.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A point in time, UTC, in microseconds since the Unix epoch. `Display` is RFC 3339
+/// with microseconds, e.g. `2026-07-01T09:00:00.000000Z`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp {
+    unix_micros: i64,
+}
+
+impl Timestamp {
+    /// From microseconds since the Unix epoch.
+    pub const fn from_unix_micros(unix_micros: i64) -> Self {
+        Self { unix_micros }
+    }
+
+    /// Microseconds since the Unix epoch.
+    pub const fn unix_micros(self) -> i64 {
+        self.unix_micros
+    }
+
+    /// Now, from the system clock.
+    pub fn now() -> Self {
+        let micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        Self::from_unix_micros(micros)
+    }
+
+    /// As a [`SystemTime`].
+    pub fn to_system_time(self) -> SystemTime {
+        let abs = Duration::from_micros(self.unix_micros.unsigned_abs());
+        if self.unix_micros >= 0 {
+            UNIX_EPOCH + abs
+        } else {
+            UNIX_EPOCH - abs
+        }
+    }
+
+    /// The UTC calendar date, `(year, month, day)`.
+    pub fn date(self) -> (i64, u32, u32) {
+        civil_from_days(self.unix_micros.div_euclid(86_400_000_000))
+    }
+
+    /// The start (00:00:00Z) of the UTC day holding this instant.
+    pub fn start_of_day(self) -> Self {
+        Self::from_unix_micros(self.unix_micros.div_euclid(86_400_000_000) * 86_400_000_000)
+    }
+
+    /// Parses RFC 3339 (`2026-07-01T09:00:00Z`, `…T09:00:00.123456+02:00`, a space or
+    /// `t` for `T`, `z` for `Z`), or a bare date `2026-07-01` (its midnight UTC).
+    /// Fractions beyond microseconds are truncated.
+    ///
+    /// ```
+    /// use idem_core::record::Timestamp;
+    /// let t = Timestamp::parse_rfc3339("2026-07-01T11:00:00.5+02:00").unwrap();
+    /// assert_eq!(t.to_string(), "2026-07-01T09:00:00.500000Z");
+    /// assert_eq!(Timestamp::parse_rfc3339("2026-07-01").unwrap().to_string(), "2026-07-01T00:00:00.000000Z");
+    /// assert!(Timestamp::parse_rfc3339("2026-02-30T00:00:00Z").is_none());
+    /// ```
+    pub fn parse_rfc3339(s: &str) -> Option<Self> {
+        let b = s.as_bytes();
+        let num = |r: std::ops::Range<usize>| -> Option<i64> {
+            let part = b.get(r)?;
+            if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            std::str::from_utf8(part).ok()?.parse().ok()
+        };
+        if b.len() < 10 || b[4] != b'-' || b[7] != b'-' {
+            return None;
+        }
+        let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+        if !(1..=12).contains(&m) || d < 1 || d > days_in_month(y, m) {
+            return None;
+        }
+        let days = days_from_civil(y, m, d);
+        if b.len() == 10 {
+            return Some(Self::from_unix_micros(days * 86_400_000_000));
+        }
+        if b.len() < 20 || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+            return None;
+        }
+        let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+        if hh > 23 || mm > 59 || ss > 60 {
+            return None;
+        }
+        let mut i = 19;
+        let mut micros = 0i64;
+        if b[i] == b'.' {
+            i += 1;
+            let start = i;
+            while i < b.len() && b[i].is_ascii_digit() {
+                i += 1;
+            }
+            if i == start {
+                return None;
+            }
+            let frac = &s[start..i.min(start + 6)];
+            micros = frac.parse::<i64>().ok()? * 10i64.pow(6 - frac.len() as u32);
+        }
+        let offset_secs = match &b[i..] {
+            [b'Z' | b'z'] => 0,
+            [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
+                let (oh, om) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
+                if oh > 23 || om > 59 {
+                    return None;
+                }
+                let o = oh * 3600 + om * 60;
+                if *sign == b'+' {
+                    o
+                } else {
+                    -o
+                }
+            }
+            _ => return None,
+        };
+        let secs = days * 86_400 + hh * 3600 + mm * 60 + ss - offset_secs;
+        Some(Self::from_unix_micros(secs * 1_000_000 + micros))
+    }
+}
+
+fn is_leap(y: i64) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        2 if is_leap(y) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Howard Hinnant's days_from_civil.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Howard Hinnant's civil_from_days.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month as u32, day as u32)
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let micros = self.unix_micros.rem_euclid(1_000_000);
+        let secs = self.unix_micros.div_euclid(1_000_000);
+        let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
+        let sod = secs.rem_euclid(86_400);
+        write!(
+            f,
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+            sod / 3600,
+            sod % 3600 / 60,
+            sod % 60
+        )
+    }
+}
+
+/// One outbox row of a dedup record (never its payload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxRecord {
+    /// The row id (publication order).
+    pub id: i64,
+    /// The deterministic event id (64 hex), if the row has one.
+    pub event_id: Option<String>,
+    /// The event type, e.g. `disbursement.recorded`.
+    pub event_type: String,
+    /// The subject (award id).
+    pub subject: Option<String>,
+    /// When the event was written.
+    pub created_at: Option<Timestamp>,
+    /// When the relay marked it published (`None`: not yet).
+    pub published_at: Option<Timestamp>,
+}
+
+impl OutboxRecord {
+    /// An outbox row as a store read it.
+    pub fn new(
+        id: i64,
+        event_id: Option<String>,
+        event_type: String,
+        subject: Option<String>,
+        created_at: Option<Timestamp>,
+        published_at: Option<Timestamp>,
+    ) -> Self {
+        Self {
+            id,
+            event_id,
+            event_type,
+            subject,
+            created_at,
+            published_at,
+        }
+    }
+}
+
+/// A dedup record and the outbox events its submission caused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimRecord {
+    /// The idempotency key as stored (64 hex for keys written by idem).
+    pub key: String,
+    /// The award (subject) id stored with the claim.
+    pub award_id: Option<String>,
+    /// When the claim was made.
+    pub claimed_at: Option<Timestamp>,
+    /// The outbox events written under this key, in id order.
+    pub events: Vec<OutboxRecord>,
+}
+
+impl ClaimRecord {
+    /// A dedup record as a store read it, with no events yet.
+    pub fn new(key: String, award_id: Option<String>, claimed_at: Option<Timestamp>) -> Self {
+        Self {
+            key,
+            award_id,
+            claimed_at,
+            events: Vec::new(),
+        }
+    }
+}
+
+/// What an `export_audit` wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct AuditSummary {
+    /// Dedup records (claims) exported.
+    pub claims: u64,
+    /// Outbox events exported with them.
+    pub events: u64,
+    /// Pages (claim queries) run.
+    pub pages: u64,
+}
+
+/// A business table reconciled against the claims by [`AuditStats`]: its rows carry the
+/// idempotency key that caused them, an amount and a subject (for the grant pipeline:
+/// `disbursements(award_id, amount_cents, idempotency_key)`). Names are checked to be
+/// plain identifiers before they reach SQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BusinessTable {
+    /// The table.
+    pub table: String,
+    /// Its amount column (an integer).
+    pub amount_column: String,
+    /// Its subject column (award id).
+    pub subject_column: String,
+}
+
+impl BusinessTable {
+    /// A table with these columns (`idempotency_key` is always the key column).
+    ///
+    /// # Errors
+    /// The name that is not a plain identifier (`[A-Za-z_][A-Za-z0-9_]{0,62}`).
+    pub fn new(table: &str, amount_column: &str, subject_column: &str) -> Result<Self, String> {
+        for n in [table, amount_column, subject_column] {
+            let mut chars = n.chars();
+            let ok = n.len() <= 63
+                && chars
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                return Err(format!("{n:?} is not a plain SQL identifier"));
+            }
+        }
+        Ok(Self {
+            table: table.to_owned(),
+            amount_column: amount_column.to_owned(),
+            subject_column: subject_column.to_owned(),
+        })
+    }
+
+    /// The grant pipeline's `disbursements(award_id, amount_cents, idempotency_key)`.
+    pub fn disbursements() -> Self {
+        Self {
+            table: "disbursements".into(),
+            amount_column: "amount_cents".into(),
+            subject_column: "award_id".into(),
+        }
+    }
+}
+
+/// What one UTC day of an audit window holds in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct DayCounts {
+    /// The day, `YYYY-MM-DD` (UTC).
+    pub day: String,
+    /// Dedup records claimed that day (submissions processed).
+    pub claims: u64,
+    /// Outbox events written that day.
+    pub events: u64,
+    /// Outbox events published that day.
+    pub published: u64,
+}
+
+impl DayCounts {
+    /// One day's counts.
+    pub fn new(day: String, claims: u64, events: u64, published: u64) -> Self {
+        Self {
+            day,
+            claims,
+            events,
+            published,
+        }
+    }
+}
+
+/// The claims of a window recounted against the business table.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Reconciliation {
+    /// Dedup records claimed in the window.
+    pub claims: u64,
+    /// Business rows whose key is one of those claims.
+    pub rows: u64,
+    /// The sum of their amounts.
+    pub amount_total: i64,
+    /// Claims of the window with no business row.
+    pub claims_without_row: u64,
+    /// Claims of the window with more than one business row.
+    pub claims_with_several_rows: u64,
+    /// Business rows (any time) whose key has no dedup record (purged or never claimed).
+    pub rows_without_claim: u64,
+    /// Subjects (award ids) with more than one business row among the window's claims.
+    pub subjects_with_several_rows: u64,
+}
+
+impl Reconciliation {
+    /// Whether the business table and the claims agree: one row per claim, none without
+    /// a claim.
+    pub fn agrees(&self) -> bool {
+        self.claims == self.rows
+            && self.claims_without_row == 0
+            && self.claims_with_several_rows == 0
+            && self.rows_without_claim == 0
+    }
+}
+
+/// Retention as the store stands.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RetentionStatus {
+    /// The oldest dedup record's claim time (`None`: no records).
+    pub oldest_claim: Option<Timestamp>,
+    /// Dedup records in the store, all time.
+    pub all_claims: u64,
+    /// The cutoff the counts below are for (records older than it).
+    pub cutoff: Option<Timestamp>,
+    /// Dedup records a purge at the cutoff would remove.
+    pub purgeable_claims: u64,
+    /// Published outbox events a purge at the cutoff would remove.
+    pub purgeable_events: u64,
+}
+
+/// What an audit report shows of a window, read by a store's `audit_stats`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct AuditStats {
+    /// Per UTC day with any activity, in order.
+    pub days: Vec<DayCounts>,
+    /// Outbox events written in the window and not yet published.
+    pub unpublished: u64,
+    /// The claims recounted against the business table.
+    pub reconciliation: Reconciliation,
+    /// Retention.
+    pub retention: RetentionStatus,
+    /// A sample of the window's dedup records (spread by key), with their events.
+    pub sample: Vec<ClaimRecord>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Timestamp;
+
+    #[test]
+    fn timestamps_render_as_rfc3339() {
+        assert_eq!(
+            Timestamp::from_unix_micros(0).to_string(),
+            "1970-01-01T00:00:00.000000Z"
+        );
+        assert_eq!(
+            Timestamp::from_unix_micros(1_782_896_400_123_456).to_string(),
+            "2026-07-01T09:00:00.123456Z"
+        );
+        assert_eq!(
+            Timestamp::from_unix_micros(-1).to_string(),
+            "1969-12-31T23:59:59.999999Z"
+        );
+    }
+
+    #[test]
+    fn rfc3339_parses_back_what_display_writes() {
+        for micros in [
+            0,
+            1_782_896_400_123_456,
+            -1,
+            951_782_400_000_000,
+            4_107_542_399_999_999,
+        ] {
+            let t = Timestamp::from_unix_micros(micros);
+            assert_eq!(Timestamp::parse_rfc3339(&t.to_string()), Some(t), "{t}");
+        }
+        assert_eq!(
+            Timestamp::parse_rfc3339("2026-07-01 09:00:00.123Z").map(|t| t.to_string()),
+            Some("2026-07-01T09:00:00.123000Z".into())
+        );
+        assert_eq!(
+            Timestamp::parse_rfc3339("2026-07-01T04:00:00-05:00").map(|t| t.to_string()),
+            Some("2026-07-01T09:00:00.000000Z".into())
+        );
+        assert_eq!(
+            Timestamp::parse_rfc3339("2024-02-29").map(|t| t.date()),
+            Some((2024, 2, 29))
+        );
+        for bad in [
+            "",
+            "yesterday",
+            "2026-13-01T09:00:00Z",
+            "2026-07-01T09:00:00",
+            "2026-07-01T09:00:00.Z",
+            "2026-07-01T25:00:00Z",
+            "2026-07-01T09:00:00+0200",
+            "2025-02-29",
+            "2026-07-32",
+        ] {
+            assert_eq!(Timestamp::parse_rfc3339(bad), None, "{bad}");
+        }
+    }
+}

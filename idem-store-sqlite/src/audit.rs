@@ -1,0 +1,342 @@
+//! The audit trail as evidence, as on Postgres: [`SqliteStore::export_audit`] streams
+//! the dedup records claimed in a time window, each with its outbox events, in
+//! `claimed_at` order (ties by key), in bounded pages, with the record type every SQL
+//! store shares ([`idem_core::record::ClaimRecord`]).
+//!
+//! `claimed_at` is stored as UTC text `YYYY-MM-DDTHH:MM:SS.sssZ` (milliseconds), which
+//! sorts as time does; the window's bounds are normalised to that form, and each page
+//! after the first seeks the `claimed_at` index from the cursor with a row comparison
+//! (`(claimed_at, idempotency_key) > (?, ?)`): the cost of a page does not grow with its
+//! position.
+
+use std::collections::HashMap;
+
+use idem_core::record::{
+    AuditStats, AuditSummary, BusinessTable, ClaimRecord, DayCounts, OutboxRecord, Timestamp,
+};
+use idem_core::StoreError;
+use sqlx::Row;
+
+use crate::error::map;
+use crate::store::SqliteStore;
+
+/// `t` as the store writes it (`…SS.sssZ`), rounded up to the millisecond, so that
+/// `stored >= bound` and `stored < bound` mean the same as on the exact instant.
+pub(crate) fn stored_ceil(t: Timestamp) -> String {
+    let micros = t.unix_micros();
+    let ms = micros.div_euclid(1000) + i64::from(micros.rem_euclid(1000) != 0);
+    let text = Timestamp::from_unix_micros(ms * 1000).to_string();
+    // "…SS.mmm000Z" → "…SS.mmmZ"
+    format!("{}Z", &text[..text.len() - 4])
+}
+
+/// A stored timestamp text as a [`Timestamp`] (`None` when it is not RFC 3339).
+pub(crate) fn parse_stored(v: Option<String>) -> Option<Timestamp> {
+    v.as_deref().and_then(Timestamp::parse_rfc3339)
+}
+
+/// A window bound given by the caller.
+fn bound(name: &str, value: &str) -> Result<Timestamp, StoreError> {
+    Timestamp::parse_rfc3339(value).ok_or_else(|| {
+        StoreError::Config(format!(
+            "{name} {value:?} is not an RFC 3339 timestamp (e.g. 2026-07-01T00:00:00Z)"
+        ))
+    })
+}
+
+impl SqliteStore {
+    /// Streams every dedup record with `since <= claimed_at < until` to `sink`, oldest
+    /// first (ties by key), each with its outbox events in id order, `page_size` claims
+    /// per query — as `PgStore::export_audit` does. `since` and `until` are RFC 3339
+    /// (`2026-07-01T00:00:00Z`) or a bare date. Payloads are not read.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for a bound that is not RFC 3339; [`StoreError::Other`]
+    /// when `sink` fails (the export stops there); a store error from the database.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: idem_store_sqlite::SqliteStore) -> Result<(), idem_core::StoreError> {
+    /// let summary = store
+    ///     .export_audit("2026-07-01T00:00:00Z", "2026-08-01T00:00:00Z", 500, |r| {
+    ///         println!("{} {:?} {}", r.key, r.award_id, r.events.len());
+    ///         Ok(())
+    ///     })
+    ///     .await?;
+    /// eprintln!("{} claims", summary.claims);
+    /// # Ok(()) }
+    /// ```
+    pub async fn export_audit(
+        &self,
+        since: &str,
+        until: &str,
+        page_size: usize,
+        mut sink: impl FnMut(&ClaimRecord) -> std::io::Result<()>,
+    ) -> Result<AuditSummary, StoreError> {
+        let lo = stored_ceil(bound("since", since)?);
+        let hi = stored_ceil(bound("until", until)?);
+        let limit = i64::try_from(page_size.max(1)).unwrap_or(i64::MAX);
+        let mut summary = AuditSummary::default();
+        // (claimed_at as stored, key) of the last record exported.
+        let mut cursor: Option<(String, String)> = None;
+        loop {
+            let query = match &cursor {
+                None => sqlx::query(
+                    "SELECT idempotency_key, award_id, claimed_at FROM processed_messages \
+                     WHERE claimed_at >= ?1 AND claimed_at < ?2 \
+                     ORDER BY claimed_at, idempotency_key LIMIT ?3",
+                )
+                .bind(&lo)
+                .bind(&hi)
+                .bind(limit),
+                Some((at, key)) => sqlx::query(
+                    "SELECT idempotency_key, award_id, claimed_at FROM processed_messages \
+                     WHERE (claimed_at, idempotency_key) > (?1, ?2) AND claimed_at < ?3 \
+                     ORDER BY claimed_at, idempotency_key LIMIT ?4",
+                )
+                .bind(at)
+                .bind(key)
+                .bind(&hi)
+                .bind(limit),
+            };
+            let rows = query
+                .fetch_all(self.pool())
+                .await
+                .map_err(|e| map("exporting dedup records", e))?;
+            summary.pages += 1;
+            let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= limit;
+            let mut page = Vec::with_capacity(rows.len());
+            let mut last = None;
+            for row in &rows {
+                let key: String = row.get(0);
+                let at: Option<String> = row.get(2);
+                last = Some((at.clone().unwrap_or_default(), key.clone()));
+                page.push(ClaimRecord::new(key, row.get(1), parse_stored(at)));
+            }
+            if page.is_empty() {
+                break;
+            }
+            cursor = last;
+            self.attach_events(&mut page).await?;
+            for r in &page {
+                sink(r).map_err(|e| StoreError::Other {
+                    message: "writing the audit export".into(),
+                    retryable: false,
+                    source: Some(Box::new(e)),
+                })?;
+                summary.claims += 1;
+                summary.events += r.events.len() as u64;
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(summary)
+    }
+
+    /// Fills each record's events (one query for the page, through the key index).
+    pub(crate) async fn attach_events(&self, page: &mut [ClaimRecord]) -> Result<(), StoreError> {
+        if page.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = page.iter().map(|c| json_string(&c.key)).collect();
+        let keys = format!("[{}]", keys.join(","));
+        let rows = sqlx::query(
+            "SELECT id, event_id, event_type, subject, idempotency_key, created_at, published_at \
+             FROM outbox WHERE idempotency_key IN (SELECT value FROM json_each(?1)) ORDER BY id",
+        )
+        .bind(keys)
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| map("exporting outbox events", e))?;
+        let index: HashMap<String, usize> = page
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.key.clone(), i))
+            .collect();
+        for row in rows {
+            let key: String = row.get(4);
+            if let Some(&i) = index.get(&key) {
+                page[i].events.push(OutboxRecord::new(
+                    row.get(0),
+                    row.get(1),
+                    row.get(2),
+                    row.get(3),
+                    parse_stored(row.get(5)),
+                    parse_stored(row.get(6)),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `s` as a JSON string literal.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+impl SqliteStore {
+    /// What an audit report shows of the window `since <= t < until` (RFC 3339), as
+    /// `PgStore::audit_stats` does: per UTC day the claims, outbox events written and
+    /// published; the window's claims recounted against `business`; retention for a
+    /// purge of what is older than `cutoff`; and `sample` dedup records (spread by key)
+    /// with their events. Payloads are not read.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for a bad bound; a store error from the database (a
+    /// business table without the named columns included).
+    pub async fn audit_stats(
+        &self,
+        since: &str,
+        until: &str,
+        business: &BusinessTable,
+        cutoff: Timestamp,
+        sample: usize,
+    ) -> Result<AuditStats, StoreError> {
+        let lo = stored_ceil(bound("since", since)?);
+        let hi = stored_ceil(bound("until", until)?);
+        let biz = format!("\"{}\"", business.table);
+        let amount = format!("b.\"{}\"", business.amount_column);
+        let subject = format!("b.\"{}\"", business.subject_column);
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        let mut stats = AuditStats::default();
+
+        let rows = sqlx::query(
+            "WITH c AS (SELECT substr(claimed_at, 1, 10) AS day, count(*) AS n FROM processed_messages \
+                        WHERE claimed_at >= ?1 AND claimed_at < ?2 GROUP BY 1), \
+                  e AS (SELECT substr(created_at, 1, 10) AS day, count(*) AS n FROM outbox \
+                        WHERE created_at >= ?1 AND created_at < ?2 GROUP BY 1), \
+                  p AS (SELECT substr(published_at, 1, 10) AS day, count(*) AS n FROM outbox \
+                        WHERE published_at >= ?1 AND published_at < ?2 GROUP BY 1), \
+                  d AS (SELECT day FROM c UNION SELECT day FROM e UNION SELECT day FROM p) \
+             SELECT d.day, coalesce(c.n, 0), coalesce(e.n, 0), coalesce(p.n, 0) FROM d \
+             LEFT JOIN c ON c.day = d.day LEFT JOIN e ON e.day = d.day LEFT JOIN p ON p.day = d.day \
+             ORDER BY d.day",
+        )
+        .bind(&lo)
+        .bind(&hi)
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| map("audit stats per day", e))?;
+        for r in rows {
+            stats.days.push(DayCounts::new(
+                r.get(0),
+                n(r.get(1)),
+                n(r.get(2)),
+                n(r.get(3)),
+            ));
+        }
+        let unpublished: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL AND created_at >= ?1 AND created_at < ?2",
+        )
+        .bind(&lo)
+        .bind(&hi)
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| map("audit stats unpublished", e))?;
+        stats.unpublished = n(unpublished);
+
+        let sql = format!(
+            "WITH c AS (SELECT idempotency_key FROM processed_messages WHERE claimed_at >= ?1 AND claimed_at < ?2), \
+                  d AS (SELECT b.idempotency_key AS k, count(*) AS n, sum({amount}) AS s \
+                        FROM {biz} b JOIN c ON c.idempotency_key = b.idempotency_key GROUP BY 1) \
+             SELECT (SELECT count(*) FROM c), coalesce(sum(n), 0), coalesce(sum(s), 0), \
+                    (SELECT count(*) FROM c) - count(*), coalesce(sum(n > 1), 0), \
+                    (SELECT count(*) FROM {biz} b WHERE NOT EXISTS \
+                        (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = b.idempotency_key)), \
+                    (SELECT count(*) FROM (SELECT {subject} FROM {biz} b JOIN c ON c.idempotency_key = b.idempotency_key \
+                        GROUP BY 1 HAVING count(*) > 1)) \
+             FROM d"
+        );
+        let r = sqlx::query(&sql)
+            .bind(&lo)
+            .bind(&hi)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| map("reconciling claims with the business table", e))?;
+        let rec = &mut stats.reconciliation;
+        rec.claims = n(r.get(0));
+        rec.rows = n(r.get(1));
+        rec.amount_total = r.get(2);
+        rec.claims_without_row = n(r.get(3));
+        rec.claims_with_several_rows = n(r.get(4));
+        rec.rows_without_claim = n(r.get(5));
+        rec.subjects_with_several_rows = n(r.get(6));
+
+        let cut = stored_ceil(cutoff);
+        let r = sqlx::query(
+            "SELECT (SELECT min(claimed_at) FROM processed_messages), \
+                    (SELECT count(*) FROM processed_messages), \
+                    (SELECT count(*) FROM processed_messages WHERE claimed_at < ?1), \
+                    (SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND created_at < ?1)",
+        )
+        .bind(&cut)
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| map("retention status", e))?;
+        let ret = &mut stats.retention;
+        ret.oldest_claim = parse_stored(r.get(0));
+        ret.all_claims = n(r.get(1));
+        ret.cutoff = Some(cutoff);
+        ret.purgeable_claims = n(r.get(2));
+        ret.purgeable_events = n(r.get(3));
+
+        if sample > 0 {
+            // Keys are hashes: their order is a spread sample.
+            let rows = sqlx::query(
+                "SELECT idempotency_key, award_id, claimed_at FROM processed_messages \
+                 WHERE claimed_at >= ?1 AND claimed_at < ?2 ORDER BY idempotency_key LIMIT ?3",
+            )
+            .bind(&lo)
+            .bind(&hi)
+            .bind(i64::try_from(sample).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| map("audit sample", e))?;
+            let mut page: Vec<ClaimRecord> = rows
+                .iter()
+                .map(|r| ClaimRecord::new(r.get(0), r.get(1), parse_stored(r.get(2))))
+                .collect();
+            self.attach_events(&mut page).await?;
+            stats.sample = page;
+        }
+        Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_round_up_to_the_stored_millisecond() {
+        let t = |s| Timestamp::parse_rfc3339(s).unwrap();
+        assert_eq!(
+            stored_ceil(t("2026-07-01T09:00:00Z")),
+            "2026-07-01T09:00:00.000Z"
+        );
+        assert_eq!(
+            stored_ceil(t("2026-07-01T09:00:00.1234Z")),
+            "2026-07-01T09:00:00.124Z"
+        );
+        assert_eq!(
+            stored_ceil(t("2026-07-01T09:00:00.999500Z")),
+            "2026-07-01T09:00:01.000Z"
+        );
+        assert_eq!(
+            stored_ceil(t("2026-07-01T11:00:00.123+02:00")),
+            "2026-07-01T09:00:00.123Z"
+        );
+    }
+}
