@@ -31,6 +31,7 @@ pub mod delivery;
 pub mod error;
 pub mod filter;
 pub mod gate;
+pub mod ident;
 pub mod key;
 pub mod outbox;
 pub mod store;
@@ -44,7 +45,8 @@ pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx, BREAKER_COOL_DOW
 pub use gate::{Gate, GateConfig, GateObserver, Handler, Outcome, OutcomeKind, Stage, Submission};
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{
-    EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay, RelayStats,
+    Backoff, EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay,
+    RelayObserver, RelayOptions, RelayStats,
 };
 pub use store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
 
