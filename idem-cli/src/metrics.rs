@@ -147,12 +147,19 @@ pub(crate) struct RelayCounters {
     pub(crate) retries: AtomicU64,
     /// Events moved aside after the broker refused them again and again.
     pub(crate) moved_aside: AtomicU64,
+    /// When the last batch was marked published.
+    pub(crate) last_published: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl idem_core::RelayObserver for RelayCounters {
     fn published(&self, events: usize) {
         self.published.fetch_add(events as u64, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
+        let now = std::time::Instant::now();
+        *self
+            .last_published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(now);
     }
 
     fn failed(&self, _error: &idem_core::Error, _retry_in: Duration) {
@@ -222,8 +229,11 @@ pub(crate) struct ConsumeMetrics {
     by_kind: [AtomicU64; 5],
     settle_failures: AtomicU64,
     stages: Arc<StageMetrics>,
-    opened: OnceLock<(Arc<dyn GrantDb>, Option<Arc<FilterStats>>)>,
+    opened: OnceLock<Opened>,
 }
+
+/// The opened store and its front filter's counters.
+type Opened = (Arc<dyn GrantDb>, Option<Arc<FilterStats>>);
 
 const KINDS: [OutcomeKind; 5] = [
     OutcomeKind::Processed,

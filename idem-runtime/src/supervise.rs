@@ -15,11 +15,13 @@
 //!   [`SuperviseError::Connect`].
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt as _, Stream, StreamExt as _};
+use futures::{FutureExt as _, Stream};
 use idem_core::outbox::Backoff;
 use idem_core::{
     consumer, Acker, BoxError, ClaimStore, ConsumerConfig, ConsumerStats, Delivery, Error, Gate,
@@ -134,6 +136,8 @@ impl Counts {
         *fl = Some(fl.map_or((now, now), |(first, _)| (first, now)));
     }
 
+    // Field by field: `ConsumerStats` may gain fields (or `#[non_exhaustive]`) in core.
+    #[allow(clippy::field_reassign_with_default)]
     fn stats(&self) -> ConsumerStats {
         let get = |i: usize| self.by_kind[i].load(Ordering::Relaxed);
         let mut s = ConsumerStats::default();
@@ -197,26 +201,77 @@ impl Streak {
     }
 }
 
-/// Ends `stream` once no item arrived for `idle` while it was being waited for; sets
-/// `ended` when the stream itself ends (the broker closed it).
-fn watched<St: Stream + Unpin>(
-    stream: St,
+/// A connection's delivery stream as the consumer sees it: before each delivery is
+/// pulled it waits the store-failure backoff (and ends with an error once the failures
+/// outlast the deadline); it ends once no delivery arrived for `idle` while it was waited
+/// for; `ended` tells a stream the broker closed from one that went idle. (A hand-written
+/// stream: combinator closures here defeat rustc's `Send` proof for the caller's future.)
+struct Watched<St> {
+    inner: Pin<Box<St>>,
     idle: Option<Duration>,
+    idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    checked: bool,
+    streak: Arc<Streak>,
+    timeout: Duration,
+    backoff: Backoff,
     ended: Arc<AtomicBool>,
-) -> impl Stream<Item = St::Item> {
-    futures::stream::unfold(stream, move |mut st| {
-        let ended = Arc::clone(&ended);
-        async move {
-            let next = match idle {
-                Some(idle) => tokio::time::timeout(idle, st.next()).await.ok()?,
-                None => st.next().await,
-            };
-            if next.is_none() {
-                ended.store(true, Ordering::SeqCst);
-            }
-            next.map(|item| (item, st))
+    done: bool,
+}
+
+impl<St, A, E> Stream for Watched<St>
+where
+    St: Stream<Item = Result<Delivery<A>, E>>,
+    E: Into<BoxError>,
+{
+    type Item = Result<Delivery<A>, BoxError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
         }
-    })
+        if !this.checked {
+            this.checked = true;
+            match this.streak.wait(this.timeout, this.backoff) {
+                None => {}
+                Some(Ok(wait)) => this.pause = Some(Box::pin(tokio::time::sleep(wait))),
+                Some(Err(())) => {
+                    // Ends this connection's run; `supervise` reports why.
+                    this.done = true;
+                    return Poll::Ready(Some(Err("the store kept failing".into())));
+                }
+            }
+        }
+        if let Some(pause) = this.pause.as_mut() {
+            ready!(pause.as_mut().poll(cx));
+            this.pause = None;
+        }
+        match this.inner.as_mut().poll_next(cx) {
+            Poll::Ready(Some(item)) => {
+                this.idle_timer = None;
+                this.checked = false;
+                Poll::Ready(Some(item.map_err(Into::into)))
+            }
+            Poll::Ready(None) => {
+                this.ended.store(true, Ordering::SeqCst);
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if let Some(idle) = this.idle {
+                    let timer = this
+                        .idle_timer
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                    if timer.as_mut().poll(cx).is_ready() {
+                        this.done = true;
+                        return Poll::Ready(None);
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
 }
 
 /// Runs `gate` over deliveries from `connect` until `shutdown`, the idle deadline, or a
@@ -245,7 +300,7 @@ where
 {
     let shutdown = shutdown.shared();
     let counts = Counts::default();
-    let streak = Streak::default();
+    let streak = Arc::new(Streak::default());
     let timeout = config.reconnect_timeout;
     let mut reconnects = 0u32;
     let mut next = first;
@@ -267,21 +322,18 @@ where
             }
         };
         let ended = Arc::new(AtomicBool::new(false));
-        let streak_ref = &streak;
-        let throttled = Box::pin(stream).then(move |item| async move {
-            match streak_ref.wait(timeout, config.backoff) {
-                None => {}
-                Some(Ok(wait)) => tokio::time::sleep(wait).await,
-                // Ends this connection's run; the loop below reports it.
-                Some(Err(())) => return Err(BoxError::from("the store kept failing")),
-            }
-            item.map_err(Into::into)
-        });
-        let deliveries = watched(
-            Box::pin(throttled),
-            config.exit_when_idle,
-            Arc::clone(&ended),
-        );
+        let deliveries = Watched {
+            inner: Box::pin(stream),
+            idle: config.exit_when_idle,
+            idle_timer: None,
+            pause: None,
+            checked: false,
+            streak: Arc::clone(&streak),
+            timeout,
+            backoff: config.backoff,
+            ended: Arc::clone(&ended),
+            done: false,
+        };
         let result = consumer::run(
             gate,
             deliveries,

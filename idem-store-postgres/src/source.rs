@@ -121,6 +121,9 @@ impl PgStore {
     }
 }
 
+/// `event_id, subject, publish_attempts, last_error, failed_at` of a row moved aside.
+type MovedAsideRow = (Option<String>, Option<String>, i32, Option<String>, String);
+
 impl PgStore {
     /// The events moved aside after failing to publish (see
     /// [`OutboxBatch::record_failure`]), oldest first.
@@ -128,16 +131,15 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Unavailable`] when the database cannot be reached.
     pub async fn outbox_moved_aside(&self) -> Result<Vec<MovedAside>, StoreError> {
-        let rows: Vec<(Option<String>, Option<String>, i32, Option<String>, String)> =
-            sqlx::query_as(&format!(
-                "SELECT event_id, subject, publish_attempts, last_error, \
+        let rows: Vec<MovedAsideRow> = sqlx::query_as(&format!(
+            "SELECT event_id, subject, publish_attempts, last_error, \
                    to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
                  FROM {} WHERE published_at IS NULL AND failed_at IS NOT NULL ORDER BY id",
-                self.table("outbox")
-            ))
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| map_sqlx(e, "reading the outbox events moved aside"))?;
+            self.table("outbox")
+        ))
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| map_sqlx(e, "reading the outbox events moved aside"))?;
         Ok(rows
             .into_iter()
             .map(

@@ -234,10 +234,6 @@ impl PgStore {
         &self.shared.channel
     }
 
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
-    }
-
     /// Creates the schema, `processed_messages` and `outbox` if missing, and adds this
     /// crate's columns and indexes to an `outbox` that lacks them (plus the audit indexes
     /// of [`PgConfig::audit_indexes`] when on). Idempotent, and safe

@@ -37,37 +37,39 @@ const COLUMNS: [(&str, &str); 5] = [
     ("leased_until", "INTEGER"),
 ];
 
-/// Adds the relay's columns (publish failures, leases) and its index, once; run by
-/// [`SqliteStore::migrate`] after the tables exist. Idempotent and safe to run from
-/// several processes at once (it holds the write lock).
+/// Adds the relay's columns (publish failures, leases) and its index; run by
+/// [`SqliteStore::migrate`] after the tables exist. Idempotent. Two processes migrating at
+/// once may both try to add a column: the loser's `ALTER` fails, and it reads the columns
+/// again instead of failing.
 pub(crate) async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
-    let mut tx = pool
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(|e| map("migrating the outbox", e))?;
-    let have: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('outbox')")
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| map("reading the outbox's columns", e))?;
-    for (name, ty) in COLUMNS {
-        if !have.iter().any(|h| h == name) {
-            // Names and types are the constants above, never input.
-            sqlx::raw_sql(&format!("ALTER TABLE outbox ADD COLUMN {name} {ty}"))
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| map("adding an outbox column", e))?;
+    for attempt in 0..3 {
+        let have: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('outbox')")
+            .fetch_all(pool)
+            .await
+            .map_err(|e| map("reading the outbox's columns", e))?;
+        // Names and types are the constants above, never input.
+        let sql: String = COLUMNS
+            .iter()
+            .filter(|(name, _)| !have.iter().any(|h| h == name))
+            .map(|(name, ty)| format!("ALTER TABLE outbox ADD COLUMN {name} {ty};"))
+            .collect();
+        if sql.is_empty() {
+            break;
+        }
+        match sqlx::raw_sql(&sql).execute(pool).await {
+            Ok(_) => break,
+            Err(_) if attempt < 2 => continue,
+            Err(e) => return Err(map("adding the outbox's relay columns", e)),
         }
     }
     sqlx::raw_sql(
         "CREATE INDEX IF NOT EXISTS outbox_unpublished_subject \
          ON outbox (subject, id) WHERE published_at IS NULL",
     )
-    .execute(&mut *tx)
+    .execute(pool)
     .await
     .map_err(|e| map("indexing the outbox", e))?;
-    tx.commit()
-        .await
-        .map_err(|e| map("migrating the outbox", e))
+    Ok(())
 }
 
 /// Unpublished outbox rows of a [`SqliteStore`], for [`idem_core::Relay`].

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt as _;
 use idem_broker::any::{AnyConsumer, BrokerUrl};
 use idem_core::{ClaimStore, ConsumerConfig, Gate, Handler};
 use idem_grant::{GrantDb, GrantHandler};
@@ -22,7 +23,7 @@ use idem_runtime::Backoff;
 
 use crate::cmd::{attempt, broker_error, gave_up, parse_secs};
 use crate::metrics::ConsumeMetrics;
-use crate::stores::{self, Extras, StoreSpec, StoreVisitor};
+use crate::stores::{Extras, StoreSpec, StoreVisitor};
 use crate::CliError;
 
 /// Arguments of `idem consume`.
@@ -100,12 +101,18 @@ impl StoreVisitor for Consume {
         let prefetch = 2 * c.concurrency * c.batch_size;
         let (broker, source) = (&self.broker, &self.source);
         let what = format!("{} {}", broker.kind(), broker);
-        let connect = || async {
-            let r = AnyConsumer::connect(broker, source, prefetch).await;
-            r.map_err(|e| attempt(broker_error(&what, &e)))
+        let (b, src, w) = (broker.clone(), source.clone(), what.clone());
+        // Owned and boxed: the visitor's future must be `Send` for every lifetime.
+        let mut connect = move || {
+            let (b, src, w) = (b.clone(), src.clone(), w.clone());
+            async move {
+                let r = AnyConsumer::connect(&b, &src, prefetch).await;
+                r.map_err(|e| attempt(broker_error(&w, &e)))
+            }
+            .boxed()
         };
         let timeout = self.config.reconnect_timeout;
-        let first = idem_runtime::retry(&what, timeout, Backoff::default(), connect)
+        let first = idem_runtime::retry(&what, timeout, Backoff::default(), &mut connect)
             .await
             .map_err(|e| gave_up(&what, e))?;
         eprintln!(
@@ -117,7 +124,8 @@ impl StoreVisitor for Consume {
         );
         let gate = Gate::new(store, db.grant_handler()).with_observer(self.metrics.stages());
         let shutdown = crate::cmd::shutdown_signal();
-        let observe = |o: &idem_core::Outcome| self.metrics.record(o);
+        let metrics = Arc::clone(&self.metrics);
+        let observe = move |o: &idem_core::Outcome| metrics.record(o);
         supervise(&gate, Some(first), connect, self.config, shutdown, observe)
             .await
             .map_err(|e| match e {

@@ -11,13 +11,13 @@
 //! scrape). `--no-migrate` leaves the tables alone, for a role that may only read the
 //! outbox and mark it published.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
 use idem_broker::any::{AnyPublisher, BrokerUrl};
 use idem_core::{OutboxSource, PublishError, Relay, RelayStats};
-use idem_runtime::{Attempt, Backoff, ReconnectingPublisher};
+use idem_runtime::{Backoff, ReconnectingPublisher};
 use idem_store_postgres::PgOutboxSource;
 use idem_store_sqlite::SqliteOutboxSource;
 
@@ -68,9 +68,10 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let spec = StoreSpec::new(&args.store, args.schema.clone(), None)?;
     let (timeout, dest) = (args.reconnect_timeout, args.destination.clone());
     let what = format!("{} {}", broker.kind(), broker);
-    let first = idem_runtime::retry(&what, timeout, Backoff::default(), || async {
-        let p = AnyPublisher::connect(&broker, &dest).await;
-        p.map_err(|e| attempt(broker_error(&what, &e)))
+    let (b, d, w) = (&broker, &dest, &what);
+    let first = idem_runtime::retry(&what, timeout, Backoff::default(), move || async move {
+        let p = AnyPublisher::connect(b, d).await;
+        p.map_err(|e| attempt(broker_error(w, &e)))
     })
     .await
     .map_err(|e| gave_up(&what, e))?;
@@ -93,7 +94,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         .batch_size(args.batch_size as usize)
         .exit_when_idle(args.exit_when_idle)
         .give_up_after(Some(timeout))
-        .observer(counters);
+        .observer(Arc::clone(&counters) as Arc<dyn idem_core::RelayObserver>);
     let shutdown = crate::cmd::shutdown_signal();
     let started = Instant::now();
     let stats = match store {
@@ -121,6 +122,19 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     println!("failed_batches: {}", stats.failed_batches);
     println!("moved_aside: {}", stats.moved_aside);
     println!("seconds: {:.3}", started.elapsed().as_secs_f64());
+    // From the start to the last batch marked: the rate while there was work.
+    let last = *counters
+        .last_published
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let busy = last.map_or(0.0, |l| l.duration_since(started).as_secs_f64());
+    println!("busy_seconds: {busy:.3}");
+    let rate = if busy > 0.0 {
+        stats.published as f64 / busy
+    } else {
+        0.0
+    };
+    println!("throughput_msgs_per_s: {rate:.0}");
     Ok(())
 }
 
