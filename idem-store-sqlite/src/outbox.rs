@@ -14,6 +14,7 @@
 //! leased again: they are then published twice, with the same event ids.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -78,6 +79,8 @@ pub struct SqliteOutboxSource {
     store: SqliteStore,
     poll: Duration,
     lease: Duration,
+    /// Tokens of this source's batches dropped unreleased: released before the next lease.
+    abandoned: Arc<Mutex<Vec<String>>>,
 }
 
 impl SqliteStore {
@@ -152,6 +155,7 @@ impl SqliteOutboxSource {
             store,
             poll,
             lease: Duration::from_secs(30),
+            abandoned: Arc::default(),
         }
     }
 
@@ -195,6 +199,7 @@ fn lease_token() -> String {
 #[derive(Debug)]
 pub struct SqliteOutboxBatch {
     pool: SqlitePool,
+    abandoned: Arc<Mutex<Vec<String>>>,
     token: String,
     events: Vec<OutboxEvent>,
     done: bool,
@@ -220,8 +225,14 @@ impl Drop for SqliteOutboxBatch {
         if self.done || self.events.is_empty() {
             return;
         }
+        // Released by this source's next lease at the latest, and at once in the
+        // background where a runtime runs.
+        let token = std::mem::take(&mut self.token);
+        if let Ok(mut abandoned) = self.abandoned.lock() {
+            abandoned.push(token.clone());
+        }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (pool, token) = (self.pool.clone(), std::mem::take(&mut self.token));
+            let pool = self.pool.clone();
             rt.spawn(async move {
                 let _ = sqlx::query(RELEASE).bind(token).execute(&pool).await;
             });
@@ -234,6 +245,18 @@ impl OutboxSource for SqliteOutboxSource {
     type Batch = SqliteOutboxBatch;
 
     async fn lease(&self, max: usize) -> Result<SqliteOutboxBatch, StoreError> {
+        let abandoned = self
+            .abandoned
+            .lock()
+            .map(|mut a| std::mem::take(&mut *a))
+            .unwrap_or_default();
+        for token in abandoned {
+            sqlx::query(RELEASE)
+                .bind(token)
+                .execute(self.store.pool())
+                .await
+                .map_err(|e| map("releasing an abandoned relay batch", e))?;
+        }
         let token = lease_token();
         let now = now_ms();
         let until = now.saturating_add(i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX));
@@ -257,6 +280,7 @@ impl OutboxSource for SqliteOutboxSource {
         .map_err(|e| map("leasing outbox rows", e))?;
         let mut batch = SqliteOutboxBatch {
             pool: self.store.pool().clone(),
+            abandoned: Arc::clone(&self.abandoned),
             token,
             events: Vec::with_capacity(rows.len()),
             done: false,
