@@ -1,28 +1,19 @@
-//! `idem consume`: submissions from a broker into a store, exactly once in effect.
-//!
-//! Each delivery goes through the gate (claim → disbursement → commit → ack), run by
-//! `idem-runtime`'s supervised consumer: a closed delivery stream is reconnected with a
-//! capped, jittered backoff, deliveries wait a growing backoff while the store keeps
-//! failing, counts survive every reconnect, and a broker or store unreachable for
-//! `--reconnect-timeout` (default 60 s) is a one-line error and exit 1; a configuration
-//! failure (a missing table or privilege) stops at once with exit 2, nothing acked. With
-//! `--exit-when-idle` the command ends once no delivery arrived for that long; Ctrl-C or
-//! SIGTERM stops taking deliveries, finishes the ones in hand and exits 0. The report on
-//! stdout is `name: value` lines. `--metrics-addr` and `--no-migrate`: see `--help`.
+//! `idem consume`: submissions from a broker into a store, exactly once in effect: the
+//! gate (claim → disbursement → commit → ack) under `idem-runtime`'s supervised consumer
+//! (reconnects with backoff, a store-failure backoff, `--reconnect-timeout` then exit 1, a
+//! configuration failure exit 2 with nothing acked; counts survive reconnects). Ctrl-C or
+//! SIGTERM finishes the deliveries in hand and exits 0; stdout gets `name: value` lines.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::FutureExt as _;
-use idem_broker::any::{AnyConsumer, BrokerUrl};
+use idem_broker::any::BrokerUrl;
 use idem_core::{ClaimStore, ConsumerConfig, Gate, Handler};
 use idem_grant::{GrantDb, GrantHandler};
-use idem_runtime::supervise::{supervise, SuperviseError, SupervisorConfig};
-use idem_runtime::Backoff;
+use idem_runtime::{supervise::supervise, supervise::SupervisorConfig, Backoff};
 
-use crate::cmd::{attempt, broker_error, gave_up, parse_secs};
-use crate::metrics::ConsumeMetrics;
+use crate::cmd::{at_least_one, broker_error, gave_up, parse_secs};
 use crate::stores::{Extras, StoreSpec, StoreVisitor};
 use crate::CliError;
 
@@ -42,10 +33,10 @@ pub(crate) struct Args {
     #[arg(long)]
     schema: Option<String>,
     /// The most deliveries committed in one transaction.
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least_one)]
     batch_size: usize,
     /// How many batches are processed at once.
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least_one)]
     concurrency: usize,
     /// A Redis front filter (redis://…) before the durable store.
     #[arg(long, value_name = "URL")]
@@ -53,8 +44,7 @@ pub(crate) struct Args {
     /// Stop once no delivery arrived for this long (`5`, `500ms`, `2m`).
     #[arg(long, value_name = "DURATION", value_parser = parse_secs)]
     exit_when_idle: Option<Duration>,
-    /// Serve Prometheus metrics over HTTP at ADDR (e.g. 127.0.0.1:9898): deliveries by
-    /// outcome, settle failures, stage latencies, front-filter hits, the outbox backlog.
+    /// Serve Prometheus metrics over HTTP at ADDR (e.g. 127.0.0.1:9898).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Give up (exit 1) when the broker or the store stays unreachable this long.
@@ -73,7 +63,7 @@ struct Consume {
     broker: BrokerUrl,
     source: String,
     config: SupervisorConfig,
-    metrics: Arc<ConsumeMetrics>,
+    metrics: Arc<crate::metrics::ConsumeMetrics>,
 }
 
 impl StoreVisitor for Consume {
@@ -91,66 +81,39 @@ impl StoreVisitor for Consume {
     {
         self.visited.store(true, Ordering::SeqCst);
         if !self.migrate {
-            // Not migrated by us: fail now, naming the table, rather than nack every
-            // delivery until the reconnect timeout.
-            db.check_grants().await?;
+            db.check_grants().await?; // fail now, naming the table
         }
-        self.metrics
-            .opened(Arc::clone(&db), extras.filter_stats.clone());
+        self.metrics.opened(Arc::clone(&db), extras.filter_stats);
         let c = self.config.consumer;
         let prefetch = 2 * c.concurrency * c.batch_size;
         let (broker, source) = (&self.broker, &self.source);
         let what = format!("{} {}", broker.kind(), broker);
-        let (b, src, w) = (broker.clone(), source.clone(), what.clone());
-        // Owned and boxed: the visitor's future must be `Send` for every lifetime.
-        let mut connect = move || {
-            let (b, src, w) = (b.clone(), src.clone(), w.clone());
-            async move {
-                let r = AnyConsumer::connect(&b, &src, prefetch).await;
-                r.map_err(|e| attempt(broker_error(&w, &e)))
-            }
-            .boxed()
-        };
         let timeout = self.config.reconnect_timeout;
+        let mut connect = super::consumer_connect(broker, source, prefetch);
         let first = idem_runtime::retry(&what, timeout, Backoff::default(), &mut connect)
             .await
             .map_err(|e| gave_up(&what, e))?;
-        eprintln!(
-            "idem consume: {} {} → store; batch size {}, concurrency {}",
-            broker.kind(),
-            source,
-            c.batch_size,
-            c.concurrency
-        );
+        let (kind, size, n) = (broker.kind(), c.batch_size, c.concurrency);
+        eprintln!("idem consume: {kind} {source} → store; batch size {size}, concurrency {n}");
         let gate = Gate::new(store, db.grant_handler()).with_observer(self.metrics.stages());
         let shutdown = crate::cmd::shutdown_signal();
         let metrics = Arc::clone(&self.metrics);
         let observe = move |o: &idem_core::Outcome| metrics.record(o);
-        supervise(&gate, Some(first), connect, self.config, shutdown, observe)
-            .await
-            .map_err(|e| match e {
-                SuperviseError::Connect(e) => gave_up(&what, e),
-                SuperviseError::Consumer(idem_core::Error::Store(e)) => e.into(),
-                e => CliError::failed(format!("consuming {source}: {e} (--reconnect-timeout)")),
-            })
+        let run = supervise(&gate, Some(first), connect, self.config, shutdown, observe);
+        run.await
+            .map_err(|e| super::supervise_error(&what, source, e))
     }
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    if args.batch_size == 0 || args.concurrency == 0 {
-        return Err(CliError::usage(
-            "--batch-size and --concurrency must be at least 1",
-        ));
-    }
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
     let spec = StoreSpec::new(&args.store, args.schema, args.front_filter)?;
-    let metrics = Arc::new(ConsumeMetrics::default());
+    let metrics = Arc::new(crate::metrics::ConsumeMetrics::default());
     if let Some(addr) = args.metrics_addr {
         crate::metrics::serve_consume(addr, Arc::clone(&metrics)).await?;
     }
-    let started = Instant::now();
+    let (started, timeout) = (Instant::now(), args.reconnect_timeout);
     let visited = Arc::new(AtomicBool::new(false));
-    let timeout = args.reconnect_timeout;
     let config = SupervisorConfig::new(ConsumerConfig::new(args.concurrency, args.batch_size))
         .exit_when_idle(args.exit_when_idle)
         .reconnect_timeout(timeout);
@@ -165,20 +128,23 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     };
     let run = super::open_with_retry(&spec, migrate, visitor, &visited, timeout).await?;
     let (stats, busy) = (run.stats, run.busy.as_secs_f64());
-    let throughput = if busy > 0.0 {
-        stats.deliveries() as f64 / busy
-    } else {
-        0.0
-    };
-    println!("deliveries: {}", stats.deliveries());
-    println!("processed: {}", stats.processed);
-    println!("duplicates: {}", stats.duplicates);
-    println!("deferred: {}", stats.deferred);
-    println!("rejected: {}", stats.rejected);
-    println!("failed: {}", stats.failed);
-    println!("settle_failures: {}", stats.settle_failures);
-    println!("seconds: {:.3}", started.elapsed().as_secs_f64());
-    println!("busy_seconds: {busy:.3}");
-    println!("throughput_msgs_per_s: {throughput:.0}");
+    let rate = (busy > 0.0).then(|| stats.deliveries() as f64 / busy);
+    for (name, value) in [
+        ("deliveries", stats.deliveries().to_string()),
+        ("processed", stats.processed.to_string()),
+        ("duplicates", stats.duplicates.to_string()),
+        ("deferred", stats.deferred.to_string()),
+        ("rejected", stats.rejected.to_string()),
+        ("failed", stats.failed.to_string()),
+        ("settle_failures", stats.settle_failures.to_string()),
+        ("seconds", format!("{:.3}", started.elapsed().as_secs_f64())),
+        ("busy_seconds", format!("{busy:.3}")),
+        (
+            "throughput_msgs_per_s",
+            format!("{:.0}", rate.unwrap_or(0.0)),
+        ),
+    ] {
+        println!("{name}: {value}");
+    }
     Ok(())
 }

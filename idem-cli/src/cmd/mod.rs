@@ -14,9 +14,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use idem_broker::any::{AnyConsumer, AnyPublisher, BrokerUrl};
 use idem_broker::BrokerError;
+use idem_core::PublishError;
 use idem_grant::GrantDb;
-use idem_runtime::{Attempt, Backoff, GaveUp};
+use idem_runtime::{Attempt, Backoff, GaveUp, ReconnectingPublisher};
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 use tracing_subscriber::EnvFilter;
@@ -89,6 +93,14 @@ pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
         Err(e) => Err(format!(
             "invalid duration {s:?} ({e}): e.g. 30s, 500ms, 15m, 1h 30m"
         )),
+    }
+}
+
+/// A count of at least 1 (`--batch-size`, `--concurrency`).
+pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?}: must be at least 1")),
     }
 }
 
@@ -248,4 +260,66 @@ pub(crate) async fn open_with_retry<V: StoreVisitor + Clone>(
     idem_runtime::retry("the store", timeout, Backoff::default(), open)
         .await
         .map_err(|e| gave_up("the store", e))
+}
+
+/// The broker connection of `idem consume`: each call connects to `source` anew (owned
+/// and boxed, so the consumer's future is `Send` for every lifetime).
+pub(crate) fn consumer_connect(
+    broker: &BrokerUrl,
+    source: &str,
+    prefetch: usize,
+) -> impl FnMut() -> BoxFuture<'static, Result<AnyConsumer, Attempt<CliError>>> + Send {
+    let (broker, source) = (broker.clone(), source.to_owned());
+    move || {
+        let (b, s) = (broker.clone(), source.clone());
+        async move {
+            let what = format!("{} {}", b.kind(), b);
+            let r = AnyConsumer::connect(&b, &s, prefetch).await;
+            r.map_err(|e| attempt(broker_error(&what, &e)))
+        }
+        .boxed()
+    }
+}
+
+/// The relay's publisher to `destination`: connected now (retried for `timeout`), and
+/// again after any failed publish.
+pub(crate) async fn connect_publisher(
+    broker: BrokerUrl,
+    destination: &str,
+    timeout: Duration,
+) -> Result<ReconnectingPublisher<AnyPublisher>, CliError> {
+    let what = format!("{} {}", broker.kind(), broker);
+    let (b, d, w) = (&broker, destination, &what);
+    let first = idem_runtime::retry(&what, timeout, Backoff::default(), move || async move {
+        let p = AnyPublisher::connect(b, d).await;
+        p.map_err(|e| attempt(broker_error(w, &e)))
+    })
+    .await
+    .map_err(|e| gave_up(&what, e))?;
+    let dest = destination.to_owned();
+    Ok(ReconnectingPublisher::new(Some(first), move || {
+        let (url, dest) = (broker.clone(), dest.clone());
+        async move {
+            AnyPublisher::connect(&url, &dest).await.map_err(|e| {
+                let msg = format!("connecting to {}: {}", url.kind(), error_chain(&e));
+                PublishError::new(msg, true, None)
+            })
+        }
+        .boxed()
+    }))
+}
+
+/// How `idem consume` reports the supervised consumer's end: a configuration error exits
+/// 2, the rest 1.
+pub(crate) fn supervise_error(
+    what: &str,
+    source: &str,
+    e: idem_runtime::supervise::SuperviseError<CliError>,
+) -> CliError {
+    use idem_runtime::supervise::SuperviseError;
+    match e {
+        SuperviseError::Connect(e) => gave_up(what, e),
+        SuperviseError::Consumer(idem_core::Error::Store(e)) => e.into(),
+        e => CliError::failed(format!("consuming {source}: {e} (--reconnect-timeout)")),
+    }
 }

@@ -14,14 +14,12 @@
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt as _;
-use idem_broker::any::{AnyPublisher, BrokerUrl};
-use idem_core::{OutboxSource, PublishError, Relay, RelayStats};
-use idem_runtime::{Backoff, ReconnectingPublisher};
+use idem_broker::any::BrokerUrl;
+use idem_core::{OutboxSource, Relay, RelayStats};
 use idem_store_postgres::PgOutboxSource;
 use idem_store_sqlite::SqliteOutboxSource;
 
-use crate::cmd::{attempt, broker_error, gave_up, parse_secs, Opened};
+use crate::cmd::{broker_error, parse_secs, Opened};
 use crate::error::error_chain;
 use crate::metrics::RelayCounters;
 use crate::stores::StoreSpec;
@@ -66,25 +64,8 @@ pub(crate) struct Args {
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
     let spec = StoreSpec::new(&args.store, args.schema.clone(), None)?;
-    let (timeout, dest) = (args.reconnect_timeout, args.destination.clone());
-    let what = format!("{} {}", broker.kind(), broker);
-    let (b, d, w) = (&broker, &dest, &what);
-    let first = idem_runtime::retry(&what, timeout, Backoff::default(), move || async move {
-        let p = AnyPublisher::connect(b, d).await;
-        p.map_err(|e| attempt(broker_error(w, &e)))
-    })
-    .await
-    .map_err(|e| gave_up(&what, e))?;
-    let publisher = ReconnectingPublisher::new(Some(first), move || {
-        let (url, dest) = (broker.clone(), dest.clone());
-        async move {
-            AnyPublisher::connect(&url, &dest).await.map_err(|e| {
-                let msg = format!("connecting to {}: {}", url.kind(), error_chain(&e));
-                PublishError::new(msg, true, None)
-            })
-        }
-        .boxed()
-    });
+    let timeout = args.reconnect_timeout;
+    let publisher = super::connect_publisher(broker, &args.destination, timeout).await?;
     let counters = Arc::new(RelayCounters::default());
     let store = super::open_durable(&spec, !args.no_migrate, timeout).await?;
     if let Some(addr) = args.metrics_addr {
