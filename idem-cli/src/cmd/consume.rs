@@ -1,7 +1,6 @@
-//! `idem consume`: submissions from a broker into a store, exactly once in effect: the
-//! gate (claim → disbursement → commit → ack) under `idem-runtime`'s supervised consumer
-//! (reconnects with backoff, a store-failure backoff, `--reconnect-timeout` then exit 1, a
-//! configuration failure exit 2 with nothing acked; counts survive reconnects). Ctrl-C or
+//! `idem consume`: the gate (claim → disbursement → commit → ack) under `idem-runtime`'s
+//! supervised consumer (reconnects with backoff, `--reconnect-timeout` then exit 1, a
+//! configuration failure exit 2 with nothing acked, counts across reconnects). Ctrl-C or
 //! SIGTERM finishes the deliveries in hand and exits 0; stdout gets `name: value` lines.
 
 use std::sync::atomic::{AtomicBool, Ordering};
