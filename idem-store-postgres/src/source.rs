@@ -331,7 +331,10 @@ impl OutboxSource for PgOutboxSource {
         let mut tx = self
             .store
             .pool()
-            .begin()
+            // One round trip. No bitmap scan: on a table just filled (stale statistics)
+            // the planner would read and sort every unpublished row (~90 ms for 20,000)
+            // instead of walking the partial index in id order (~2 ms).
+            .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
             .await
             .map_err(|e| map_sqlx(e, "begin outbox lease"))?;
         let limit = i64::try_from(max.max(1)).unwrap_or(i64::MAX);

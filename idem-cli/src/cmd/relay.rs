@@ -75,6 +75,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         .batch_size(args.batch_size as usize)
         .exit_when_idle(args.exit_when_idle)
         .give_up_after(Some(timeout))
+        .in_flight(4)
         .observer(Arc::clone(&counters) as Arc<dyn idem_core::RelayObserver>);
     let shutdown = crate::cmd::shutdown_signal();
     let started = Instant::now();
