@@ -13,15 +13,19 @@
 //! | `rabbitmq` | [`rabbitmq`] | lapin: manual acks, prefetch, multiple-ack, publisher confirms |
 //! | `nats` | [`nats`] | async-nats: JetStream durable pull consumer, `nak` with delay, `Nats-Msg-Id` |
 //! | `redis-streams` | [`redis_streams`] | fred: consumer groups, `XAUTOCLAIM` |
+//! | `sqs` | [`sqs`] | aws-sdk-sqs: long polls, `DeleteMessage` / visibility timeout, batch deletes |
+//! | `kafka` | [`kafka`] | rdkafka (librdkafka built from source, no cmake): consumer groups, low-water-mark offset commits, idempotent producer |
 //!
 //! A `NAME` means the same thing on both sides and is created if missing: a durable
 //! RabbitMQ queue (published through the default exchange), a JetStream stream on subject
-//! `NAME` (file storage) with a durable consumer, a Redis stream key with a consumer group.
+//! `NAME` (file storage) with a durable consumer, a Redis stream key with a consumer group,
+//! an SQS queue, a Kafka topic.
 //! Rejected input goes to `NAME.dead-letter` of the same kind, with its reason in the
 //! [`DEAD_LETTER_REASON_HEADER`] header (or stream field).
 //!
 //! The [`any`] module is always compiled: [`any::BrokerUrl::parse`] picks the adapter
-//! from the URL scheme (`amqp://`, `nats://`, `redis://`), so a command dispatches once.
+//! from the URL scheme (`amqp://`, `nats://`, `redis://`, `sqs://`, `kafka://`), so a
+//! command dispatches once.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), idem_broker::BrokerError> {

@@ -92,3 +92,67 @@ fn main() {
         std::process::exit(e.exit_code());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory as _, Parser as _};
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn an_award_id_or_timestamp_may_begin_with_a_hyphen() {
+        let cli =
+            Cli::try_parse_from(["idem", "key", "--award-id", "-4C-2026", "--timestamp", "-1"])
+                .expect("award ids are data, not options");
+        assert!(matches!(cli.command, Command::Key(_)));
+    }
+
+    #[test]
+    fn help_lists_all_five_brokers() {
+        for sub in ["consume", "relay", "publish"] {
+            let mut cmd = Cli::command();
+            let help = cmd
+                .find_subcommand_mut(sub)
+                .expect("subcommand")
+                .render_long_help()
+                .to_string();
+            for scheme in ["amqp://", "nats://", "redis://", "sqs://", "kafka://"] {
+                assert!(
+                    help.contains(scheme),
+                    "{sub} --help lacks {scheme}:\n{help}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn broker_mistakes_exit_2_and_failures_exit_1() {
+        use idem_broker::BrokerError;
+        let usage = crate::cmd::broker_error("x", &BrokerError::InvalidUrl("bad".into()));
+        assert_eq!(usage.exit_code(), 2);
+        let failed = crate::cmd::broker_error(
+            "x",
+            &BrokerError::Connect {
+                broker: "nats",
+                source: "refused".into(),
+            },
+        );
+        assert_eq!(failed.exit_code(), 1);
+    }
+
+    #[test]
+    fn durations_take_seconds_or_humantime() {
+        use std::time::Duration;
+        let p = crate::cmd::parse_secs;
+        assert_eq!(p("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(p("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(p("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(p("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(p("0").is_err() && p("-1").is_err() && p("soon").is_err() && p("0s").is_err());
+        let d = crate::cmd::parse_duration;
+        assert_eq!(d("3y"), Ok(Duration::from_secs(3 * 365 * 86_400)));
+        assert_eq!(d("90d"), Ok(Duration::from_secs(90 * 86_400)));
+        assert_eq!(d("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert!(d("3 fortnights").is_err());
+    }
+}

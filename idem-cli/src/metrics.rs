@@ -12,11 +12,11 @@
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use idem_core::{FilterStats, GateObserver, Outcome, Stage};
+use idem_core::{FilterStats, GateObserver, Outcome, OutcomeKind, Stage};
 use idem_grant::GrantDb;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -145,6 +145,47 @@ pub(crate) struct RelayCounters {
     pub(crate) batches: AtomicU64,
     /// Batches that failed (store or broker) and were released for another try.
     pub(crate) retries: AtomicU64,
+    /// Events moved aside after the broker refused them again and again.
+    pub(crate) moved_aside: AtomicU64,
+    /// When the last batch was marked published.
+    pub(crate) last_published: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl idem_core::RelayObserver for RelayCounters {
+    fn published(&self, events: usize) {
+        self.published.fetch_add(events as u64, Ordering::Relaxed);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        let now = std::time::Instant::now();
+        *self
+            .last_published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(now);
+    }
+
+    fn failed(&self, _error: &idem_core::Error, _retry_in: Duration) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn moved_aside(&self, events: u64, _reason: &str) {
+        self.moved_aside.fetch_add(events, Ordering::Relaxed);
+    }
+}
+
+/// Serves the relay's counters and the store's outbox backlog at `addr`.
+pub(crate) async fn serve_relay(
+    addr: SocketAddr,
+    counters: Arc<RelayCounters>,
+    db: Arc<dyn GrantDb>,
+) -> Result<(), CliError> {
+    let render: Render = Arc::new(move || {
+        let (c, db) = (Arc::clone(&counters), Arc::clone(&db));
+        Box::pin(async move {
+            let mut s = c.render();
+            s.push_str(&backlog_text(db.as_ref()).await);
+            s
+        })
+    });
+    serve(addr, render).await
 }
 
 impl RelayCounters {
@@ -167,12 +208,114 @@ impl RelayCounters {
                 "Outbox batches that failed (store or broker) and were retried.",
                 &self.retries,
             ),
+            (
+                "idem_relay_moved_aside_total",
+                "Outbox events moved aside after the broker refused them max_publish_attempts times.",
+                &self.moved_aside,
+            ),
         ] {
             header(&mut s, name, "counter", help);
             let _ = writeln!(s, "{name} {}", value.load(Ordering::Relaxed));
         }
         s
     }
+}
+
+/// What `idem consume --metrics-addr` serves: deliveries by outcome, settle failures,
+/// the gate's stage histograms, and once the store is open the front filter's counters
+/// and the outbox backlog.
+#[derive(Default)]
+pub(crate) struct ConsumeMetrics {
+    by_kind: [AtomicU64; 5],
+    settle_failures: AtomicU64,
+    stages: Arc<StageMetrics>,
+    opened: OnceLock<Opened>,
+}
+
+/// The opened store and its front filter's counters.
+type Opened = (Arc<dyn GrantDb>, Option<Arc<FilterStats>>);
+
+const KINDS: [OutcomeKind; 5] = [
+    OutcomeKind::Processed,
+    OutcomeKind::Duplicate,
+    OutcomeKind::Deferred,
+    OutcomeKind::Rejected,
+    OutcomeKind::Failed,
+];
+
+impl ConsumeMetrics {
+    /// Counts one settled delivery (and logs a failed settlement).
+    pub(crate) fn record(&self, o: &Outcome) {
+        let i = KINDS.iter().position(|k| *k == o.kind()).unwrap_or(4);
+        self.by_kind[i].fetch_add(1, Ordering::Relaxed);
+        if let Some(e) = o.settle_error() {
+            self.settle_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target: "idem::consume", outcome = o.kind().as_str(), error = %e, "settling a delivery failed");
+        }
+    }
+
+    /// The store is open: its backlog and filter counters are served from now on (a
+    /// reconnect to the store keeps the first, the same database).
+    pub(crate) fn opened(&self, db: Arc<dyn GrantDb>, filter: Option<Arc<FilterStats>>) {
+        let _ = self.opened.set((db, filter));
+    }
+
+    /// The gate observer feeding the stage histograms.
+    pub(crate) fn stages(&self) -> Arc<dyn GateObserver> {
+        Arc::clone(&self.stages) as Arc<dyn GateObserver>
+    }
+
+    /// The counters' and histograms' exposition text.
+    pub(crate) fn counters_text(&self) -> String {
+        let mut s = String::new();
+        header(
+            &mut s,
+            "idem_deliveries_total",
+            "counter",
+            "Deliveries settled, by outcome.",
+        );
+        for (k, n) in KINDS.iter().zip(&self.by_kind) {
+            let _ = writeln!(
+                s,
+                "idem_deliveries_total{{outcome=\"{}\"}} {}",
+                k.as_str(),
+                n.load(Ordering::Relaxed)
+            );
+        }
+        header(
+            &mut s,
+            "idem_settle_failures_total",
+            "counter",
+            "Acks, nacks or dead-letters that failed.",
+        );
+        let failures = self.settle_failures.load(Ordering::Relaxed);
+        let _ = writeln!(s, "idem_settle_failures_total {failures}");
+        s.push_str(&self.stages.render());
+        s
+    }
+
+    async fn render(&self) -> String {
+        let mut s = self.counters_text();
+        if let Some((db, filter)) = self.opened.get() {
+            if let Some(f) = filter {
+                s.push_str(&filter_text(f));
+            }
+            s.push_str(&backlog_text(db.as_ref()).await);
+        }
+        s
+    }
+}
+
+/// Serves `metrics` at `addr`.
+pub(crate) async fn serve_consume(
+    addr: SocketAddr,
+    metrics: Arc<ConsumeMetrics>,
+) -> Result<(), CliError> {
+    let render: Render = Arc::new(move || {
+        let m = Arc::clone(&metrics);
+        Box::pin(async move { m.render().await })
+    });
+    serve(addr, render).await
 }
 
 /// Bucket upper bounds, in seconds (a commit's WAL flush is ~1-5 ms; a slow handler or a
@@ -356,6 +499,21 @@ mod tests {
         assert_eq!(
             t.lines().filter(|l| !l.starts_with('#')).count(),
             4 * 17 + 1
+        );
+    }
+
+    #[test]
+    fn metrics_text_counts_outcomes() {
+        let m = ConsumeMetrics::default();
+        m.by_kind[0].fetch_add(3, Ordering::Relaxed);
+        let text = m.counters_text();
+        assert!(
+            text.contains("idem_deliveries_total{outcome=\"processed\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("idem_deliveries_total{outcome=\"duplicate\"} 0"),
+            "{text}"
         );
     }
 

@@ -119,11 +119,7 @@ impl StoreSpec {
 
 /// Validates a schema name as a plain SQL identifier.
 pub(crate) fn validate_identifier(name: &str) -> Result<(), CliError> {
-    let mut chars = name.chars();
-    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= 63;
-    if ok {
+    if idem_core::ident::is_identifier(name) {
         Ok(())
     } else {
         Err(CliError::usage(format!(

@@ -32,6 +32,7 @@ pub mod delivery;
 pub mod error;
 pub mod filter;
 pub mod gate;
+pub mod ident;
 pub mod key;
 pub mod mutant;
 pub mod outbox;
@@ -51,7 +52,8 @@ pub use gate::{
 };
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{
-    EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay, RelayStats,
+    Backoff, EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay,
+    RelayObserver, RelayOptions, RelayStats,
 };
 pub use store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
 

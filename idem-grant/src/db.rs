@@ -402,7 +402,9 @@ mod postgres {
         }
 
         fn grant_handler(&self) -> GrantHandler {
-            GrantHandler::new().with_table(self.table(GRANT_TABLE))
+            GrantHandler::new()
+                .with_table(Some(self.schema()), GRANT_TABLE)
+                .expect("a PgStore's schema and the grant table are valid identifiers")
         }
     }
 

@@ -69,12 +69,31 @@ impl GrantHandler {
         Self::default()
     }
 
-    /// Writes to `table` instead — a name the store built and validated (for example
-    /// `"grants"."disbursements"` on Postgres).
-    #[must_use]
-    pub fn with_table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
+    /// Writes to `table`, in `schema` when given (Postgres), instead: both are checked
+    /// as plain SQL identifiers ([`idem_core::ident`]) and quoted, so no name from
+    /// configuration goes into SQL raw.
+    ///
+    /// ```
+    /// let h = idem_grant::GrantHandler::new().with_table(Some("grants"), "disbursements")?;
+    /// assert!(idem_grant::GrantHandler::new().with_table(None, "x; DROP TABLE y").is_err());
+    /// # Ok::<(), idem_core::ident::InvalidIdent>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`InvalidIdent`](idem_core::ident::InvalidIdent) for a name that is not a plain
+    /// identifier.
+    pub fn with_table(
+        mut self,
+        schema: Option<&str>,
+        table: &str,
+    ) -> Result<Self, idem_core::ident::InvalidIdent> {
+        use idem_core::ident::Ident;
+        let table = Ident::new(table)?.quoted();
+        self.table = match schema {
+            Some(schema) => format!("{}.{table}", Ident::new(schema)?.quoted()),
+            None => table,
+        };
+        Ok(self)
     }
 
     /// Rejects bodies over `max_body` bytes.

@@ -32,6 +32,11 @@ ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS event_id text;
 ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS subject text;
 ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS idempotency_key text;
 ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS published_at timestamptz;
+-- Publish failures: an event the broker refuses `max_publish_attempts` times is moved
+-- aside (`failed_at` set, `last_error` kept) so that it no longer blocks the outbox's head.
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS publish_attempts integer NOT NULL DEFAULT 0;
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS last_error text;
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS failed_at timestamptz;
 
 -- One row per event id: `ON CONFLICT (event_id) DO NOTHING` needs this unique index.
 CREATE UNIQUE INDEX IF NOT EXISTS outbox_event_id_key

@@ -163,13 +163,7 @@ impl PgConfig {
 /// assert!(!is_identifier(&"a".repeat(64)));
 /// ```
 pub fn is_identifier(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && (bytes[0].is_ascii_alphabetic() || bytes[0] == b'_')
-        && bytes[1..]
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+    idem_core::ident::is_identifier(name)
 }
 
 pub(crate) fn validate_identifier(name: &str) -> Result<(), PgError> {

@@ -3,9 +3,11 @@
 //! polling fallback.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::outbox::MovedAside;
 use idem_core::{
     EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, StoreError,
 };
@@ -51,6 +53,48 @@ pub struct PgOutboxSource {
     store: PgStore,
     poll_interval: Duration,
     listener: Mutex<Option<PgListener>>,
+    sql: Arc<SourceSql>,
+}
+
+/// The relay's statements, built once from the validated schema.
+#[derive(Debug)]
+struct SourceSql {
+    lease: String,
+    mark_published: String,
+    record_failure: String,
+    moved_aside: String,
+}
+
+impl SourceSql {
+    fn new(store: &PgStore) -> Self {
+        let ob = store.table("outbox");
+        // Rows a relay may publish: unpublished, not moved aside, written by idem.
+        let live = "published_at IS NULL AND failed_at IS NULL AND event_id IS NOT NULL";
+        let e_live = "e.published_at IS NULL AND e.failed_at IS NULL AND e.event_id IS NOT NULL";
+        Self {
+            lease: format!(
+                "WITH c AS ( \
+                   SELECT id, event_id, event_type, subject, idempotency_key, payload FROM {ob} \
+                   WHERE {live} ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+                 SELECT c.id, c.event_id, c.event_type, c.subject, c.idempotency_key, \
+                   c.payload::text, \
+                   EXISTS (SELECT 1 FROM {ob} e WHERE e.subject = c.subject AND e.id < c.id \
+                     AND {e_live} AND e.id NOT IN (SELECT id FROM c)) AS blocked \
+                 FROM c ORDER BY c.id"
+            ),
+            mark_published: format!(
+                "UPDATE {ob} SET published_at = now() WHERE id = ANY($1::bigint[])"
+            ),
+            record_failure: format!(
+                "UPDATE {ob} SET publish_attempts = publish_attempts + 1, last_error = $2, \
+                   failed_at = CASE WHEN publish_attempts + 1 >= $3 THEN now() END \
+                 WHERE id = ANY($1::bigint[]) RETURNING failed_at IS NOT NULL"
+            ),
+            moved_aside: format!(
+                "SELECT count(*) FROM {ob} WHERE published_at IS NULL AND failed_at IS NOT NULL"
+            ),
+        }
+    }
 }
 
 impl PgStore {
@@ -62,9 +106,10 @@ impl PgStore {
     pub async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
         let outbox = self.table("outbox");
         let (pending, age): (i64, Option<f64>) = sqlx::query_as(&format!(
-            "SELECT (SELECT count(*) FROM {outbox} WHERE published_at IS NULL), \
+            "SELECT (SELECT count(*) FROM {outbox} WHERE published_at IS NULL \
+                      AND failed_at IS NULL), \
                     (SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM {outbox} \
-                      WHERE published_at IS NULL ORDER BY id LIMIT 1)"
+                      WHERE published_at IS NULL AND failed_at IS NULL ORDER BY id LIMIT 1)"
         ))
         .fetch_one(self.pool())
         .await
@@ -76,11 +121,64 @@ impl PgStore {
     }
 }
 
+/// `event_id, subject, publish_attempts, last_error, failed_at` of a row moved aside.
+type MovedAsideRow = (Option<String>, Option<String>, i32, Option<String>, String);
+
+impl PgStore {
+    /// The events moved aside after failing to publish (see
+    /// [`OutboxBatch::record_failure`]), oldest first.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database cannot be reached.
+    pub async fn outbox_moved_aside(&self) -> Result<Vec<MovedAside>, StoreError> {
+        let rows: Vec<MovedAsideRow> = sqlx::query_as(&format!(
+            "SELECT event_id, subject, publish_attempts, last_error, \
+                   to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
+                 FROM {} WHERE published_at IS NULL AND failed_at IS NOT NULL ORDER BY id",
+            self.table("outbox")
+        ))
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| map_sqlx(e, "reading the outbox events moved aside"))?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(event_id, subject, attempts, last_error, failed_at)| MovedAside {
+                    event_id: event_id.unwrap_or_default(),
+                    subject: subject.unwrap_or_default(),
+                    attempts: u32::try_from(attempts).unwrap_or(0),
+                    last_error: last_error.unwrap_or_default(),
+                    failed_at,
+                },
+            )
+            .collect())
+    }
+
+    /// Puts an event moved aside back in line (its attempts reset), for an operator who
+    /// fixed the cause. Returns whether it was moved aside.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database cannot be reached.
+    pub async fn outbox_requeue(&self, event_id: &EventId) -> Result<bool, StoreError> {
+        let done = sqlx::query(&format!(
+            "UPDATE {} SET failed_at = NULL, publish_attempts = 0 \
+             WHERE event_id = $1 AND failed_at IS NOT NULL AND published_at IS NULL",
+            self.table("outbox")
+        ))
+        .bind(event_id.to_string())
+        .execute(self.pool())
+        .await
+        .map_err(|e| map_sqlx(e, "requeueing an outbox event"))?;
+        Ok(done.rows_affected() > 0)
+    }
+}
+
 impl PgOutboxSource {
     /// A source over `store`'s outbox that polls every `poll_interval` when no
     /// notification comes.
     pub fn new(store: PgStore, poll_interval: Duration) -> Self {
         Self {
+            sql: Arc::new(SourceSql::new(&store)),
             store,
             poll_interval,
             listener: Mutex::new(None),
@@ -132,7 +230,7 @@ pub struct PgOutboxBatch {
     tx: Option<Transaction<'static, Postgres>>,
     ids: Vec<i64>,
     events: Vec<OutboxEvent>,
-    mark_sql: String,
+    sql: Arc<SourceSql>,
 }
 
 impl PgOutboxBatch {
@@ -153,7 +251,7 @@ impl OutboxBatch for PgOutboxBatch {
         let Some(mut tx) = self.tx.take() else {
             return Ok(());
         };
-        sqlx::query(&self.mark_sql)
+        sqlx::query(&self.sql.mark_published)
             .bind(&self.ids)
             .execute(&mut *tx)
             .await
@@ -161,6 +259,25 @@ impl OutboxBatch for PgOutboxBatch {
         tx.commit()
             .await
             .map_err(|e| map_sqlx(e, "commit published outbox events"))
+    }
+
+    /// `UPDATE outbox SET publish_attempts = publish_attempts + 1, last_error = …,
+    /// failed_at = (now() once the attempts reach max_attempts)`, then commit.
+    async fn record_failure(mut self, reason: &str, max_attempts: u32) -> Result<u64, StoreError> {
+        let Some(mut tx) = self.tx.take() else {
+            return Ok(0);
+        };
+        let moved: Vec<bool> = sqlx::query_scalar(&self.sql.record_failure)
+            .bind(&self.ids)
+            .bind(reason)
+            .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx(e, "record an outbox publish failure"))?;
+        tx.commit()
+            .await
+            .map_err(|e| map_sqlx(e, "commit an outbox publish failure"))?;
+        Ok(moved.into_iter().filter(|m| *m).count() as u64)
     }
 
     async fn release(mut self) -> Result<(), StoreError> {
@@ -211,15 +328,17 @@ impl OutboxSource for PgOutboxSource {
     type Batch = PgOutboxBatch;
 
     async fn lease(&self, max: usize) -> Result<PgOutboxBatch, StoreError> {
-        let shared = self.store.shared().clone();
         let mut tx = self
             .store
             .pool()
-            .begin()
+            // One round trip. No bitmap scan: on a table just filled (stale statistics)
+            // the planner would read and sort every unpublished row (~90 ms for 20,000)
+            // instead of walking the partial index in id order (~2 ms).
+            .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
             .await
             .map_err(|e| map_sqlx(e, "begin outbox lease"))?;
         let limit = i64::try_from(max.max(1)).unwrap_or(i64::MAX);
-        let rows = sqlx::query(&shared.sql.lease)
+        let rows = sqlx::query(&self.sql.lease)
             .bind(limit)
             .fetch_all(&mut *tx)
             .await
@@ -251,12 +370,20 @@ impl OutboxSource for PgOutboxSource {
             tx,
             ids,
             events,
-            mark_sql: shared.sql.mark_published.clone(),
+            sql: Arc::clone(&self.sql),
         })
     }
 
     async fn backlog(&self) -> Result<OutboxBacklog, StoreError> {
         self.store.outbox_backlog().await
+    }
+
+    async fn moved_aside(&self) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(&self.sql.moved_aside)
+            .fetch_one(self.store.pool())
+            .await
+            .map_err(|e| map_sqlx(e, "count outbox events moved aside"))?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn wait(&self) -> Result<(), StoreError> {

@@ -14,6 +14,7 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
 
 use crate::config::{quote, PgConfig};
 use crate::error::{map_sqlx, sqlstate, LOCK_NOT_AVAILABLE};
+use crate::outbox::SUBJECT_LOCK;
 
 /// The embedded migration, with `{schema}` standing for the quoted schema name.
 const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
@@ -35,8 +36,6 @@ pub(crate) struct Sql {
     pub(crate) enqueue: [String; 2],
     /// `[with pg_notify, without]`.
     pub(crate) enqueue_many: [String; 2],
-    pub(crate) lease: String,
-    pub(crate) mark_published: String,
 }
 
 #[derive(Debug)]
@@ -91,39 +90,30 @@ impl Shared {
                  SELECT k, a, now() FROM unnest($1::text[], $2::text[]) AS t(k, a) \
                  ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
             ),
+            // Per-subject order: see crate::outbox (a transaction-scoped advisory lock per
+            // subject, taken before the row's id is drawn).
             enqueue: [notify_tail, quiet_tail].map(|tail| {
                 format!(
-                    "WITH ins AS (INSERT INTO {ob} \
+                    "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, hashtext($3))), \
+                     ins AS (INSERT INTO {ob} \
                      (event_id, event_type, subject, idempotency_key, payload, created_at) \
-                     VALUES ($1, $2, $3, $4, $5::jsonb, now()) \
+                     SELECT $1, $2, $3, $4, $5::jsonb, now() FROM l \
                      ON CONFLICT (event_id) DO NOTHING{tail}"
                 )
             }),
             enqueue_many: [notify_tail, quiet_tail].map(|tail| {
                 format!(
-                    "WITH ins AS (INSERT INTO {ob} \
+                    "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
+                       (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
+                     ins AS (INSERT INTO {ob} \
                      (event_id, event_type, subject, idempotency_key, payload, created_at) \
                      SELECT e, t, s, k, p::jsonb, now() \
                      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
-                     WITH ORDINALITY AS u(e, t, s, k, p, n) ORDER BY n \
+                     WITH ORDINALITY AS u(e, t, s, k, p, n) \
+                     WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
                      ON CONFLICT (event_id) DO NOTHING{tail}"
                 )
             }),
-            lease: format!(
-                "WITH c AS ( \
-                   SELECT id, event_id, event_type, subject, idempotency_key, payload FROM {ob} \
-                   WHERE published_at IS NULL AND event_id IS NOT NULL \
-                   ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
-                 SELECT c.id, c.event_id, c.event_type, c.subject, c.idempotency_key, \
-                   c.payload::text, \
-                   EXISTS (SELECT 1 FROM {ob} e WHERE e.subject = c.subject AND e.id < c.id \
-                     AND e.published_at IS NULL AND e.event_id IS NOT NULL \
-                     AND e.id NOT IN (SELECT id FROM c)) AS blocked \
-                 FROM c ORDER BY c.id"
-            ),
-            mark_published: format!(
-                "UPDATE {ob} SET published_at = now() WHERE id = ANY($1::bigint[])"
-            ),
         };
         let begin = match config.lock_timeout {
             // One round trip: a simple query with two statements.

@@ -109,7 +109,7 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map("creating the store identity", e))?;
-        Ok(())
+        crate::outbox::migrate(&self.pool).await
     }
 
     /// The committed claim of `key`.
@@ -185,11 +185,7 @@ impl SqliteStore {
 /// # Errors
 /// [`StoreError::Config`] unless it matches `[A-Za-z_][A-Za-z0-9_]{0,62}`.
 pub(crate) fn identifier(name: &str) -> Result<&str, StoreError> {
-    let mut chars = name.chars();
-    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= 63;
-    if ok {
+    if idem_core::ident::is_identifier(name) {
         Ok(name)
     } else {
         Err(StoreError::Config(format!(

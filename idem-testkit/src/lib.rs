@@ -19,6 +19,7 @@ pub mod harness;
 pub mod ledger;
 pub mod memory;
 pub mod sim;
+#[cfg(feature = "proptest")]
 pub mod strategies;
 
 pub use broker::{BrokerStats, SimAcker, SimBroker, SimMessage};

@@ -10,11 +10,11 @@ use crate::CliError;
 /// Arguments of `idem key`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The award (business) id.
-    #[arg(long)]
+    /// The award (business) id (it may begin with `-`: ids are data, not options).
+    #[arg(long, allow_hyphen_values = true)]
     award_id: String,
-    /// The submission timestamp, exactly as submitted.
-    #[arg(long)]
+    /// The submission timestamp, exactly as submitted (it may begin with `-`).
+    #[arg(long, allow_hyphen_values = true)]
     timestamp: String,
     /// The raw payload; read from stdin when absent.
     #[arg(long, value_name = "FILE")]

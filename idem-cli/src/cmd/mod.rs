@@ -10,7 +10,24 @@ pub(crate) mod publish;
 pub(crate) mod purge;
 pub(crate) mod relay;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use idem_broker::any::{AnyConsumer, AnyPublisher, BrokerUrl};
+use idem_broker::BrokerError;
+use idem_core::PublishError;
+use idem_grant::GrantDb;
+use idem_runtime::{Attempt, Backoff, GaveUp, ReconnectingPublisher};
+use idem_store_postgres::{PgConfig, PgStore};
+use idem_store_sqlite::{SqliteConfig, SqliteStore};
 use tracing_subscriber::EnvFilter;
+
+use crate::error::error_chain;
+use crate::stores::{StoreSpec, StoreUrl, StoreVisitor};
+use crate::CliError;
 
 /// How logs are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -25,8 +42,11 @@ pub(crate) enum LogFormat {
 /// unless asked for with `RUST_LOG=idem::audit=info`).
 pub(crate) fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    // Colours only for a person at a terminal, never in a file or a log shipper.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -58,40 +78,248 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
-/// Seconds as a number (`3`, `0.5`) or a duration (`3s`, `2m`).
-pub(crate) fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
+/// A positive duration: seconds as a number (`3`, `0.5`) or a `humantime` duration
+/// (`500ms`, `2m`, `1h 30m`).
+pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
     if let Ok(secs) = s.parse::<f64>() {
         if secs.is_finite() && secs > 0.0 && secs < 1e9 {
-            return Ok(std::time::Duration::from_secs_f64(secs));
+            return Ok(Duration::from_secs_f64(secs));
         }
         return Err(format!("{s:?} is not a positive number of seconds"));
     }
-    parse_duration(s)
+    match humantime::parse_duration(s.trim()) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(format!("{s:?} is not a positive duration")),
+        Err(e) => Err(format!(
+            "invalid duration {s:?} ({e}): e.g. 30s, 500ms, 15m, 1h 30m"
+        )),
+    }
 }
 
-/// Parses a duration such as `30s`, `15m`, `12h`, `90d`, `3y` (a year is 365 days).
-#[allow(dead_code)] // used by consume, relay and purge
-pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+/// A count of at least 1 (`--batch-size`, `--concurrency`).
+pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?}: must be at least 1")),
+    }
+}
+
+/// A retention duration: `30s`, `15m`, `12h`, `90d`, `2w`, `3y` (a year is 365 days), or
+/// any other `humantime` duration (`1y 6months`, where a month is 30.44 days).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 15m, 12h, 90d, 3y"))?;
-    let secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        "y" => 365 * 86_400,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {s:?}: use s, m, h, d, w or y"
-            ))
-        }
+    let unit_secs = match unit {
+        "s" => Some(1),
+        "m" => Some(60),
+        "h" => Some(3600),
+        "d" => Some(86_400),
+        "w" => Some(7 * 86_400),
+        "y" => Some(365 * 86_400),
+        _ => None,
     };
-    n.checked_mul(secs)
-        .map(std::time::Duration::from_secs)
-        .ok_or_else(|| format!("duration {s:?} is too large"))
+    if let (Ok(n), Some(secs)) = (num.parse::<u64>(), unit_secs) {
+        return n
+            .checked_mul(secs)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("duration {s:?} is too large"));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration {s:?} ({e}): e.g. 30s, 15m, 12h, 90d, 3y"))
+}
+
+/// A broker error as the command reports it: the caller's mistake exits 2, a failure 1.
+pub(crate) fn broker_error(context: &str, e: &BrokerError) -> CliError {
+    let msg = format!("{context}: {}", error_chain(e));
+    match e {
+        BrokerError::InvalidUrl(_)
+        | BrokerError::Unsupported { .. }
+        | BrokerError::InvalidName { .. } => CliError::usage(msg),
+        _ => CliError::failed(msg),
+    }
+}
+
+/// A failed attempt: the caller's mistakes (exit 2) are final; failures are retried.
+pub(crate) fn attempt(e: CliError) -> Attempt<CliError> {
+    if e.exit_code() == 2 {
+        Attempt::Final(e)
+    } else {
+        Attempt::Retry(e)
+    }
+}
+
+/// What the command says when a retried connection gives up.
+pub(crate) fn gave_up(what: &str, e: GaveUp<CliError>) -> CliError {
+    match e {
+        GaveUp::Final(e) => e,
+        GaveUp::Deadline { after, last } => CliError::failed(format!(
+            "{what}: still unreachable after {:.0} s (--reconnect-timeout): {last}",
+            after.as_secs_f64()
+        )),
+    }
+}
+
+/// A durable store, opened.
+pub(crate) enum Opened {
+    Pg(PgStore),
+    Lite(SqliteStore),
+}
+
+impl Opened {
+    /// The store as the grant pipeline sees it.
+    pub(crate) fn db(&self) -> Arc<dyn GrantDb> {
+        match self {
+            Self::Pg(s) => Arc::new(s.clone()),
+            Self::Lite(s) => Arc::new(s.clone()),
+        }
+    }
+}
+
+/// Opens the durable store of `spec` and migrates it (or, without `migrate`, checks that
+/// its outbox can be read), retrying an unreachable Postgres for `timeout`.
+pub(crate) async fn open_durable(
+    spec: &StoreSpec,
+    migrate: bool,
+    timeout: Duration,
+) -> Result<Opened, CliError> {
+    let open = || async {
+        let store = match &spec.url {
+            StoreUrl::Memory => {
+                return Err(Attempt::Final(CliError::usage(
+                    "this command needs a durable store: sqlite://PATH or postgres://…",
+                )))
+            }
+            StoreUrl::Postgres(url) => {
+                let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
+                let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()));
+                let connect = PgStore::connect(url, config.map_err(Attempt::Final)?);
+                // One attempt may hang (a pool waiting to connect): cut off at the timeout.
+                match tokio::time::timeout(timeout, connect).await {
+                    Ok(r) => Opened::Pg(r.map_err(|e| attempt(e.into()))?),
+                    Err(_) => {
+                        return Err(Attempt::Retry(CliError::failed(
+                            "connecting to the store timed out",
+                        )))
+                    }
+                }
+            }
+            StoreUrl::Sqlite(path) => Opened::Lite(
+                SqliteStore::open(path, SqliteConfig::default())
+                    .await
+                    .map_err(|e| Attempt::Final(e.into()))?,
+            ),
+        };
+        let db = store.db();
+        let prepared = if migrate {
+            db.migrate_grants().await
+        } else {
+            db.outbox_backlog().await.map(drop)
+        };
+        prepared.map_err(|e| attempt(e.into()))?;
+        Ok(store)
+    };
+    idem_runtime::retry("the store", timeout, Backoff::default(), open)
+        .await
+        .map_err(|e| gave_up("the store", e))
+}
+
+/// Opens the store of `spec` for `visitor`, retrying while it is unreachable (for
+/// `timeout`; one attempt that hangs, a pool waiting to connect, is cut off at the
+/// deadline). Once the visitor was reached (`visited`), its error is final.
+pub(crate) async fn open_with_retry<V: StoreVisitor + Clone>(
+    spec: &StoreSpec,
+    migrate: bool,
+    visitor: V,
+    visited: &AtomicBool,
+    timeout: Duration,
+) -> Result<V::Output, CliError> {
+    let deadline = Instant::now() + timeout;
+    let open = || async {
+        let open = crate::stores::open(spec, migrate, visitor.clone());
+        tokio::pin!(open);
+        let r = loop {
+            tokio::select! {
+                r = &mut open => break r,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {
+                    if !visited.load(Ordering::SeqCst) && Instant::now() >= deadline {
+                        let e = CliError::failed("connecting to the store timed out");
+                        return Err(Attempt::Retry(e));
+                    }
+                }
+            }
+        };
+        r.map_err(|e| {
+            if visited.load(Ordering::SeqCst) {
+                Attempt::Final(e)
+            } else {
+                attempt(e)
+            }
+        })
+    };
+    idem_runtime::retry("the store", timeout, Backoff::default(), open)
+        .await
+        .map_err(|e| gave_up("the store", e))
+}
+
+/// The broker connection of `idem consume`: each call connects to `source` anew (owned
+/// and boxed, so the consumer's future is `Send` for every lifetime).
+pub(crate) fn consumer_connect(
+    broker: &BrokerUrl,
+    source: &str,
+    prefetch: usize,
+) -> impl FnMut() -> BoxFuture<'static, Result<AnyConsumer, Attempt<CliError>>> + Send {
+    let (broker, source) = (broker.clone(), source.to_owned());
+    move || {
+        let (b, s) = (broker.clone(), source.clone());
+        async move {
+            let what = format!("{} {}", b.kind(), b);
+            let r = AnyConsumer::connect(&b, &s, prefetch).await;
+            r.map_err(|e| attempt(broker_error(&what, &e)))
+        }
+        .boxed()
+    }
+}
+
+/// The relay's publisher to `destination`: connected now (retried for `timeout`), and
+/// again after any failed publish.
+pub(crate) async fn connect_publisher(
+    broker: BrokerUrl,
+    destination: &str,
+    timeout: Duration,
+) -> Result<ReconnectingPublisher<AnyPublisher>, CliError> {
+    let what = format!("{} {}", broker.kind(), broker);
+    let (b, d, w) = (&broker, destination, &what);
+    let first = idem_runtime::retry(&what, timeout, Backoff::default(), move || async move {
+        let p = AnyPublisher::connect(b, d).await;
+        p.map_err(|e| attempt(broker_error(w, &e)))
+    })
+    .await
+    .map_err(|e| gave_up(&what, e))?;
+    let dest = destination.to_owned();
+    Ok(ReconnectingPublisher::new(Some(first), move || {
+        let (url, dest) = (broker.clone(), dest.clone());
+        async move {
+            AnyPublisher::connect(&url, &dest).await.map_err(|e| {
+                let msg = format!("connecting to {}: {}", url.kind(), error_chain(&e));
+                PublishError::new(msg, true, None)
+            })
+        }
+        .boxed()
+    }))
+}
+
+/// How `idem consume` reports the supervised consumer's end: a configuration error exits
+/// 2, the rest 1.
+pub(crate) fn supervise_error(
+    what: &str,
+    source: &str,
+    e: idem_runtime::supervise::SuperviseError<CliError>,
+) -> CliError {
+    use idem_runtime::supervise::SuperviseError;
+    match e {
+        SuperviseError::Connect(e) => gave_up(what, e),
+        SuperviseError::Consumer(idem_core::Error::Store(e)) => e.into(),
+        e => CliError::failed(format!("consuming {source}: {e} (--reconnect-timeout)")),
+    }
 }

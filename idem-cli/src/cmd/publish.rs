@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use idem_broker::any::{AnyPublisher, BrokerUrl};
 
-use super::consume::broker_error;
+use super::broker_error;
 use crate::CliError;
 
 /// Lines per confirmed chunk.
@@ -15,7 +15,7 @@ const CHUNK: usize = 1_000;
 /// Arguments of `idem publish`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The broker: amqp://…, nats://… or redis://… (Redis Streams).
+    /// The broker: amqp://, nats://, redis:// (Redis Streams), sqs:// or kafka://…
     #[arg(long)]
     broker: String,
     /// The queue / stream to publish to (created if missing).

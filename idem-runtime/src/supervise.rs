@@ -1,0 +1,374 @@
+//! The supervised consumer: [`consumer::run`] over a delivery stream that is reconnected
+//! when it closes, slowed down while the store keeps failing, and given up on after a
+//! deadline, with counts that survive every reconnect.
+//!
+//! The decision by error class:
+//! - a delivery stream that ends or fails (a broker restart) is reconnected with
+//!   [`Backoff`], for at most [`SupervisorConfig::reconnect_timeout`] per outage;
+//! - deliveries that keep failing (the store is down) are each delayed by a growing
+//!   backoff; once they have failed for `reconnect_timeout` in a row the run ends with
+//!   [`SuperviseError::StoreFailing`];
+//! - an error [`consumer::run`] returns that no retry fixes (a `Config`-class failure: a
+//!   missing table or privilege) ends the run at once with [`SuperviseError::Consumer`],
+//!   nothing more acked;
+//! - a connection refused for good ([`Attempt::Final`]) ends it with
+//!   [`SuperviseError::Connect`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt as _, Stream};
+use idem_core::outbox::Backoff;
+use idem_core::{
+    consumer, Acker, BoxError, ClaimStore, ConsumerConfig, ConsumerStats, Delivery, Error, Gate,
+    Handler, Outcome, OutcomeKind,
+};
+
+use crate::retry::{retry, Attempt, GaveUp};
+
+/// How [`supervise`] runs.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct SupervisorConfig {
+    /// The consumer loop's batch size and concurrency.
+    pub consumer: ConsumerConfig,
+    /// End the run once no delivery arrived for this long (default: never).
+    pub exit_when_idle: Option<Duration>,
+    /// How long the broker or the store may stay unreachable before the run ends
+    /// (default 60 s).
+    pub reconnect_timeout: Duration,
+    /// The delay between reconnects, and before each delivery while the store fails.
+    pub backoff: Backoff,
+}
+
+impl SupervisorConfig {
+    /// The defaults around `consumer`.
+    pub fn new(consumer: ConsumerConfig) -> Self {
+        Self {
+            consumer,
+            exit_when_idle: None,
+            reconnect_timeout: Duration::from_secs(60),
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// Sets [`exit_when_idle`](Self::exit_when_idle).
+    #[must_use]
+    pub fn exit_when_idle(mut self, idle: Option<Duration>) -> Self {
+        self.exit_when_idle = idle;
+        self
+    }
+
+    /// Sets [`reconnect_timeout`](Self::reconnect_timeout).
+    #[must_use]
+    pub fn reconnect_timeout(mut self, timeout: Duration) -> Self {
+        self.reconnect_timeout = timeout;
+        self
+    }
+}
+
+/// What a supervised run did, over all its connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Supervised {
+    /// Every outcome, counted across reconnects.
+    pub stats: ConsumerStats,
+    /// From the first settled delivery to the last (zero when none).
+    pub busy: Duration,
+    /// How many times the delivery stream was reconnected.
+    pub reconnects: u32,
+}
+
+/// Why a supervised run ended without success.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SuperviseError<E: std::error::Error + 'static> {
+    /// The broker could not be (re)connected: refused for good, or not within the
+    /// reconnect deadline.
+    #[error(transparent)]
+    Connect(GaveUp<E>),
+    /// Deliveries kept failing (the store is down) for longer than the deadline.
+    #[error("the store kept failing for {:.0} s ({deliveries} deliveries in a row)", .after.as_secs_f64())]
+    StoreFailing {
+        /// How long.
+        after: Duration,
+        /// Failed deliveries in a row.
+        deliveries: u64,
+    },
+    /// The consumer stopped on an error no retry fixes (a `Config`-class failure).
+    #[error(transparent)]
+    Consumer(Error),
+}
+
+/// Counts by outcome across connections, and the first and last settle time.
+#[derive(Default)]
+struct Counts {
+    by_kind: [AtomicU64; 5],
+    settle_failures: AtomicU64,
+    first_last: Mutex<Option<(Instant, Instant)>>,
+}
+
+const KINDS: [OutcomeKind; 5] = [
+    OutcomeKind::Processed,
+    OutcomeKind::Duplicate,
+    OutcomeKind::Deferred,
+    OutcomeKind::Rejected,
+    OutcomeKind::Failed,
+];
+
+impl Counts {
+    fn record(&self, o: &Outcome) {
+        // An outcome kind this crate does not know yet counts as failed.
+        let i = KINDS.iter().position(|k| *k == o.kind()).unwrap_or(4);
+        self.by_kind[i].fetch_add(1, Ordering::Relaxed);
+        if o.settle_error().is_some() {
+            self.settle_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        let mut fl = self
+            .first_last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *fl = Some(fl.map_or((now, now), |(first, _)| (first, now)));
+    }
+
+    // Field by field: `ConsumerStats` may gain fields (or `#[non_exhaustive]`) in core.
+    #[allow(clippy::field_reassign_with_default)]
+    fn stats(&self) -> ConsumerStats {
+        let get = |i: usize| self.by_kind[i].load(Ordering::Relaxed);
+        let mut s = ConsumerStats::default();
+        s.processed = get(0);
+        s.duplicates = get(1);
+        s.deferred = get(2);
+        s.rejected = get(3);
+        s.failed = get(4);
+        s.settle_failures = self.settle_failures.load(Ordering::Relaxed);
+        s
+    }
+
+    fn busy(&self) -> Duration {
+        self.first_last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map_or(Duration::ZERO, |(first, last)| last.duration_since(first))
+    }
+}
+
+/// Consecutive failed deliveries (a store that is down), for backoff and the deadline.
+#[derive(Debug, Default)]
+struct Streak {
+    failures: AtomicU64,
+    since: Mutex<Option<Instant>>,
+    gave_up: Mutex<Option<(Duration, u64)>>,
+}
+
+impl Streak {
+    fn record(&self, kind: OutcomeKind) {
+        let mut since = self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        if kind == OutcomeKind::Failed {
+            self.failures.fetch_add(1, Ordering::SeqCst);
+            since.get_or_insert_with(Instant::now);
+        } else if kind != OutcomeKind::Deferred {
+            self.failures.store(0, Ordering::SeqCst);
+            *since = None;
+        }
+    }
+
+    /// How long the next delivery waits (`None`: no failures), or `Err` once the
+    /// failures have lasted `timeout`.
+    fn wait(&self, timeout: Duration, backoff: Backoff) -> Option<Result<Duration, ()>> {
+        let n = self.failures.load(Ordering::SeqCst);
+        if n == 0 {
+            return None;
+        }
+        let since = *self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(since) = since {
+            if since.elapsed() >= timeout {
+                *self.gave_up.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((since.elapsed(), n));
+                return Some(Err(()));
+            }
+        }
+        Some(Ok(backoff.delay(u32::try_from(n).unwrap_or(u32::MAX))))
+    }
+
+    fn gave_up(&self) -> Option<(Duration, u64)> {
+        *self.gave_up.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A connection's delivery stream as the consumer sees it: before each delivery is
+/// pulled it waits the store-failure backoff (and ends with an error once the failures
+/// outlast the deadline); it ends once no delivery arrived for `idle` while it was waited
+/// for; `ended` tells a stream the broker closed from one that went idle. (A hand-written
+/// stream: combinator closures here defeat rustc's `Send` proof for the caller's future.)
+struct Watched<St> {
+    inner: Pin<Box<St>>,
+    idle: Option<Duration>,
+    idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    checked: bool,
+    streak: Arc<Streak>,
+    timeout: Duration,
+    backoff: Backoff,
+    ended: Arc<AtomicBool>,
+    done: bool,
+}
+
+impl<St, A, E> Stream for Watched<St>
+where
+    St: Stream<Item = Result<Delivery<A>, E>>,
+    E: Into<BoxError>,
+{
+    type Item = Result<Delivery<A>, BoxError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if !this.checked {
+            this.checked = true;
+            match this.streak.wait(this.timeout, this.backoff) {
+                None => {}
+                Some(Ok(wait)) => this.pause = Some(Box::pin(tokio::time::sleep(wait))),
+                Some(Err(())) => {
+                    // Ends this connection's run; `supervise` reports why.
+                    this.done = true;
+                    return Poll::Ready(Some(Err("the store kept failing".into())));
+                }
+            }
+        }
+        if let Some(pause) = this.pause.as_mut() {
+            ready!(pause.as_mut().poll(cx));
+            this.pause = None;
+        }
+        match this.inner.as_mut().poll_next(cx) {
+            Poll::Ready(Some(item)) => {
+                this.idle_timer = None;
+                this.checked = false;
+                Poll::Ready(Some(item.map_err(Into::into)))
+            }
+            Poll::Ready(None) => {
+                this.ended.store(true, Ordering::SeqCst);
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if let Some(idle) = this.idle {
+                    let timer = this
+                        .idle_timer
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                    if timer.as_mut().poll(cx).is_ready() {
+                        this.done = true;
+                        return Poll::Ready(None);
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// Runs `gate` over deliveries from `connect` until `shutdown`, the idle deadline, or a
+/// failure the module docs list. `first` is an already connected stream (else `connect`
+/// is called first); `observe` sees every outcome, of every connection.
+///
+/// # Errors
+/// See [`SuperviseError`].
+pub async fn supervise<S, H, A, St, E, C, Fut, CE>(
+    gate: &Gate<S, H>,
+    first: Option<St>,
+    mut connect: C,
+    config: SupervisorConfig,
+    shutdown: impl Future<Output = ()>,
+    observe: impl Fn(&Outcome) + Sync,
+) -> Result<Supervised, SuperviseError<CE>>
+where
+    S: ClaimStore,
+    H: Handler<S::Tx>,
+    A: Acker,
+    St: Stream<Item = Result<Delivery<A>, E>>,
+    E: Into<BoxError>,
+    C: FnMut() -> Fut,
+    Fut: Future<Output = Result<St, Attempt<CE>>>,
+    CE: std::error::Error + 'static,
+{
+    let shutdown = shutdown.shared();
+    let counts = Counts::default();
+    let streak = Arc::new(Streak::default());
+    let timeout = config.reconnect_timeout;
+    let mut reconnects = 0u32;
+    let mut next = first;
+    let done = |reconnects| Supervised {
+        stats: counts.stats(),
+        busy: counts.busy(),
+        reconnects,
+    };
+    loop {
+        let stream = match next.take() {
+            Some(s) => s,
+            None => {
+                let connecting = retry("the broker", timeout, config.backoff, &mut connect);
+                futures::pin_mut!(connecting);
+                futures::select! {
+                    r = connecting.fuse() => r.map_err(SuperviseError::Connect)?,
+                    () = shutdown.clone().fuse() => return Ok(done(reconnects)),
+                }
+            }
+        };
+        let ended = Arc::new(AtomicBool::new(false));
+        let deliveries = Watched {
+            inner: Box::pin(stream),
+            idle: config.exit_when_idle,
+            idle_timer: None,
+            pause: None,
+            checked: false,
+            streak: Arc::clone(&streak),
+            timeout,
+            backoff: config.backoff,
+            ended: Arc::clone(&ended),
+            done: false,
+        };
+        let result = consumer::run(
+            gate,
+            deliveries,
+            config.consumer,
+            shutdown.clone(),
+            |o: &Outcome| {
+                streak.record(o.kind());
+                counts.record(o);
+                observe(o);
+            },
+        )
+        .await;
+        let stopped = shutdown.peek().is_some();
+        if let Some((after, deliveries)) = streak.gave_up() {
+            return Err(SuperviseError::StoreFailing { after, deliveries });
+        }
+        match result {
+            Ok(_) if stopped || !ended.load(Ordering::SeqCst) => return Ok(done(reconnects)),
+            Ok(_) => {
+                tracing::warn!(target: "idem::consume", "the broker closed the delivery stream; reconnecting");
+            }
+            Err(_) if stopped => return Ok(done(reconnects)),
+            Err(e @ Error::Stream(_)) => {
+                tracing::warn!(target: "idem::consume", error = %e, "delivery stream failed; reconnecting");
+            }
+            Err(e) if !e.is_retryable() => return Err(SuperviseError::Consumer(e)),
+            Err(e) => {
+                tracing::warn!(target: "idem::consume", error = %e, "consumer failed; reconnecting");
+            }
+        }
+        reconnects += 1;
+        let mut pause = tokio::time::sleep(config.backoff.delay(1)).boxed().fuse();
+        futures::select! {
+            () = pause => {}
+            () = shutdown.clone().fuse() => return Ok(done(reconnects)),
+        }
+    }
+}
