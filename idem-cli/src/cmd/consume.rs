@@ -138,7 +138,8 @@ pub(crate) fn broker_error(context: &str, e: &BrokerError) -> CliError {
     match e {
         BrokerError::InvalidUrl(_)
         | BrokerError::Unsupported { .. }
-        | BrokerError::InvalidName { .. } => CliError::usage(msg),
+        | BrokerError::InvalidName { .. }
+        | BrokerError::Config { .. } => CliError::usage(msg),
         _ => CliError::failed(msg),
     }
 }
