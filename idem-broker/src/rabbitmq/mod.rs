@@ -46,7 +46,6 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 
 use crate::BrokerError;
-use config::QueueType;
 
 pub(crate) const BROKER: &str = "rabbitmq";
 
