@@ -64,10 +64,11 @@ mod lease {
             publish_raw(&url(), &name, &plain_bodies(&name, 4))
                 .await
                 .expect("publish");
-            let stream = NatsConsumer::connect(&config(&name))
+            let mut stream = NatsConsumer::connect(&config(&name))
                 .await
                 .expect("connect");
-            common::slow_handler_causes_no_redelivery(stream, 4, Duration::from_millis(3_500))
+            let taken = take(&mut stream, 4).await;
+            common::slow_handler_causes_no_redelivery(stream, taken, Duration::from_millis(3_500))
                 .await;
         })
         .await;

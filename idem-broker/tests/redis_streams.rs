@@ -71,9 +71,10 @@ mod lease {
             publish_raw(&url(), &name, &plain_bodies(&name, 4))
                 .await
                 .expect("publish");
-            let owner = RedisStreamsConsumer::connect(&config(&name))
+            let mut owner = RedisStreamsConsumer::connect(&config(&name))
                 .await
                 .expect("owner");
+            let taken = take(&mut owner, 4).await;
             let mut other = RedisStreamsConsumer::connect(&config(&name))
                 .await
                 .expect("other");
@@ -81,7 +82,8 @@ mod lease {
                 let seen = drain(&mut other, Duration::from_secs(5)).await;
                 common::bodies_of(&seen)
             });
-            common::slow_handler_causes_no_redelivery(owner, 4, Duration::from_millis(3_500)).await;
+            common::slow_handler_causes_no_redelivery(owner, taken, Duration::from_millis(3_500))
+                .await;
             assert_eq!(
                 watcher.await.expect("watcher"),
                 Vec::<String>::new(),

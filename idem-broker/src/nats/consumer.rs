@@ -233,11 +233,25 @@ impl NatsConsumer {
     /// # Errors
     /// The connection could not be drained.
     pub async fn close(&self) -> Result<(), BrokerError> {
-        self.shared
-            .client
+        let client = &self.shared.client;
+        client
             .drain()
             .await
-            .map_err(|e| BrokerError::op(BROKER, "drain", e))
+            .map_err(|e| BrokerError::op(BROKER, "drain", e))?;
+        // The drain completes in the background: wait until the connection is gone (a
+        // flush then fails), so nothing settles through it after `close` returns.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while client.flush().await.is_ok() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BrokerError::op(
+                    BROKER,
+                    "drain",
+                    std::io::Error::other("the connection is still open 5 s after a drain"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
     }
 
     /// How many deliveries are taken and not settled (kept alive) right now.
@@ -275,8 +289,10 @@ impl Stream for NatsConsumer {
                     .ok()
                     .and_then(|i| u32::try_from(i.delivered).ok())
                     .filter(|n| *n > 0);
+                // `split` takes the reply subject into the client's acker: read it first.
+                let reply = m.message.reply.clone();
                 let (msg, _acker) = m.split();
-                let Some(reply) = msg.reply.clone() else {
+                let Some(reply) = reply else {
                     self.done = true;
                     return Poll::Ready(Some(Err(BrokerError::op(
                         BROKER,

@@ -539,14 +539,17 @@ pub fn bodies_of<A>(deliveries: &[Delivery<A>]) -> Vec<String> {
 
 /// A handler slower than the broker's lease: deliveries taken (some in work, the rest
 /// waiting in the consumer's hands) for `hold` — several lease periods — are not
-/// redelivered meanwhile, and all settle once. `stream` must be a fresh consumer of
-/// `name`, to which `n` bodies were published; `gate` acks.
-pub async fn slow_handler_causes_no_redelivery<S, A>(mut stream: S, n: usize, hold: Duration)
-where
+/// redelivered meanwhile, and all settle once. `taken` are the first deliveries of
+/// `stream`, a fresh consumer of a source that holds exactly those.
+pub async fn slow_handler_causes_no_redelivery<S, A>(
+    mut stream: S,
+    taken: Vec<Delivery<A>>,
+    hold: Duration,
+) where
     S: futures::Stream<Item = Result<Delivery<A>, idem_broker::BrokerError>> + Unpin,
     A: Acker,
 {
-    let taken = take(&mut stream, n).await;
+    let n = taken.len();
     assert!(
         taken.iter().all(|d| d.attempt == Some(1)),
         "first deliveries: {:?}",
