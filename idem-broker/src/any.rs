@@ -12,11 +12,14 @@
 //! Broker-specific settings ride in the URL's query and are removed before the URL is
 //! handed to the client:
 //!
+//! - RabbitMQ: `queue_type` (`quorum`, the default, or `classic`), `delivery_limit` (a
+//!   quorum queue's broker-side redelivery limit, default 20, `0` for none);
 //! - NATS: `ack_wait` (a duration such as `30s`), `durable` (the consumer's name, default
-//!   `idem`);
+//!   `idem`), `max_deliver` (the durable's redelivery limit, default 20, `-1` for none);
 //! - Redis Streams: `group` (default `idem`), `consumer` (default: unique per process),
 //!   `min_idle` (pending entries of a silent consumer are taken over after it, default
-//!   `30s`), `block` (default `1s`);
+//!   `30s`), `block` (default `1s`), `forget_after` (idle consumers with nothing pending
+//!   are removed from the group after it, default `1h`);
 //! - SQS: `visibility_timeout` (default `30s`), `wait` (the long poll, default `1s`). The
 //!   endpoint is `http://HOST:PORT` when the URL has one (`sqs://127.0.0.1:5000`), else
 //!   the usual AWS variables (`sqs://`);
@@ -91,9 +94,9 @@ impl BrokerKind {
 
     fn params(self) -> &'static [&'static str] {
         match self {
-            Self::RabbitMq => &[],
-            Self::Nats => &["ack_wait", "durable"],
-            Self::RedisStreams => &["group", "consumer", "min_idle", "block"],
+            Self::RabbitMq => &["queue_type", "delivery_limit"],
+            Self::Nats => &["ack_wait", "durable", "max_deliver"],
+            Self::RedisStreams => &["group", "consumer", "min_idle", "block", "forget_after"],
             Self::Sqs => &["visibility_timeout", "wait"],
             Self::Kafka => &["group", "partitions", "session_timeout", "batch_messages"],
         }
@@ -179,12 +182,32 @@ impl BrokerUrl {
             "ack_wait",
             "min_idle",
             "block",
+            "forget_after",
             "visibility_timeout",
             "wait",
             "session_timeout",
         ] {
             if let Some(v) = params.get(key) {
                 parse_duration(v).map_err(|e| BrokerError::InvalidUrl(format!("{key}: {e}")))?;
+            }
+        }
+        if let Some(n) = params.get("max_deliver") {
+            n.parse::<i64>().map_err(|_| {
+                BrokerError::InvalidUrl(format!("max_deliver {n:?} is not a number"))
+            })?;
+        }
+        if kind == BrokerKind::RabbitMq {
+            if let Some(t) = params.get("queue_type") {
+                if !matches!(t.as_str(), "quorum" | "classic") {
+                    return Err(BrokerError::InvalidUrl(format!(
+                        "queue_type {t:?}: use quorum or classic"
+                    )));
+                }
+            }
+            if let Some(n) = params.get("delivery_limit") {
+                n.parse::<u32>().map_err(|_| {
+                    BrokerError::InvalidUrl(format!("delivery_limit {n:?} is not a number"))
+                })?;
             }
         }
         // Hand the client exactly what was written unless a setting has to come out
@@ -230,7 +253,14 @@ impl BrokerUrl {
     /// The RabbitMQ configuration for queue `name`.
     #[cfg(feature = "rabbitmq")]
     pub fn rabbitmq(&self, name: &str) -> crate::rabbitmq::RabbitConfig {
-        crate::rabbitmq::RabbitConfig::new(&self.client_url, name)
+        let mut c = crate::rabbitmq::RabbitConfig::new(&self.client_url, name);
+        if let Some(t) = self.param("queue_type").and_then(|t| t.parse().ok()) {
+            c = c.with_queue_type(t);
+        }
+        if let Some(n) = self.param("delivery_limit").and_then(|n| n.parse().ok()) {
+            c = c.with_delivery_limit(n);
+        }
+        c
     }
 
     /// The JetStream configuration for subject `name`.
@@ -242,6 +272,9 @@ impl BrokerUrl {
         }
         if let Some(d) = self.param("durable") {
             c = c.with_durable(d);
+        }
+        if let Some(n) = self.param("max_deliver").and_then(|n| n.parse().ok()) {
+            c = c.with_max_deliver(n);
         }
         c
     }
@@ -261,6 +294,9 @@ impl BrokerUrl {
         }
         if let Some(d) = self.duration("block") {
             c = c.with_block(d);
+        }
+        if let Some(d) = self.duration("forget_after") {
+            c = c.with_forget_after(d);
         }
         c
     }
@@ -654,7 +690,7 @@ impl AnyPublisher {
         match url.kind {
             #[cfg(feature = "rabbitmq")]
             BrokerKind::RabbitMq => Ok(Self::RabbitMq(
-                crate::rabbitmq::RabbitPublisher::connect(&url.client_url, name).await?,
+                crate::rabbitmq::RabbitPublisher::connect_with(&url.rabbitmq(name)).await?,
             )),
             #[cfg(feature = "nats")]
             BrokerKind::Nats => Ok(Self::Nats(
@@ -831,6 +867,23 @@ mod tests {
         assert!(!format!("{u:?}").contains("secret"));
         let bare = BrokerUrl::parse("amqp://127.0.0.1:5672").unwrap();
         assert_eq!(bare.client_url(), "amqp://127.0.0.1:5672");
+    }
+
+    #[cfg(feature = "rabbitmq")]
+    #[test]
+    fn rabbitmq_settings() {
+        use crate::rabbitmq::QueueType;
+        let d = BrokerUrl::parse("amqp://127.0.0.1:5672/%2f")
+            .unwrap()
+            .rabbitmq("q");
+        assert_eq!((d.queue_type, d.delivery_limit), (QueueType::Quorum, 20));
+        let u = BrokerUrl::parse("amqp://127.0.0.1:5672/%2f?queue_type=classic&delivery_limit=0")
+            .unwrap();
+        assert_eq!(u.client_url(), "amqp://127.0.0.1:5672/%2f");
+        let c = u.rabbitmq("q");
+        assert_eq!((c.queue_type, c.delivery_limit), (QueueType::Classic, 0));
+        assert!(BrokerUrl::parse("amqp://127.0.0.1?queue_type=stream").is_err());
+        assert!(BrokerUrl::parse("amqp://127.0.0.1?delivery_limit=many").is_err());
     }
 
     #[cfg(feature = "sqs")]

@@ -34,3 +34,133 @@ async fn poison_goes_to_the_dead_letter_stream_with_its_reason() {
 async fn relay_delivers_each_event_once_downstream() {
     common::within(common::relay_delivers_each_event_once(broker())).await;
 }
+
+mod lease {
+    use std::time::Duration;
+
+    use idem_broker::nats::{publish_raw, NatsConfig, NatsConsumer};
+    use idem_broker::BrokerError;
+    use idem_core::{Gate, GateConfig, OutcomeKind};
+    use idem_testkit::MemoryStore;
+
+    use super::common::{self, drain, fresh_name, plain_bodies, take, Plain};
+
+    fn url() -> String {
+        std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+    }
+
+    fn config(name: &str) -> NatsConfig {
+        NatsConfig::new(url(), name)
+            .with_ack_wait(Duration::from_secs(1))
+            .with_prefetch(8)
+    }
+
+    /// Ack wait 1 s; the handler takes 3.5 s on the first delivery while three more wait
+    /// in the consumer's hands: `+WPI` keeps all four alive, nothing is redelivered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handler_slower_than_ack_wait_causes_no_redelivery() {
+        common::within(async {
+            let name = fresh_name("nats-slow");
+            publish_raw(&url(), &name, &plain_bodies(&name, 4))
+                .await
+                .expect("publish");
+            let mut stream = NatsConsumer::connect(&config(&name))
+                .await
+                .expect("connect");
+            let taken = take(&mut stream, 4).await;
+            common::slow_handler_causes_no_redelivery(stream, taken, Duration::from_millis(3_500))
+                .await;
+        })
+        .await;
+    }
+
+    /// The attempt is the server's delivery count; `max_deliver` stops a message that
+    /// keeps failing (here 2), and the nak is confirmed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attempts_come_from_the_server_and_max_deliver_applies() {
+        common::within(async {
+            let name = fresh_name("nats-attempts");
+            publish_raw(&url(), &name, &plain_bodies(&name, 1))
+                .await
+                .expect("publish");
+            let mut stream = NatsConsumer::connect(&config(&name).with_max_deliver(2))
+                .await
+                .expect("connect");
+            let failing = Gate::with_config(
+                MemoryStore::new(),
+                Plain {
+                    fail: true,
+                    ..Plain::default()
+                },
+                GateConfig::default().with_retry_delay(None),
+            );
+            for want in 1..=2 {
+                let d = take(&mut stream, 1).await.pop().expect("one");
+                assert_eq!(d.attempt, Some(want));
+                let o = failing.process(d).await;
+                assert_eq!(o.kind(), OutcomeKind::Failed);
+                assert!(o.settle_error().is_none(), "{o:?}");
+            }
+            assert!(
+                drain(&mut stream, Duration::from_secs(3)).await.is_empty(),
+                "max_deliver 2: no third delivery"
+            );
+        })
+        .await;
+    }
+
+    /// A later process never rewrites the shared durable: other settings that matter are
+    /// a configuration error naming them; the same settings join it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_existing_durable_with_other_settings_is_a_config_error() {
+        common::within(async {
+            let name = fresh_name("nats-durable");
+            let first = NatsConsumer::connect(&config(&name)).await.expect("first");
+            let err = NatsConsumer::connect(&config(&name).with_ack_wait(Duration::from_secs(2)))
+                .await
+                .expect_err("another ack wait");
+            assert!(matches!(err, BrokerError::Config { .. }), "{err:?}");
+            assert!(!err.is_retryable());
+            assert!(err.to_string().contains("ack_wait"), "{err}");
+            let err = NatsConsumer::connect(&config(&name).with_max_deliver(5))
+                .await
+                .expect_err("another max_deliver");
+            assert!(err.to_string().contains("max_deliver"), "{err}");
+            NatsConsumer::connect(&config(&name))
+                .await
+                .expect("same settings");
+            drop(first);
+        })
+        .await;
+    }
+
+    /// An ack is confirmed by the server: on a closed connection it is an error, and the
+    /// message is redelivered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ack_on_a_closed_connection_is_an_error() {
+        common::within(async {
+            let name = fresh_name("nats-dead");
+            publish_raw(&url(), &name, &plain_bodies(&name, 1))
+                .await
+                .expect("publish");
+            let mut stream = NatsConsumer::connect(&config(&name))
+                .await
+                .expect("connect");
+            let d = take(&mut stream, 1).await.pop().expect("one");
+            stream.close().await.expect("close");
+            let gate = Gate::new(MemoryStore::new(), Plain::default());
+            let o = gate.process(d).await;
+            assert_eq!(o.kind(), OutcomeKind::Processed);
+            assert!(
+                o.settle_error().is_some(),
+                "acked on a closed connection: {o:?}"
+            );
+            let mut next = NatsConsumer::connect(&config(&name))
+                .await
+                .expect("reconnect");
+            let again = take(&mut next, 1).await;
+            assert_eq!(again[0].attempt, Some(2));
+        })
+        .await;
+    }
+}

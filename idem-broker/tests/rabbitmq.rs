@@ -33,3 +33,247 @@ async fn poison_goes_to_the_dead_letter_queue_with_its_reason() {
 async fn relay_delivers_each_event_once_downstream() {
     common::within(common::relay_delivers_each_event_once(broker())).await;
 }
+
+mod settle {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use idem_broker::rabbitmq::{
+        publish_raw, QueueType, RabbitAcker, RabbitConfig, RabbitConsumer,
+    };
+    use idem_broker::BrokerError;
+    use idem_core::{Delivery, Gate, GateConfig, OutcomeKind};
+    use idem_testkit::MemoryStore;
+
+    use super::common::{self, bodies_of, drain, fresh_name, plain_bodies, take, Plain};
+
+    fn url() -> String {
+        std::env::var("IDEM_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+    }
+
+    async fn consumer(name: &str, prefetch: usize) -> RabbitConsumer {
+        RabbitConsumer::connect(&RabbitConfig::new(url(), name).with_prefetch(prefetch))
+            .await
+            .expect("connect consumer")
+    }
+
+    /// 8 tasks at once, each holding a non-contiguous batch of the channel's deliveries
+    /// (tags i, i+8, i+16, …): each nacks one delivery from the middle of its batch while
+    /// acking the rest as one batch (`ack_all`). Over several rounds, every nacked
+    /// delivery — and only those — comes back, with its quorum delivery count; none is
+    /// covered by a neighbour's multiple-ack.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn multiple_ack_under_concurrency_8_never_covers_a_nacked_delivery() {
+        common::within(async {
+            const TASKS: usize = 8;
+            const PER_TASK: usize = 8;
+            const N: usize = TASKS * PER_TASK;
+            const ROUNDS: usize = 4;
+            let name = fresh_name("rabbit-multi");
+            let mut stream = consumer(&name, N).await;
+            let ok = Arc::new(Gate::new(MemoryStore::new(), Plain::default()));
+            let failing = Arc::new(Gate::with_config(
+                MemoryStore::new(),
+                Plain {
+                    fail: true,
+                    ..Plain::default()
+                },
+                GateConfig::default().with_retry_delay(None),
+            ));
+            for round in 0..ROUNDS {
+                let bodies = plain_bodies(&format!("{name}-r{round}"), N);
+                publish_raw(&url(), &name, &bodies).await.expect("publish");
+                let mut taken: Vec<Delivery<RabbitAcker>> = take(&mut stream, N).await;
+                assert!(taken.iter().all(|d| d.attempt == Some(1)));
+                taken.sort_by_key(|d| d.acker.delivery_tag());
+                let mut batches: Vec<Vec<Delivery<RabbitAcker>>> =
+                    (0..TASKS).map(|_| Vec::new()).collect();
+                for (i, d) in taken.into_iter().enumerate() {
+                    batches[i % TASKS].push(d);
+                }
+                let start = Arc::new(tokio::sync::Barrier::new(TASKS));
+                let mut nacked = Vec::new();
+                let mut tasks = Vec::new();
+                for mut batch in batches {
+                    let victim = batch.remove(PER_TASK / 2);
+                    nacked.push(String::from_utf8_lossy(&victim.payload).into_owned());
+                    let (ok, failing, start) = (ok.clone(), failing.clone(), start.clone());
+                    tasks.push(tokio::spawn(async move {
+                        start.wait().await;
+                        let (n, acked) =
+                            tokio::join!(failing.process(victim), ok.process_batch(batch));
+                        assert_eq!(n.kind(), OutcomeKind::Failed, "{n:?}");
+                        assert!(n.settle_error().is_none(), "{n:?}");
+                        for o in acked {
+                            assert_eq!(o.kind(), OutcomeKind::Processed, "{o:?}");
+                            assert!(o.settle_error().is_none(), "{o:?}");
+                        }
+                    }));
+                }
+                for t in tasks {
+                    t.await.expect("task");
+                }
+                nacked.sort();
+                let back = drain(&mut stream, Duration::from_secs(2)).await;
+                assert_eq!(
+                    bodies_of(&back),
+                    nacked,
+                    "round {round}: exactly the nacked come back"
+                );
+                assert!(
+                    back.iter().all(|d| d.attempt == Some(2)),
+                    "x-delivery-count + 1: {:?}",
+                    back.iter().map(|d| d.attempt).collect::<Vec<_>>()
+                );
+                // Settle them for good before the next round.
+                for o in ok.process_batch(back).await {
+                    assert!(o.settle_error().is_none(), "{o:?}");
+                }
+                assert_eq!(stream.unsettled(), 0, "no tag left outstanding");
+            }
+            assert!(drain(&mut stream, Duration::from_secs(2)).await.is_empty());
+        })
+        .await;
+    }
+
+    /// A delivery dropped unsettled (its task cancelled) is requeued — not leaked: it
+    /// comes back with its delivery count, and the channel's bookkeeping lets go of it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delivery_dropped_unsettled_is_requeued() {
+        common::within(async {
+            let name = fresh_name("rabbit-drop");
+            publish_raw(&url(), &name, &plain_bodies(&name, 3))
+                .await
+                .expect("publish");
+            let mut stream = consumer(&name, 8).await;
+            let taken = take(&mut stream, 3).await;
+            let mut it = taken.into_iter();
+            let dropped = it.next().expect("first");
+            let dropped_body = String::from_utf8_lossy(&dropped.payload).into_owned();
+            drop(dropped);
+            let back = take(&mut stream, 1).await;
+            assert_eq!(bodies_of(&back), vec![dropped_body]);
+            assert_eq!(back[0].attempt, Some(2));
+            let gate = Gate::new(MemoryStore::new(), Plain::default());
+            let rest: Vec<_> = it.chain(back).collect();
+            for o in gate.process_batch(rest).await {
+                assert!(o.settle_error().is_none(), "{o:?}");
+            }
+            assert_eq!(stream.unsettled(), 0);
+            assert!(drain(&mut stream, Duration::from_secs(2)).await.is_empty());
+        })
+        .await;
+    }
+
+    /// A delayed nack holds the delivery for the delay, then requeues it; when half the
+    /// prefetch is already held, a delayed nack requeues at once instead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delayed_nack_is_held_then_requeued_and_holding_is_bounded() {
+        common::within(async {
+            let name = fresh_name("rabbit-hold");
+            publish_raw(&url(), &name, &plain_bodies(&name, 4))
+                .await
+                .expect("publish");
+            // Prefetch 4: at most 2 held.
+            let mut stream = consumer(&name, 4).await;
+            let taken = take(&mut stream, 4).await;
+            let gate = Gate::with_config(
+                MemoryStore::new(),
+                Plain {
+                    fail: true,
+                    ..Plain::default()
+                },
+                GateConfig::default().with_retry_delay(Some(Duration::from_secs(3))),
+            );
+            let started = std::time::Instant::now();
+            for o in gate.process_batch(taken).await {
+                assert_eq!(o.kind(), OutcomeKind::Failed, "{o:?}");
+            }
+            assert_eq!(stream.held(), 2, "half the prefetch is held");
+            // The two not held come back at once; the held two after the delay.
+            let early = take(&mut stream, 2).await;
+            assert!(started.elapsed() < Duration::from_secs(3));
+            let late = take(&mut stream, 2).await;
+            assert!(started.elapsed() >= Duration::from_secs(3));
+            assert_eq!(stream.held(), 0);
+            let ok = Gate::new(MemoryStore::new(), Plain::default());
+            for o in ok
+                .process_batch(early.into_iter().chain(late).collect())
+                .await
+            {
+                assert!(o.settle_error().is_none(), "{o:?}");
+            }
+        })
+        .await;
+    }
+
+    /// An ack on a connection that is gone is an error, never a success, and the
+    /// delivery is redelivered to the next consumer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ack_on_a_closed_connection_is_an_error() {
+        common::within(async {
+            let name = fresh_name("rabbit-dead");
+            publish_raw(&url(), &name, &plain_bodies(&name, 1))
+                .await
+                .expect("publish");
+            let mut stream = consumer(&name, 4).await;
+            let d = take(&mut stream, 1).await.pop().expect("one");
+            stream.close().await.expect("close");
+            let gate = Gate::new(MemoryStore::new(), Plain::default());
+            let o = gate.process(d).await;
+            assert_eq!(o.kind(), OutcomeKind::Processed);
+            assert!(
+                o.settle_error().is_some(),
+                "acked on a closed connection: {o:?}"
+            );
+            let mut next = consumer(&name, 4).await;
+            let again = take(&mut next, 1).await;
+            assert_eq!(again[0].attempt, Some(2));
+        })
+        .await;
+    }
+
+    /// Queues are quorum queues by default; a queue that exists as a classic queue is a
+    /// configuration error naming the difference, not silently used or redeclared.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_existing_queue_with_other_arguments_is_a_config_error() {
+        common::within(async {
+            let name = fresh_name("rabbit-classic");
+            let classic = RabbitConfig::new(url(), &name).with_queue_type(QueueType::Classic);
+            let c = RabbitConsumer::connect(&classic)
+                .await
+                .expect("classic queue");
+            drop(c);
+            let err = RabbitConsumer::connect(&RabbitConfig::new(url(), &name))
+                .await
+                .expect_err("a quorum consumer of a classic queue");
+            assert!(matches!(err, BrokerError::Config { .. }), "{err:?}");
+            assert!(!err.is_retryable());
+            let text = err.to_string();
+            assert!(
+                text.contains("x-queue-type") && text.contains(&name),
+                "{text}"
+            );
+            // Asking for what exists works; a classic queue keeps no delivery count.
+            let mut c = RabbitConsumer::connect(&classic)
+                .await
+                .expect("same settings");
+            idem_broker::rabbitmq::RabbitPublisher::connect_with(&classic)
+                .await
+                .expect("publisher with the same settings")
+                .publish_raw(&plain_bodies(&name, 1))
+                .await
+                .expect("publish");
+            assert_eq!(take(&mut c, 1).await[0].attempt, None);
+            // A quorum queue keeps one.
+            let q = fresh_name("rabbit-quorum");
+            publish_raw(&url(), &q, &plain_bodies(&q, 1))
+                .await
+                .expect("publish");
+            let mut s = consumer(&q, 2).await;
+            assert_eq!(take(&mut s, 1).await[0].attempt, Some(1));
+        })
+        .await;
+    }
+}

@@ -1,44 +1,109 @@
 //! Consuming a stream through a durable pull consumer: [`NatsConsumer`] and its
 //! [`NatsAcker`].
+//!
+//! Every settlement is confirmed: the ack (`+ACK`, `-NAK`, `+TERM`) is sent as a request
+//! and the server's reply awaited, so `Ok` means the server has it. While a delivery is
+//! taken and not settled, a keep-alive task sends `+WPI` (work in progress) for it every
+//! third of the ack wait, so a slow handler is not redelivered mid-work.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
-use async_nats::jetstream::message::{AckKind, Acker as JsAcker};
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
+use async_nats::jetstream::message::AckKind;
 use async_nats::jetstream::{self, consumer::pull::MessagesErrorKind};
+use async_nats::Subject;
 use async_trait::async_trait;
 use futures::Stream;
 use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
 
 use super::config::NatsConfig;
 use super::publisher::publish_confirmed;
-use super::{check_name, connect, ensure_stream, BROKER};
+use super::{check_name, connect, ensure_stream, stream_name, BROKER};
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
+
+/// How long a settlement waits for the server's confirmation.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Shared {
     client: async_nats::Client,
     js: jetstream::Context,
     dead_letter_subject: String,
+    /// Deliveries taken and not settled: their ack subjects, kept alive with `+WPI`.
+    live: Mutex<HashMap<u64, Subject>>,
+    next_id: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shared {
-    async fn flush(&self, action: &'static str) -> Result<(), AckError> {
+    fn register(&self, reply: Subject) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.live).insert(id, reply);
+        id
+    }
+
+    fn forget(&self, id: u64) {
+        lock(&self.live).remove(&id);
+    }
+
+    /// Sends `kind` to the delivery's ack subject and waits for the server's reply.
+    async fn confirmed(
+        &self,
+        reply: &Subject,
+        kind: AckKind,
+        action: &'static str,
+    ) -> Result<(), AckError> {
+        let request = async_nats::Request::new()
+            .payload(kind.into())
+            .timeout(Some(CONFIRM_TIMEOUT));
         self.client
-            .flush()
+            .send_request(reply.clone(), request)
             .await
-            .map_err(|e| BrokerError::op(BROKER, action, e).into())
+            .map(|_| ())
+            .map_err(|e| op_err(action, e))
     }
 }
 
+/// Sends `+WPI` for every live delivery every `every`, until the consumer and all its
+/// ackers are gone.
+fn spawn_keep_alive(shared: Weak<Shared>, every: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let replies: Vec<Subject> = lock(&shared.live).values().cloned().collect();
+            for reply in replies {
+                if let Err(e) = shared.client.publish(reply, AckKind::Progress.into()).await {
+                    tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "keep-alive (+WPI) not sent");
+                    break;
+                }
+            }
+        }
+    });
+}
+
 /// Deliveries of a JetStream durable pull consumer, as a stream of
-/// `Result<Delivery<NatsAcker>, BrokerError>`.
+/// `Result<Delivery<NatsAcker>, BrokerError>`. The stream ends after its first error
+/// (a missed heartbeat included: a server that stays down is reported, not waited for
+/// silently), so a supervisor reconnects it.
 pub struct NatsConsumer {
     inner: pull::Stream,
     shared: Arc<Shared>,
     name: String,
+    done: bool,
 }
 
 impl std::fmt::Debug for NatsConsumer {
@@ -56,29 +121,88 @@ pub(super) fn consumer_config(config: &NatsConfig) -> pull::Config {
         durable_name: Some(config.durable.clone()),
         ack_policy: AckPolicy::Explicit,
         ack_wait: config.ack_wait,
-        max_deliver: -1,
+        max_deliver: config.max_deliver,
         max_ack_pending: prefetch.saturating_mul(2).max(1_000),
         ..Default::default()
     }
 }
 
+/// What of an existing durable's configuration must match this one: the ack policy, the
+/// ack wait (the keep-alive is paced by it) and `max_deliver`. Others (`max_ack_pending`)
+/// are left as the durable has them.
+fn mismatch(
+    durable: &str,
+    have: &jetstream::consumer::Config,
+    want: &pull::Config,
+) -> Option<String> {
+    let what = if have.ack_policy != want.ack_policy {
+        format!(
+            "ack_policy is {:?}, idem needs {:?}",
+            have.ack_policy, want.ack_policy
+        )
+    } else if have.ack_wait != want.ack_wait {
+        format!(
+            "ack_wait is {:?}, this consumer asks {:?} (URL option ack_wait)",
+            have.ack_wait, want.ack_wait
+        )
+    } else if have.max_deliver != want.max_deliver {
+        format!(
+            "max_deliver is {}, this consumer asks {} (URL option max_deliver)",
+            have.max_deliver, want.max_deliver
+        )
+    } else {
+        return None;
+    };
+    Some(format!(
+        "the durable consumer {durable:?} exists with other settings: {what}; use its \
+         settings, another durable name, or delete it (idem does not rewrite a shared durable)"
+    ))
+}
+
+/// Gets the durable consumer, creating it if missing; an existing one whose settings
+/// differ in a way that matters is a [`BrokerError::Config`].
+pub(super) async fn ensure_consumer(
+    stream: &jetstream::stream::Stream,
+    config: &NatsConfig,
+) -> Result<jetstream::consumer::PullConsumer, BrokerError> {
+    let want = consumer_config(config);
+    match stream.consumer_info(&config.durable).await {
+        Ok(info) => {
+            if let Some(detail) = mismatch(&config.durable, &info.config, &want) {
+                return Err(BrokerError::Config {
+                    broker: BROKER,
+                    detail,
+                });
+            }
+            stream
+                .get_consumer(&config.durable)
+                .await
+                .map_err(|e| BrokerError::op(BROKER, "consumer get", e))
+        }
+        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => stream
+            .create_consumer(want)
+            .await
+            .map_err(|e| BrokerError::op(BROKER, "consumer create", e)),
+        Err(e) => Err(BrokerError::op(BROKER, "consumer info", e)),
+    }
+}
+
 impl NatsConsumer {
-    /// Connects, creates the stream and its dead-letter stream if missing, creates or
-    /// updates the durable consumer, and starts pulling.
+    /// Connects, creates the stream and its dead-letter stream if missing, gets the
+    /// durable consumer (created if missing; an existing one is never rewritten), and
+    /// starts pulling and keeping taken deliveries alive.
     ///
     /// # Errors
     /// [`BrokerError::Connect`] when the server cannot be reached (or has no JetStream);
-    /// an invalid name.
+    /// an invalid name; [`BrokerError::Config`] when the durable exists with other
+    /// settings.
     pub async fn connect(config: &NatsConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
         let js = connect(&config.url).await?;
         let stream = ensure_stream(&js, &config.name, config.duplicate_window).await?;
         let dead_letter_subject = dead_letter_name(&config.name);
         ensure_stream(&js, &dead_letter_subject, config.duplicate_window).await?;
-        let consumer: jetstream::consumer::PullConsumer = stream
-            .create_consumer(consumer_config(config))
-            .await
-            .map_err(|e| BrokerError::op(BROKER, "consumer create", e))?;
+        let consumer = ensure_consumer(&stream, config).await?;
         let inner = consumer
             .stream()
             .max_messages_per_batch(config.prefetch.max(1))
@@ -86,15 +210,53 @@ impl NatsConsumer {
             .messages()
             .await
             .map_err(|e| BrokerError::op(BROKER, "pull", e))?;
+        let shared = Arc::new(Shared {
+            client: js.client(),
+            js,
+            dead_letter_subject,
+            live: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        });
+        spawn_keep_alive(Arc::downgrade(&shared), config.keep_alive_every());
         Ok(Self {
             inner,
-            shared: Arc::new(Shared {
-                client: js.client(),
-                js,
-                dead_letter_subject,
-            }),
+            shared,
             name: config.name.clone(),
+            done: false,
         })
+    }
+
+    /// Closes the connection (after flushing what is buffered): settling one of this
+    /// consumer's deliveries from now on is an error, and the server redelivers them
+    /// after the ack wait.
+    ///
+    /// # Errors
+    /// The connection could not be drained.
+    pub async fn close(&self) -> Result<(), BrokerError> {
+        let client = &self.shared.client;
+        client
+            .drain()
+            .await
+            .map_err(|e| BrokerError::op(BROKER, "drain", e))?;
+        // The drain completes in the background: wait until the connection is gone (a
+        // flush then fails), so nothing settles through it after `close` returns.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while client.flush().await.is_ok() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BrokerError::op(
+                    BROKER,
+                    "drain",
+                    std::io::Error::other("the connection is still open 5 s after a drain"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// How many deliveries are taken and not settled (kept alive) right now.
+    pub fn live(&self) -> usize {
+        lock(&self.shared.live).len()
     }
 }
 
@@ -102,53 +264,86 @@ impl Stream for NatsConsumer {
     type Item = Result<Delivery<NatsAcker>, BrokerError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        loop {
-            return match Pin::new(&mut self.inner).poll_next(cx) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Ready(Some(Err(e))) => {
-                    if e.kind() == MessagesErrorKind::MissingHeartbeat {
-                        // The pull request is renewed by the client; keep waiting.
-                        tracing::warn!(target: "idem::broker", broker = BROKER, "missed a JetStream heartbeat");
-                        continue;
-                    }
-                    Poll::Ready(Some(Err(BrokerError::op(BROKER, "pull", e))))
-                }
-                Poll::Ready(Some(Ok(m))) => {
-                    let (msg, acker) = m.split();
-                    let mut headers = Headers::new();
-                    if let Some(h) = &msg.headers {
-                        for (k, vs) in h.iter() {
-                            for v in vs {
-                                headers.push((k.to_string(), v.as_str().to_owned()));
-                            }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_next(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.done = true;
+                let action = if e.kind() == MessagesErrorKind::MissingHeartbeat {
+                    tracing::warn!(target: "idem::broker", broker = BROKER, stream = %stream_name(&self.name), "missed JetStream heartbeats: the server is unreachable; ending the stream");
+                    "pull (missed heartbeats)"
+                } else {
+                    "pull"
+                };
+                Poll::Ready(Some(Err(BrokerError::op(BROKER, action, e))))
+            }
+            Poll::Ready(Some(Ok(m))) => {
+                let attempt = m
+                    .info()
+                    .ok()
+                    .and_then(|i| u32::try_from(i.delivered).ok())
+                    .filter(|n| *n > 0);
+                // `split` takes the reply subject into the client's acker: read it first.
+                let reply = m.message.reply.clone();
+                let (msg, _acker) = m.split();
+                let Some(reply) = reply else {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(BrokerError::op(
+                        BROKER,
+                        "pull",
+                        std::io::Error::other("a delivery without an ack subject"),
+                    ))));
+                };
+                let mut headers = Headers::new();
+                if let Some(h) = &msg.headers {
+                    for (k, vs) in h.iter() {
+                        for v in vs {
+                            headers.push((k.to_string(), v.as_str().to_owned()));
                         }
                     }
-                    Poll::Ready(Some(Ok(Delivery {
-                        payload: msg.payload.to_vec(),
-                        headers,
-                        attempt: None,
-                        acker: NatsAcker {
-                            acker: Box::new(acker),
-                            shared: Arc::clone(&self.shared),
-                        },
-                    })))
                 }
-            };
+                let id = self.shared.register(reply.clone());
+                Poll::Ready(Some(Ok(Delivery {
+                    payload: msg.payload.to_vec(),
+                    headers,
+                    attempt,
+                    acker: NatsAcker {
+                        id,
+                        reply,
+                        shared: Arc::clone(&self.shared),
+                    },
+                })))
+            }
         }
     }
 }
 
-/// Settles one JetStream delivery.
+/// Settles one JetStream delivery, with the server's confirmation. While it lives
+/// unsettled, the delivery is kept alive (`+WPI`); dropped unsettled, the keep-alive
+/// stops and the server redelivers it after the ack wait.
 pub struct NatsAcker {
-    // Boxed: the client's acker is large, and every delivery carries one.
-    acker: Box<JsAcker>,
+    id: u64,
+    reply: Subject,
     shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for NatsAcker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsAcker").finish_non_exhaustive()
+        f.debug_struct("NatsAcker")
+            .field("reply", &self.reply.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for NatsAcker {
+    fn drop(&mut self) {
+        self.shared.forget(self.id);
     }
 }
 
@@ -156,20 +351,25 @@ fn op_err(action: &'static str, e: impl Into<idem_core::BoxError>) -> AckError {
     BrokerError::op(BROKER, action, e).into()
 }
 
+impl NatsAcker {
+    /// Stops the keep-alive, then sends `kind` and waits for the server's reply.
+    async fn settle(&self, kind: AckKind, action: &'static str) -> Result<(), AckError> {
+        self.shared.forget(self.id);
+        self.shared.confirmed(&self.reply, kind, action).await
+    }
+}
+
 #[async_trait]
 impl Acker for NatsAcker {
-    /// `+ACK`, then a flush: when it returns, the server has the ack.
+    /// A double ack: `+ACK` as a request; when it returns `Ok`, the server has the ack.
     async fn ack(self, _proof: AckProof) -> Result<(), AckError> {
-        self.acker.ack().await.map_err(|e| op_err("ack", e))?;
-        self.shared.flush("ack flush").await
+        self.settle(AckKind::Ack, "ack").await
     }
 
+    /// `-NAK` with the delay, confirmed.
     async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
-        self.acker
-            .ack_with(AckKind::Nak(delay.filter(|d| !d.is_zero())))
+        self.settle(AckKind::Nak(delay.filter(|d| !d.is_zero())), "nak")
             .await
-            .map_err(|e| op_err("nak", e))?;
-        self.shared.flush("nak flush").await
     }
 
     async fn dead_letter(
@@ -193,39 +393,25 @@ impl Acker for NatsAcker {
         )
         .await;
         match published {
-            Ok(()) => self
-                .acker
-                .double_ack_with(AckKind::Term)
-                .await
-                .map_err(|e| op_err("term", e)),
+            Ok(()) => self.settle(AckKind::Term, "term").await,
             Err(e) => {
-                // Not dead-lettered: hand it back rather than lose it.
-                let _ = self.acker.ack_with(AckKind::Nak(None)).await;
+                // Not dead-lettered: hand it back rather than lose it, after a pause (an
+                // immediate redelivery would loop as fast as the server delivers).
+                let _ = self
+                    .settle(AckKind::Nak(Some(Duration::from_secs(5))), "nak")
+                    .await;
                 Err(e.into())
             }
         }
     }
 
-    /// Every `+ACK`, then one flush.
+    /// Every ack confirmed, concurrently.
     async fn ack_all(items: Vec<(Self, AckProof)>) -> Vec<Result<(), AckError>> {
-        let mut out = Vec::with_capacity(items.len());
-        let mut flushers: Vec<Arc<Shared>> = Vec::new();
-        for (a, _proof) in items {
-            out.push(a.acker.ack().await.map_err(|e| op_err("ack", e)));
-            if !flushers.iter().any(|s| Arc::ptr_eq(s, &a.shared)) {
-                flushers.push(Arc::clone(&a.shared));
-            }
-        }
-        for s in flushers {
-            if let Err(e) = s.flush("ack flush").await {
-                // Unknown which acks arrived: report the batch as failed (harmless: a
-                // redelivery is skipped as a duplicate).
-                return out
-                    .into_iter()
-                    .map(|_| Err(AckError::new(e.message.clone(), true, None)))
-                    .collect();
-            }
-        }
-        out
+        futures::future::join_all(
+            items
+                .into_iter()
+                .map(|(a, _proof)| async move { a.settle(AckKind::Ack, "ack").await }),
+        )
+        .await
     }
 }

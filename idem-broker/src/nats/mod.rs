@@ -5,24 +5,33 @@
 //!   subject with `.` replaced by `_` ([`stream_name`]): the dead letters of `grants` are
 //!   on subject `grants.dead-letter`, in the stream `grants_dead-letter`.
 //! - **Consuming** ([`NatsConsumer`]): a durable pull consumer (default name `idem`,
-//!   explicit acks, [`NatsConfig::ack_wait`] configurable, unlimited redeliveries).
-//!   [`NatsAcker`]: `ack` → a double ack (the server confirms it); `nack(delay)` → `-NAK`
-//!   with the delay; `dead_letter` → a confirmed publish to `NAME.dead-letter` with the
-//!   reason in the [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER)
-//!   header, then `+TERM` (no more redeliveries). A delivery not acked within
-//!   `ack_wait` (a crash, a dropped consumer) is redelivered.
+//!   explicit acks, [`NatsConfig::ack_wait`] and [`NatsConfig::max_deliver`], default 20,
+//!   above the core's `max_attempts`). An existing durable is read, never rewritten: a
+//!   different ack policy, ack wait or `max_deliver` is a [`BrokerError::Config`]. A
+//!   delivery's attempt is the server's delivery count. While a delivery is taken and not
+//!   settled, `+WPI` (progress) is sent for it every third of the ack wait, so a slow
+//!   handler is not redelivered mid-work. [`NatsAcker`] confirms every settlement (the
+//!   ack is a request; the server's reply is awaited): `ack` → a double ack;
+//!   `nack(delay)` → `-NAK` with the delay; `dead_letter` → a confirmed publish to
+//!   `NAME.dead-letter` with the reason in the
+//!   [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header, then `+TERM`
+//!   (no more redeliveries; a failed publish naks with a 5 s delay). A delivery not acked
+//!   within `ack_wait` of its last progress (a crash, a dropped acker) is redelivered.
+//!   Missed heartbeats (a server that stays down) end the stream with an error, so a
+//!   supervisor reconnects and its timeout applies.
 //! - **Publishing** ([`NatsPublisher`]): each outbox event with its id both as
 //!   `Nats-Msg-Id` (the stream's duplicate window drops a republish) and in the
 //!   [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header; `publish` waits for
 //!   every JetStream publish ack.
 //! - **Counting** ([`pending_count`]): the durable consumer's pending (not yet delivered)
-//!   plus ack-pending (delivered, not acked) messages.
+//!   plus ack-pending (delivered, not acked) messages; the stream's messages when the
+//!   durable does not exist yet (it is not created here).
 
 mod config;
 mod consumer;
 mod publisher;
 
-pub use config::NatsConfig;
+pub use config::{NatsConfig, DEFAULT_MAX_DELIVER};
 pub use consumer::{NatsAcker, NatsConsumer};
 pub use publisher::{pending_count, publish_raw, NatsPublisher};
 

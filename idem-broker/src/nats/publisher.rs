@@ -6,7 +6,6 @@ use async_nats::HeaderMap;
 use async_trait::async_trait;
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
-use super::consumer::consumer_config;
 use super::{check_name, connect, ensure_stream, NatsConfig, BROKER};
 use crate::BrokerError;
 
@@ -124,23 +123,27 @@ pub async fn publish_raw(url: &str, name: &str, bodies: &[Vec<u8>]) -> Result<()
 }
 
 /// What the durable consumer `durable` of `name` has not settled: messages not yet
-/// delivered plus messages delivered and not acked. The stream and the consumer are
-/// created if missing (a new consumer starts at the stream's first message).
+/// delivered plus messages delivered and not acked. The stream is created if missing; a
+/// missing durable is not created (a consumer creates it with its own settings): every
+/// message in the stream is then still to be delivered.
 ///
 /// # Errors
 /// The server cannot be reached.
 pub async fn pending_count(url: &str, name: &str, durable: &str) -> Result<u64, BrokerError> {
+    use async_nats::jetstream::context::ConsumerInfoErrorKind;
     check_name(name)?;
     let config = NatsConfig::new(url, name).with_durable(durable);
     let js = connect(url).await?;
-    let stream = ensure_stream(&js, name, config.duplicate_window).await?;
-    let consumer: jetstream::consumer::PullConsumer = stream
-        .get_or_create_consumer(durable, consumer_config(&config))
-        .await
-        .map_err(|e| BrokerError::op(BROKER, "consumer info", e))?;
-    let info = consumer
-        .get_info()
-        .await
-        .map_err(|e| BrokerError::op(BROKER, "consumer info", e))?;
-    Ok(info.num_pending + info.num_ack_pending as u64)
+    let mut stream = ensure_stream(&js, name, config.duplicate_window).await?;
+    match stream.consumer_info(durable).await {
+        Ok(info) => Ok(info.num_pending + info.num_ack_pending as u64),
+        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {
+            let info = stream
+                .info()
+                .await
+                .map_err(|e| BrokerError::op(BROKER, "stream info", e))?;
+            Ok(info.state.messages)
+        }
+        Err(e) => Err(BrokerError::op(BROKER, "consumer info", e)),
+    }
 }

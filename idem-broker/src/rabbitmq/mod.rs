@@ -1,19 +1,30 @@
 //! RabbitMQ through lapin (feature `rabbitmq`).
 //!
-//! - **Names**: a `NAME` is a durable classic queue, declared if missing; messages are
+//! - **Names**: a `NAME` is a durable queue, declared if missing: a quorum queue by
+//!   default (`x-queue-type: quorum`, with `x-delivery-limit` 20 and at-least-once
+//!   broker dead-lettering to `NAME.dead-letter` past it), a classic one with
+//!   [`QueueType::Classic`] (URL `queue_type=classic`). Every role declares the same
+//!   arguments; a queue that exists with others is a [`BrokerError::Config`] naming the
+//!   difference (the broker's 406 `PRECONDITION_FAILED`), never redeclared. Messages are
 //!   published through the default exchange with routing key `NAME`, persistent
 //!   (`delivery_mode = 2`), with publisher confirms.
 //! - **Consuming** ([`RabbitConsumer`]): manual acks on one channel whose prefetch
 //!   (`basic.qos`) is set from the consumer's concurrency × batch size
-//!   ([`RabbitConfig::prefetch_for`]). [`RabbitAcker`] settles a delivery:
-//!   `ack` → `basic.ack`; a batch's [`ack_all`](idem_core::Acker::ack_all) → one
-//!   `basic.ack` with `multiple = true` when the batch is exactly the channel's oldest
-//!   outstanding deliveries (otherwise one ack each, never acking a neighbour's
-//!   uncommitted delivery); `nack` → `basic.nack` with requeue (after the delay, holding
-//!   the delivery meanwhile, since RabbitMQ has no delayed requeue); `dead_letter` →
-//!   a confirmed, persistent publish to the durable queue `NAME.dead-letter` with the
-//!   reason in the [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER)
-//!   header, then `basic.ack`.
+//!   ([`RabbitConfig::prefetch_for`]). A delivery's attempt is the quorum queue's
+//!   `x-delivery-count` + 1 (unknown on a classic queue). [`RabbitAcker`] settles a
+//!   delivery, one step per channel: the settle lock is held from deciding (which tags
+//!   are outstanding) until the frame is sent, so a multiple-ack never covers a delivery
+//!   another task is nacking. `ack` → `basic.ack`; a batch's
+//!   [`ack_all`](idem_core::Acker::ack_all) → one `basic.ack` with `multiple = true` up to
+//!   the highest tag below which every outstanding delivery is in the batch, one ack each
+//!   for the rest; `nack` → `basic.nack` with requeue (with a delay: the delivery is held
+//!   unacked for it, at most a minute and for at most half the prefetch, then requeued;
+//!   dropping the consumer requeues held ones at once); `dead_letter` → a confirmed,
+//!   persistent publish to the durable queue `NAME.dead-letter` with the reason in the
+//!   [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header, then
+//!   `basic.ack` (a failed publish holds the delivery 5 s, then requeues it: no hot loop).
+//!   An acker dropped unsettled requeues its delivery. A settlement on a closed channel or
+//!   connection is an error.
 //! - A delivery whose channel closes unacked (a crash, a dropped consumer) goes back to
 //!   the queue and is redelivered.
 //! - **Publishing** ([`RabbitPublisher`]): each outbox event with its id in the
@@ -26,12 +37,12 @@ mod config;
 mod consumer;
 mod publisher;
 
-pub use config::RabbitConfig;
+pub use config::{QueueType, RabbitConfig, DEFAULT_DELIVERY_LIMIT};
 pub use consumer::{RabbitAcker, RabbitConsumer};
 pub use publisher::{pending_count, publish_raw, RabbitPublisher};
 
 use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 
 use crate::BrokerError;
@@ -44,17 +55,83 @@ pub(crate) async fn connect(url: &str) -> Result<Connection, BrokerError> {
         .map_err(|e| BrokerError::connect(BROKER, e))
 }
 
-/// Declares the durable queue `name` (idempotent).
-pub(crate) async fn declare(channel: &Channel, name: &str) -> Result<u32, BrokerError> {
+/// The arguments idem declares queue `name` with. Every role (consumer, publisher, relay,
+/// a consumer of the dead letters) derives them from the name and the configuration
+/// alone, so they always agree: a queue named `*.dead-letter` is a plain queue of the
+/// configured type; any other quorum queue gets the delivery limit and dead-letters
+/// (at least once) to `NAME.dead-letter` when the broker's limit is reached.
+pub(crate) fn queue_args(name: &str, config: &RabbitConfig) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(config.queue_type.as_str().into()),
+    );
+    let is_dead_letter = name.ends_with(".dead-letter");
+    if config.queue_type == QueueType::Quorum && !is_dead_letter && config.delivery_limit > 0 {
+        args.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongLongInt(i64::from(config.delivery_limit)),
+        );
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(crate::dead_letter_name(name).as_str().into()),
+        );
+        args.insert(
+            "x-dead-letter-strategy".into(),
+            AMQPValue::LongString("at-least-once".into()),
+        );
+        // At-least-once dead-lettering requires it (and no length limit is set).
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+    }
+    args
+}
+
+/// Declares the durable queue `name` with [`queue_args`] (idempotent). A queue that
+/// exists with other arguments (a classic queue where a quorum one is asked, another
+/// delivery limit) is a [`BrokerError::Config`] naming the difference, as the broker
+/// reported it; the channel is closed by the broker then.
+pub(crate) async fn declare(
+    channel: &Channel,
+    name: &str,
+    config: &RabbitConfig,
+) -> Result<u32, BrokerError> {
     let q = channel
         .queue_declare(
             name.into(),
             QueueDeclareOptions::durable(),
-            FieldTable::default(),
+            queue_args(name, config),
         )
         .await
-        .map_err(|e| BrokerError::op(BROKER, "queue.declare", e))?;
+        .map_err(|e| declare_error(name, config, e))?;
     Ok(q.message_count())
+}
+
+fn declare_error(name: &str, config: &RabbitConfig, e: lapin::Error) -> BrokerError {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    if let lapin::ErrorKind::ProtocolError(p) = e.kind() {
+        if *p.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) {
+            return BrokerError::Config {
+                broker: BROKER,
+                detail: format!(
+                    "queue {name:?} exists with other settings than asked \
+                     (queue_type={}, delivery_limit={}): {}; use the existing queue's \
+                     settings in the URL (queue_type=classic for a classic queue, \
+                     delivery_limit=N) or move its messages and delete it",
+                    config.queue_type.as_str(),
+                    config.delivery_limit,
+                    p.get_message()
+                ),
+            };
+        }
+    }
+    BrokerError::op(BROKER, "queue.declare", e)
 }
 
 /// A channel in confirm mode.

@@ -7,7 +7,7 @@ use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
 
-use super::{check_name, confirm_channel, connect, declare, BROKER};
+use super::{check_name, confirm_channel, connect, declare, RabbitConfig, BROKER};
 use crate::BrokerError;
 
 /// How many publishes are in flight before waiting for their confirms.
@@ -107,19 +107,30 @@ impl std::fmt::Debug for RabbitPublisher {
 }
 
 impl RabbitPublisher {
-    /// Connects and declares the durable queue `name`.
+    /// Connects and declares the durable queue `name` with the default settings (a
+    /// quorum queue, see [`RabbitConfig`]).
     ///
     /// # Errors
     /// The broker cannot be reached, or the name is refused.
     pub async fn connect(url: &str, name: &str) -> Result<Self, BrokerError> {
-        check_name(name)?;
-        let connection = connect(url).await?;
+        Self::connect_with(&RabbitConfig::new(url, name)).await
+    }
+
+    /// Connects and declares the durable queue `config.name` as `config` says (the same
+    /// arguments a consumer of it declares).
+    ///
+    /// # Errors
+    /// The broker cannot be reached, the name is refused, or the queue exists with other
+    /// arguments ([`BrokerError::Config`]).
+    pub async fn connect_with(config: &RabbitConfig) -> Result<Self, BrokerError> {
+        check_name(&config.name)?;
+        let connection = connect(&config.url).await?;
         let channel = confirm_channel(&connection).await?;
-        declare(&channel, name).await?;
+        declare(&channel, &config.name, config).await?;
         Ok(Self {
             _connection: connection,
             channel,
-            queue: name.to_owned(),
+            queue: config.name.clone(),
         })
     }
 

@@ -15,13 +15,18 @@ pub struct RedisStreamsConfig {
     /// This consumer's name in the group (default: unique per process and connect).
     pub consumer: String,
     /// How long an entry stays pending with a silent consumer before another takes it
-    /// over with `XAUTOCLAIM` (default 30 s).
+    /// over with `XAUTOCLAIM` (default 30 s). A live consumer resets the idle time of the
+    /// entries it holds every third of it ([`keep_alive_every`](Self::keep_alive_every)).
     pub min_idle: Duration,
     /// How long one `XREADGROUP` blocks waiting for new entries (default 1 s); pending
     /// entries are reclaimed between reads.
     pub block: Duration,
     /// How many entries one read returns at most (`COUNT`).
     pub prefetch: usize,
+    /// Consumers of the group with no pending entries and idle at least this long are
+    /// removed (`XGROUP DELCONSUMER`) when a consumer connects (default 1 h; URL option
+    /// `forget_after`), so each start does not leave a name behind for good.
+    pub forget_after: Duration,
 }
 
 impl RedisStreamsConfig {
@@ -35,6 +40,7 @@ impl RedisStreamsConfig {
             min_idle: Duration::from_secs(30),
             block: Duration::from_secs(1),
             prefetch: 64,
+            forget_after: Duration::from_secs(3_600),
         }
     }
 
@@ -57,6 +63,20 @@ impl RedisStreamsConfig {
     pub fn with_min_idle(mut self, min_idle: Duration) -> Self {
         self.min_idle = min_idle;
         self
+    }
+
+    /// Sets how long an idle consumer with nothing pending is kept in the group.
+    #[must_use]
+    pub fn with_forget_after(mut self, forget_after: Duration) -> Self {
+        self.forget_after = forget_after;
+        self
+    }
+
+    /// How often the entries this consumer holds (taken, buffered or in work) have their
+    /// idle time reset: a third of `min_idle`, at least 50 ms. Shorter than `min_idle`,
+    /// so `XAUTOCLAIM` never takes an entry a live consumer is working on.
+    pub fn keep_alive_every(&self) -> Duration {
+        (self.min_idle / 3).max(Duration::from_millis(50))
     }
 
     /// Sets the read block time (at least 1 ms).

@@ -1,9 +1,15 @@
 //! Consuming a stream through a consumer group: [`RedisStreamsConsumer`] and its
 //! [`RedisStreamsAcker`].
+//!
+//! Every entry this consumer holds (read, waiting in a buffer, or in work) has its idle
+//! time reset every third of `min_idle` by a keep-alive task (`XCLAIM … JUSTID`, only for
+//! entries the group still assigns to this consumer), so `XAUTOCLAIM` by any consumer
+//! takes only the entries of a consumer that stopped.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,6 +29,36 @@ use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 /// How often pending entries of silent consumers are looked for.
 const CLAIM_EVERY: Duration = Duration::from_secs(1);
 
+/// Resets the idle time of the given entries that the group still assigns to this
+/// consumer; returns the ids that are no longer this consumer's (acked, or taken over).
+const KEEP_ALIVE: &str = r"
+local lost = {}
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if p[1] ~= nil and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+return lost
+";
+
+/// Removes, atomically, the group's other consumers that have no pending entries and
+/// have been idle at least ARGV[3] ms; returns their names.
+const FORGET_IDLE: &str = r"
+local removed = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for j = 1, #c, 2 do f[c[j]] = c[j + 1] end
+  if f['name'] ~= ARGV[2] and tonumber(f['pending']) == 0 and tonumber(f['idle']) >= tonumber(ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    table.insert(removed, f['name'])
+  end
+end
+return removed
+";
+
 struct Shared {
     writer: Client,
     name: String,
@@ -30,6 +66,13 @@ struct Shared {
     consumer: String,
     dead_letter: String,
     min_idle: Duration,
+    /// Entries taken and not settled (registration id → entry id), kept alive.
+    live: Mutex<HashMap<u64, String>>,
+    next_id: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -37,6 +80,42 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Shared {
+    fn register(&self, entry: &str) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.live).insert(id, entry.to_owned());
+        id
+    }
+
+    fn forget(&self, id: u64) {
+        lock(&self.live).remove(&id);
+    }
+
+    /// One keep-alive round over every live entry.
+    async fn keep_alive(&self) -> Result<(), Error> {
+        let entries: Vec<String> = {
+            let live = lock(&self.live);
+            let mut v: Vec<String> = live.values().cloned().collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        for chunk in entries.chunks(500) {
+            let mut args: Vec<String> = Vec::with_capacity(chunk.len() + 2);
+            args.push(self.group.clone());
+            args.push(self.consumer.clone());
+            args.extend(chunk.iter().cloned());
+            let lost: Vec<String> = self
+                .writer
+                .eval(KEEP_ALIVE, vec![self.name.as_str()], args)
+                .await?;
+            if !lost.is_empty() {
+                tracing::debug!(target: "idem::broker", broker = BROKER, lost = lost.len(), "entries no longer held by this consumer");
+                lock(&self.live).retain(|_, e| !lost.contains(e));
+            }
+        }
+        Ok(())
+    }
+
     async fn xack(&self, ids: Vec<String>) -> Result<(), AckError> {
         let _: i64 = self
             .writer
@@ -68,6 +147,25 @@ impl Shared {
             .map_err(|e| AckError::from(BrokerError::op(BROKER, "XCLAIM", e)))?;
         Ok(())
     }
+}
+
+/// Resets the idle time of every live entry every `every`, until the consumer and all
+/// its ackers are gone.
+fn spawn_keep_alive(shared: Weak<Shared>, every: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            if let Err(e) = shared.keep_alive().await {
+                tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "keep-alive (XCLAIM JUSTID) failed");
+            }
+        }
+    });
 }
 
 /// Deliveries of a Redis stream's consumer group, as a stream of
@@ -102,8 +200,14 @@ struct Reader {
 type Entry = (String, HashMap<String, Value>);
 
 impl Reader {
-    fn push(&mut self, entries: Vec<Entry>) {
+    /// Buffers `entries`, registering each for the keep-alive; `attempts` maps an entry
+    /// id to its delivery count (a new entry's is 1).
+    fn push(&mut self, entries: Vec<Entry>, attempts: &HashMap<String, u64>) {
         for (id, mut fields) in entries {
+            let attempt = attempts
+                .get(&id)
+                .map_or(1, |n| u32::try_from(*n).unwrap_or(u32::MAX).max(1));
+            let reg = self.shared.register(&id);
             let payload = fields
                 .remove(PAYLOAD_FIELD)
                 .map(value_bytes)
@@ -116,9 +220,10 @@ impl Reader {
             self.buf.push_back(Delivery {
                 payload,
                 headers,
-                attempt: None,
+                attempt: Some(attempt),
                 acker: RedisStreamsAcker {
                     id,
+                    reg,
                     shared: Arc::clone(&self.shared),
                 },
             });
@@ -154,10 +259,27 @@ impl crate::pull::Pull for Reader {
                     self.next_claim = Instant::now() + CLAIM_EVERY;
                 }
                 self.cursor = cursor;
-                if !entries.is_empty() {
+                let mut attempts = HashMap::new();
+                if let (Some(first), Some(last)) = (entries.first(), entries.last()) {
                     tracing::debug!(target: "idem::broker", broker = BROKER, claimed = entries.len(), "took over idle pending entries");
+                    // XAUTOCLAIM counted the delivery; read the counts back.
+                    let pending: Vec<(String, String, u64, u64)> = self
+                        .reader
+                        .xpending(
+                            s.name.as_str(),
+                            s.group.as_str(),
+                            (
+                                first.0.as_str(),
+                                last.0.as_str(),
+                                self.count.max(entries.len() as u64),
+                                s.consumer.as_str(),
+                            ),
+                        )
+                        .await
+                        .map_err(|e| BrokerError::op(BROKER, "XPENDING", e))?;
+                    attempts = pending.into_iter().map(|(id, _, _, n)| (id, n)).collect();
                 }
-                self.push(entries);
+                self.push(entries, &attempts);
                 continue;
             }
             let until_claim = self.next_claim.saturating_duration_since(Instant::now());
@@ -183,7 +305,7 @@ impl crate::pull::Pull for Reader {
                 .into_xread_response()
                 .map_err(|e| BrokerError::op(BROKER, "XREADGROUP reply", e))?;
             for (_key, entries) in resp {
-                self.push(entries);
+                self.push(entries, &HashMap::new());
             }
         }
     }
@@ -212,6 +334,21 @@ impl RedisStreamsConsumer {
         let writer = connect(&config.url).await?;
         let reader = connect(&config.url).await?;
         ensure_group(&writer, &config.name, &config.group).await?;
+        let removed: Vec<String> = writer
+            .eval(
+                FORGET_IDLE,
+                vec![config.name.as_str()],
+                vec![
+                    config.group.clone(),
+                    config.consumer.clone(),
+                    ms(config.forget_after).to_string(),
+                ],
+            )
+            .await
+            .map_err(|e| BrokerError::op(BROKER, "XGROUP DELCONSUMER (idle consumers)", e))?;
+        if !removed.is_empty() {
+            tracing::info!(target: "idem::broker", broker = BROKER, removed = removed.len(), "removed idle consumers with nothing pending from the group");
+        }
         let shared = Arc::new(Shared {
             writer,
             name: config.name.clone(),
@@ -219,7 +356,10 @@ impl RedisStreamsConsumer {
             consumer: config.consumer.clone(),
             dead_letter: dead_letter_name(&config.name),
             min_idle: config.min_idle,
+            live: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
         });
+        spawn_keep_alive(Arc::downgrade(&shared), config.keep_alive_every());
         let state = Reader {
             reader,
             shared,
@@ -250,10 +390,19 @@ impl Stream for RedisStreamsConsumer {
     }
 }
 
-/// Settles one stream entry in its consumer group.
+/// Settles one stream entry in its consumer group. While it lives unsettled, the entry
+/// is kept alive; dropped unsettled, the keep-alive stops and the entry is taken over
+/// (by any consumer of the group) once idle for `min_idle`.
 pub struct RedisStreamsAcker {
     id: String,
+    reg: u64,
     shared: Arc<Shared>,
+}
+
+impl Drop for RedisStreamsAcker {
+    fn drop(&mut self) {
+        self.shared.forget(self.reg);
+    }
 }
 
 impl std::fmt::Debug for RedisStreamsAcker {
@@ -274,10 +423,12 @@ impl RedisStreamsAcker {
 #[async_trait]
 impl Acker for RedisStreamsAcker {
     async fn ack(self, _proof: AckProof) -> Result<(), AckError> {
-        self.shared.xack(vec![self.id]).await
+        self.shared.forget(self.reg);
+        self.shared.xack(vec![self.id.clone()]).await
     }
 
     async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
+        self.shared.forget(self.reg);
         self.shared
             .release(&self.id, delay.unwrap_or(Duration::ZERO))
             .await
@@ -313,9 +464,11 @@ impl Acker for RedisStreamsAcker {
                 fields,
             )
             .await;
+        // Settled either way: acked, or left pending to be taken again after `min_idle`
+        // (not at once: no hot loop on a failing dead-letter stream).
+        self.shared.forget(self.reg);
         match added {
-            Ok(_) => self.shared.xack(vec![self.id]).await,
-            // Not dead-lettered: the entry stays pending and is taken again later.
+            Ok(_) => self.shared.xack(vec![self.id.clone()]).await,
             Err(e) => Err(BrokerError::op(BROKER, "XADD dead-letter", e).into()),
         }
     }
@@ -334,7 +487,13 @@ impl Acker for RedisStreamsAcker {
             }
             return out;
         }
-        let ids: Vec<String> = items.into_iter().map(|(a, _)| a.id).collect();
+        let ids: Vec<String> = items
+            .into_iter()
+            .map(|(a, _)| {
+                a.shared.forget(a.reg);
+                a.id.clone()
+            })
+            .collect();
         match shared.xack(ids).await {
             Ok(()) => (0..n).map(|_| Ok(())).collect(),
             Err(e) => (0..n)

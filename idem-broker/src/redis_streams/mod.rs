@@ -4,14 +4,23 @@
 //!   with `MKSTREAM` if missing, starting at the stream's first entry. An entry's body is
 //!   its [`PAYLOAD_FIELD`] field; every other field is a header.
 //! - **Consuming** ([`RedisStreamsConsumer`]): `XREADGROUP … >` for new entries, and
-//!   `XAUTOCLAIM` so a live consumer takes over the pending entries of a dead one once
-//!   they have been idle for [`RedisStreamsConfig::min_idle`]. [`RedisStreamsAcker`]:
+//!   `XAUTOCLAIM` so a live consumer takes over the pending entries of a stopped one once
+//!   they have been idle for [`RedisStreamsConfig::min_idle`]. Every entry a consumer
+//!   holds (read, buffered or in work) has its idle time reset every third of `min_idle`
+//!   (`XCLAIM … JUSTID` by its owner, in a script that skips entries no longer assigned
+//!   to it), so `XAUTOCLAIM` never takes a live entry. A delivery's attempt is the
+//!   pending entry's delivery count (1 for a new entry; read with `XPENDING` after a
+//!   takeover). At connect, consumers of the group with nothing pending and idle past
+//!   [`RedisStreamsConfig::forget_after`] are removed (atomically, in a script).
+//!   [`RedisStreamsAcker`]:
 //!   `ack` → `XACK` (one `XACK` for a whole batch in
 //!   [`ack_all`](idem_core::Acker::ack_all)); `nack(delay)` → the entry stays pending and
 //!   its idle time is set (`XCLAIM … IDLE`) so it is reclaimed after `delay`;
 //!   `dead_letter` → `XADD NAME.dead-letter` with the payload, the original fields and
 //!   the reason in the [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER)
-//!   field, then `XACK`.
+//!   field, then `XACK` (a failed `XADD` leaves the entry pending, taken again after
+//!   `min_idle`). An acker dropped unsettled stops its keep-alive; the entry is taken
+//!   over after `min_idle`.
 //! - **Publishing** ([`RedisStreamsPublisher`]): `XADD` with the payload, the event id in
 //!   the [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) field and the event type
 //!   (pipelined, then every reply awaited).

@@ -448,3 +448,138 @@ pub async fn relay_delivers_each_event_once(broker: Broker) {
     assert_eq!(downstream.rows("events").len(), N);
     assert_eq!(wait_pending(&broker.url, &down, 0).await, 0);
 }
+
+// ---- Adapter-level scenarios for RabbitMQ, NATS JetStream and Redis Streams ----
+
+/// A handler over the in-memory store for plain bodies: each body is its own identity
+/// (award id = the body); `fail` makes every attempt a transient failure (the gate
+/// nacks), `slow` makes each one take that long.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Plain {
+    /// Fail every attempt (transient).
+    pub fail: bool,
+    /// How long each handler call takes.
+    pub slow: Duration,
+}
+
+#[async_trait]
+impl Handler<MemoryTx> for Plain {
+    type Input = ();
+
+    fn identify(&self, payload: &[u8], _headers: &Headers) -> Result<Submission<()>, RejectReason> {
+        let body = std::str::from_utf8(payload)
+            .map_err(|_| RejectReason::new("not_utf8", "body is not UTF-8"))?;
+        let key = IdempotencyKey::derive(body, "2026-07-01T09:00:00Z", payload)?;
+        Ok(Submission {
+            key,
+            subject: body.to_owned(),
+            input: (),
+        })
+    }
+
+    async fn handle(&self, tx: &mut MemoryTx, sub: &Submission<()>) -> Result<(), HandlerError> {
+        if !self.slow.is_zero() {
+            tokio::time::sleep(self.slow).await;
+        }
+        if self.fail {
+            return Err(HandlerError::Transient("injected failure".into()));
+        }
+        let mut row = BTreeMap::new();
+        row.insert("body".to_owned(), sub.subject.clone());
+        tx.insert("done", row.into_iter().collect());
+        Ok(())
+    }
+}
+
+/// `n` distinct plain bodies `PREFIX-00000`, ….
+pub fn plain_bodies(prefix: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| format!("{prefix}-{i:05}").into_bytes())
+        .collect()
+}
+
+/// The next `n` deliveries of `stream`, failing the test if they do not come in 20 s.
+pub async fn take<S, A>(stream: &mut S, n: usize) -> Vec<Delivery<A>>
+where
+    S: futures::Stream<Item = Result<Delivery<A>, idem_broker::BrokerError>> + Unpin,
+{
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let d = tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {n} deliveries came", out.len()))
+            .expect("the stream ended")
+            .expect("delivery");
+        out.push(d);
+    }
+    out
+}
+
+/// Every delivery of `stream` until it is quiet for `idle`.
+pub async fn drain<S, A>(stream: &mut S, idle: Duration) -> Vec<Delivery<A>>
+where
+    S: futures::Stream<Item = Result<Delivery<A>, idem_broker::BrokerError>> + Unpin,
+{
+    let mut out = Vec::new();
+    while let Ok(Some(d)) = tokio::time::timeout(idle, stream.next()).await {
+        out.push(d.expect("delivery"));
+    }
+    out
+}
+
+/// The bodies of `deliveries`, as text, sorted.
+pub fn bodies_of<A>(deliveries: &[Delivery<A>]) -> Vec<String> {
+    let mut v: Vec<String> = deliveries
+        .iter()
+        .map(|d| String::from_utf8_lossy(&d.payload).into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A handler slower than the broker's lease: deliveries taken (some in work, the rest
+/// waiting in the consumer's hands) for `hold` — several lease periods — are not
+/// redelivered meanwhile, and all settle once. `taken` are the first deliveries of
+/// `stream`, a fresh consumer of a source that holds exactly those.
+pub async fn slow_handler_causes_no_redelivery<S, A>(
+    mut stream: S,
+    taken: Vec<Delivery<A>>,
+    hold: Duration,
+) where
+    S: futures::Stream<Item = Result<Delivery<A>, idem_broker::BrokerError>> + Unpin,
+    A: Acker,
+{
+    let n = taken.len();
+    assert!(
+        taken.iter().all(|d| d.attempt == Some(1)),
+        "first deliveries: {:?}",
+        taken.iter().map(|d| d.attempt).collect::<Vec<_>>()
+    );
+    let store = MemoryStore::new();
+    let gate = Gate::new(
+        store.clone(),
+        Plain {
+            fail: false,
+            slow: hold,
+        },
+    );
+    // The handler runs on the first delivery while the rest wait, and the stream is
+    // polled all along: a redelivery would show up here.
+    let mut it = taken.into_iter();
+    let first = it.next().expect("one delivery");
+    let (outcome, during) = tokio::join!(gate.process(first), drain(&mut stream, hold));
+    assert!(outcome.settle_error().is_none(), "{outcome:?}");
+    assert!(
+        during.is_empty(),
+        "redelivered while the handler worked: {:?}",
+        bodies_of(&during)
+    );
+    let rest: Vec<Delivery<A>> = it.collect();
+    let gate = Gate::new(store.clone(), Plain::default());
+    for o in gate.process_batch(rest).await {
+        assert!(o.settle_error().is_none(), "{o:?}");
+    }
+    let after = drain(&mut stream, Duration::from_secs(3)).await;
+    assert!(after.is_empty(), "redelivered: {:?}", bodies_of(&after));
+    assert_eq!(store.rows("done").len(), n, "each processed once");
+}
