@@ -48,6 +48,16 @@ pub enum BrokerError {
         #[source]
         source: BoxError,
     },
+    /// The broker's existing queue, stream or consumer is set up differently from what
+    /// this configuration asks (a setting that matters for correctness): not retryable,
+    /// an operator has to reconcile them.
+    #[error("{broker}: {detail}")]
+    Config {
+        /// Which broker.
+        broker: &'static str,
+        /// What differs, naming the setting and both values.
+        detail: String,
+    },
     /// The broker answered a publish with a refusal (a nack, a returned message).
     #[error("{broker} did not confirm a publish: {detail}")]
     NotConfirmed {
@@ -62,7 +72,10 @@ impl BrokerError {
     /// Whether running the same operation again can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::InvalidUrl(_) | Self::Unsupported { .. } | Self::InvalidName { .. } => false,
+            Self::InvalidUrl(_)
+            | Self::Unsupported { .. }
+            | Self::InvalidName { .. }
+            | Self::Config { .. } => false,
             Self::Connect { .. } | Self::NotConfirmed { .. } => true,
             Self::Operation { retryable, .. } => *retryable,
         }
