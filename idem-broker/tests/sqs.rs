@@ -100,7 +100,7 @@ async fn attributes(
 async fn queues_are_created_with_dead_letter_retention_and_a_redrive_policy() {
     let name = common::fresh_name("created");
     let url = BrokerUrl::parse(&format!(
-        "sqs://{}?visibility_timeout=2s&wait=1s&retention=2d",
+        "sqs://{}?visibility_timeout=2s&wait=1s&retention=48h",
         endpoint().trim_start_matches("http://")
     ))
     .expect("url");
@@ -140,7 +140,7 @@ async fn queues_are_created_with_dead_letter_retention_and_a_redrive_policy() {
         .await
         .expect("reconnect");
     let other = BrokerUrl::parse(&format!(
-        "sqs://{}?retention=3d",
+        "sqs://{}?retention=72h",
         endpoint().trim_start_matches("http://")
     ))
     .expect("url");
