@@ -20,13 +20,19 @@
 //!   `min_idle` (pending entries of a silent consumer are taken over after it, default
 //!   `30s`), `block` (default `1s`), `forget_after` (idle consumers with nothing pending
 //!   are removed from the group after it, default `1h`);
-//! - SQS: `visibility_timeout` (default `30s`), `wait` (the long poll, default `1s`). The
-//!   endpoint is `http://HOST:PORT` when the URL has one (`sqs://127.0.0.1:5000`), else
-//!   the usual AWS variables (`sqs://`);
+//! - SQS: `visibility_timeout` (default `30s`; kept extended while a delivery is
+//!   unsettled), `wait` (the long poll, default `1s`), `retention` (of a source queue
+//!   created here; default SQS's 4 days), `max_receive_count` (its redrive policy to
+//!   `NAME.dead-letter`, default 10, the core's `max_attempts`). The endpoint is
+//!   `http://HOST:PORT` when the URL has one (`sqs://127.0.0.1:5000`), else the usual AWS
+//!   variables (`sqs://`);
 //! - Kafka: `group` (default `idem`), `partitions` (of a topic created here, default 4),
 //!   `session_timeout` (default `10s`), `batch_messages` (the producer's record-batch
-//!   size; `1` for brokers that cannot fetch from inside a batch). The URL's authority is the bootstrap list
-//!   (`kafka://host:port[,host:port]`).
+//!   size; `1` for brokers that cannot fetch from inside a batch), `replication` (of a
+//!   topic created here; default `min(3, brokers)`), `assignment` (`cooperative-sticky`,
+//!   the default, or an eager `range`/`roundrobin`), `max_poll_interval` (default `5m`),
+//!   `queued_kbytes` (librdkafka's prefetch bound, default 4096). The URL's authority is
+//!   the bootstrap list (`kafka://host:port[,host:port]`).
 //!
 //! ```
 //! use idem_broker::any::{BrokerKind, BrokerUrl};
@@ -97,8 +103,22 @@ impl BrokerKind {
             Self::RabbitMq => &["queue_type", "delivery_limit"],
             Self::Nats => &["ack_wait", "durable", "max_deliver"],
             Self::RedisStreams => &["group", "consumer", "min_idle", "block", "forget_after"],
-            Self::Sqs => &["visibility_timeout", "wait"],
-            Self::Kafka => &["group", "partitions", "session_timeout", "batch_messages"],
+            Self::Sqs => &[
+                "visibility_timeout",
+                "wait",
+                "retention",
+                "max_receive_count",
+            ],
+            Self::Kafka => &[
+                "group",
+                "partitions",
+                "session_timeout",
+                "batch_messages",
+                "replication",
+                "assignment",
+                "max_poll_interval",
+                "queued_kbytes",
+            ],
         }
     }
 }
@@ -186,6 +206,8 @@ impl BrokerUrl {
             "visibility_timeout",
             "wait",
             "session_timeout",
+            "retention",
+            "max_poll_interval",
         ] {
             if let Some(v) = params.get(key) {
                 parse_duration(v).map_err(|e| BrokerError::InvalidUrl(format!("{key}: {e}")))?;
@@ -208,6 +230,13 @@ impl BrokerUrl {
                 n.parse::<u32>().map_err(|_| {
                     BrokerError::InvalidUrl(format!("delivery_limit {n:?} is not a number"))
                 })?;
+            }
+        }
+        if let Some(v) = params.get("max_receive_count") {
+            if !v.parse::<u32>().is_ok_and(|n| (1..=1000).contains(&n)) {
+                return Err(BrokerError::InvalidUrl(format!(
+                    "max_receive_count: {v:?} is not a number from 1 to 1000"
+                )));
             }
         }
         // Hand the client exactly what was written unless a setting has to come out
@@ -311,6 +340,12 @@ impl BrokerUrl {
         if let Some(d) = self.duration("wait") {
             c = c.with_wait(d);
         }
+        if let Some(d) = self.duration("retention") {
+            c = c.with_retention(d);
+        }
+        if let Some(n) = self.param("max_receive_count").and_then(|n| n.parse().ok()) {
+            c = c.with_max_receive_count(n);
+        }
         c
     }
 
@@ -351,6 +386,24 @@ impl BrokerUrl {
                 BrokerError::InvalidUrl(format!("batch_messages: {b:?} is not a number"))
             })?;
             c = c.with_batch_messages(n);
+        }
+        if let Some(r) = self.param("replication") {
+            let n: i32 = r.parse().map_err(|_| {
+                BrokerError::InvalidUrl(format!("replication: {r:?} is not a number"))
+            })?;
+            c = c.with_replication(n);
+        }
+        if let Some(a) = self.param("assignment") {
+            c = c.with_assignment(a)?;
+        }
+        if let Some(d) = self.duration("max_poll_interval") {
+            c = c.with_max_poll_interval(d);
+        }
+        if let Some(k) = self.param("queued_kbytes") {
+            let n: u32 = k.parse().map_err(|_| {
+                BrokerError::InvalidUrl(format!("queued_kbytes: {k:?} is not a number"))
+            })?;
+            c = c.with_queued_kbytes(n);
         }
         Ok(c)
     }
@@ -436,7 +489,8 @@ impl AnyConsumer {
             ),
             #[cfg(feature = "kafka")]
             BrokerKind::Kafka => wrap(
-                crate::kafka::KafkaConsumer::connect(&url.kafka(name)?).await?,
+                crate::kafka::KafkaConsumer::connect(&url.kafka(name)?.with_prefetch(prefetch))
+                    .await?,
                 AnyAcker::Kafka,
             ),
             #[allow(unreachable_patterns)]
@@ -702,7 +756,7 @@ impl AnyPublisher {
             )),
             #[cfg(feature = "sqs")]
             BrokerKind::Sqs => Ok(Self::Sqs(
-                crate::sqs::SqsPublisher::connect(url.sqs_endpoint().as_deref(), name).await?,
+                crate::sqs::SqsPublisher::connect_config(&url.sqs(name)).await?,
             )),
             #[cfg(feature = "kafka")]
             BrokerKind::Kafka => Ok(Self::Kafka(

@@ -7,13 +7,19 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Broker;
-use idem_broker::any::{publish_raw, BrokerUrl};
+use idem_broker::any::{publish_raw, AnyConsumer, BrokerUrl};
 use idem_broker::kafka::LowWaterMark;
+use idem_broker::until_idle;
+use idem_core::{consumer, ConsumerConfig, Gate};
+use idem_grant::GrantDb;
 use idem_store_postgres::PgStore;
 use proptest::prelude::*;
 use rand::Rng;
@@ -285,4 +291,153 @@ async fn two_members_one_killed_mid_run_exactly_once() {
         0,
         "nothing left to settle"
     );
+}
+
+/// One in-process member of `url`'s group: `concurrency` deliveries at a time, each held
+/// `delay` before the gate (in flight, unsettled), until idle for `idle`.
+async fn member(
+    url: BrokerUrl,
+    name: String,
+    store: PgStore,
+    delay: Duration,
+    idle: Duration,
+) -> idem_core::ConsumerStats {
+    use futures::StreamExt as _;
+    let deliveries = AnyConsumer::connect(&url, &name, 8)
+        .await
+        .expect("connect member");
+    let slow = Box::pin(deliveries.then(move |d| async move {
+        tokio::time::sleep(delay).await;
+        d
+    }));
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    consumer::run(
+        &gate,
+        until_idle(slow, idle),
+        ConsumerConfig::new(4, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("member run")
+}
+
+/// Samples the group's committed offsets of `topic` until `stop`; returns every
+/// backward move seen (partition, before, after) and the number of samples.
+async fn watch_commits(
+    group: String,
+    topic: String,
+    stop: Arc<AtomicBool>,
+) -> (Vec<(i32, i64, i64)>, usize) {
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("watcher");
+        let mut last: HashMap<i32, i64> = HashMap::new();
+        let mut back = Vec::new();
+        let mut samples = 0;
+        while !stop.load(Ordering::SeqCst) {
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for p in 0..4 {
+                tpl.add_partition(&topic, p);
+            }
+            if let Ok(got) = c.committed_offsets(tpl, Duration::from_secs(5)) {
+                samples += 1;
+                for e in got.elements_for_topic(&topic) {
+                    if let rdkafka::Offset::Offset(o) = e.offset() {
+                        let prev = last.insert(e.partition(), o);
+                        if let Some(p) = prev.filter(|p| o < *p) {
+                            back.push((e.partition(), p, o));
+                        }
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (back, samples)
+    })
+    .await
+    .expect("watcher thread")
+}
+
+/// A rebalance with deliveries in flight: member A works through a 4-partition topic,
+/// four deliveries at a time, each held 20 ms; once it has done a good part, member B
+/// joins the group, the partitions are split between them (A's in-flight deliveries on
+/// the partitions that move are dropped and B receives them again), both run until idle.
+/// Meanwhile a watcher samples the group's committed offsets every 50 ms. End: B took
+/// part, each submission has exactly one effect (nothing doubled, nothing lost), nothing
+/// is left uncommitted, and no committed offset ever moved back (a mark A took before
+/// the revoke and committed after it would move it back below B's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_joining_mid_run_takes_partitions_with_deliveries_in_flight() {
+    const N: usize = 400;
+    const D: usize = 50;
+    let group = format!("idem-test-{:08x}", rand::thread_rng().gen::<u32>());
+    let url = BrokerUrl::parse(&format!(
+        "{}&assignment={}",
+        url_in(&group, 4),
+        assignment()
+    ))
+    .expect("url");
+    let name = common::fresh_name("rebalance");
+    let store = common::fresh_pg().await;
+    let (distinct, ledger) = common::submissions(&name, N);
+    let mut bodies = distinct.clone();
+    bodies.extend_from_slice(&distinct[..D]);
+    publish_raw(&url, &name, &bodies).await.expect("publish");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn(watch_commits(
+        group.clone(),
+        name.clone(),
+        Arc::clone(&stop),
+    ));
+    let idle = Duration::from_secs(12);
+    let a = tokio::spawn(member(
+        url.clone(),
+        name.clone(),
+        store.clone(),
+        Duration::from_millis(20),
+        idle,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::effects(&store).await.len() < N / 4 {
+        assert!(Instant::now() < deadline, "member A processed too little");
+        assert!(!a.is_finished(), "member A ended early");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let at_join = common::effects(&store).await.len();
+    let b = tokio::spawn(member(
+        url.clone(),
+        name.clone(),
+        store.clone(),
+        Duration::from_millis(20),
+        idle,
+    ));
+    let (a, b) = (a.await.expect("A"), b.await.expect("B"));
+    stop.store(true, Ordering::SeqCst);
+    let (back, samples) = watcher.await.expect("watcher");
+    eprintln!("B joined at {at_join} of {N}; A {a:?}; B {b:?}; {samples} commit samples");
+    assert!(at_join < N, "B joined mid-run");
+    assert!(b.processed > 0, "B took partitions and processed: {b:?}");
+    assert_eq!(a.processed + b.processed, N as u64, "A {a:?} B {b:?}");
+    assert_eq!((a.rejected + b.rejected, a.failed + b.failed), (0, 0));
+    ledger.assert_exactly_once(&common::effects(&store).await);
+    assert!(samples > 10, "the watcher sampled the commits ({samples})");
+    assert!(back.is_empty(), "committed offsets moved back: {back:?}");
+    assert_eq!(
+        common::wait_pending(&url, &name, 0).await,
+        0,
+        "nothing left uncommitted"
+    );
+}
+
+/// The rebalance strategy under test: `IDEM_TEST_KAFKA_ASSIGNMENT`, default
+/// `cooperative-sticky`.
+fn assignment() -> String {
+    std::env::var("IDEM_TEST_KAFKA_ASSIGNMENT").unwrap_or_else(|_| "cooperative-sticky".to_owned())
 }

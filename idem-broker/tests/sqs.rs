@@ -4,10 +4,16 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aws_sdk_sqs::types::QueueAttributeName;
 use common::Broker;
-use idem_broker::any::BrokerUrl;
+use futures::StreamExt;
+use idem_broker::any::{publish_raw, AnyConsumer, BrokerUrl};
+use idem_broker::{until_idle, BrokerError};
+use idem_core::{consumer, Acker, ConsumerConfig, Gate};
+use idem_grant::GrantDb;
 
 fn broker() -> Broker {
     let endpoint = std::env::var("IDEM_TEST_SQS_ENDPOINT")
@@ -40,4 +46,267 @@ async fn poison_goes_to_the_dead_letter_queue_with_its_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_delivers_each_event_once_downstream() {
     common::relay_delivers_each_event_once(broker()).await;
+}
+
+/// The test endpoint (`http://HOST:PORT`).
+fn endpoint() -> String {
+    std::env::var("IDEM_TEST_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:5000".to_owned())
+}
+
+/// An SDK client for the test endpoint, to read what the adapter created.
+async fn sdk() -> aws_sdk_sqs::Client {
+    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+    let conf = aws_sdk_sqs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint())
+        .credentials_provider(Credentials::new(
+            "idem-local",
+            "idem-local",
+            None,
+            None,
+            "t",
+        ))
+        .build();
+    aws_sdk_sqs::Client::from_conf(conf)
+}
+
+async fn attributes(
+    sqs: &aws_sdk_sqs::Client,
+    queue: &str,
+) -> std::collections::HashMap<QueueAttributeName, String> {
+    let url = sqs
+        .get_queue_url()
+        .queue_name(queue)
+        .send()
+        .await
+        .expect("queue exists")
+        .queue_url
+        .expect("url");
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .expect("attributes")
+        .attributes
+        .unwrap_or_default()
+}
+
+/// The consumer creates `NAME.dead-letter` keeping messages 14 days, and `NAME` with the
+/// retention asked for and a redrive policy to it with `maxReceiveCount` 10 — read back
+/// from the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_are_created_with_dead_letter_retention_and_a_redrive_policy() {
+    let name = common::fresh_name("created");
+    let url = BrokerUrl::parse(&format!(
+        "sqs://{}?visibility_timeout=2s&wait=1s&retention=48h",
+        endpoint().trim_start_matches("http://")
+    ))
+    .expect("url");
+    let _consumer = AnyConsumer::connect(&url, &name, 4).await.expect("connect");
+    let sqs = sdk().await;
+    let dead = attributes(&sqs, &format!("{name}-dead-letter")).await;
+    assert_eq!(
+        dead.get(&QueueAttributeName::MessageRetentionPeriod)
+            .map(String::as_str),
+        Some("1209600"),
+        "{dead:?}"
+    );
+    let source = attributes(&sqs, &name).await;
+    assert_eq!(
+        source
+            .get(&QueueAttributeName::MessageRetentionPeriod)
+            .map(String::as_str),
+        Some("172800"),
+        "{source:?}"
+    );
+    let policy = source
+        .get(&QueueAttributeName::RedrivePolicy)
+        .unwrap_or_else(|| panic!("no redrive policy: {source:?}"));
+    let dead_arn = dead.get(&QueueAttributeName::QueueArn).expect("arn");
+    assert!(policy.contains(dead_arn.as_str()), "{policy}");
+    assert!(
+        policy.replace(' ', "").contains("\"maxReceiveCount\":10")
+            || policy
+                .replace(' ', "")
+                .contains("\"maxReceiveCount\":\"10\""),
+        "{policy}"
+    );
+
+    // Connecting again reads the queues and accepts them; asking for another retention
+    // is a configuration error, and nothing is changed.
+    AnyConsumer::connect(&url, &name, 4)
+        .await
+        .expect("reconnect");
+    let other = BrokerUrl::parse(&format!(
+        "sqs://{}?retention=72h",
+        endpoint().trim_start_matches("http://")
+    ))
+    .expect("url");
+    let err = AnyConsumer::connect(&other, &name, 4)
+        .await
+        .expect_err("a retention mismatch");
+    assert!(matches!(err, BrokerError::Config { .. }), "{err}");
+    assert!(!err.is_retryable());
+    assert_eq!(
+        attributes(&sqs, &name)
+            .await
+            .get(&QueueAttributeName::MessageRetentionPeriod)
+            .map(String::as_str),
+        Some("172800")
+    );
+}
+
+/// A dead-letter queue that already exists and keeps messages 4 days (SQS's default) is
+/// refused with a configuration error naming it, not silently used or changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_dead_letter_queue_keeping_less_than_14_days_is_a_config_error() {
+    let name = common::fresh_name("short-dlq");
+    let sqs = sdk().await;
+    sqs.create_queue()
+        .queue_name(format!("{name}-dead-letter"))
+        .send()
+        .await
+        .expect("create a 4-day dead-letter queue");
+    let err = AnyConsumer::connect(&broker().url, &name, 4)
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, BrokerError::Config { .. }), "{err}");
+    assert!(err.to_string().contains("dead-letter"), "{err}");
+    let dead = attributes(&sqs, &format!("{name}-dead-letter")).await;
+    assert_eq!(
+        dead.get(&QueueAttributeName::MessageRetentionPeriod)
+            .map(String::as_str),
+        Some("345600"),
+        "left as it was"
+    );
+}
+
+/// Every delivery of a fresh message is attempt 1 (`ApproximateReceiveCount`); nacked, it
+/// comes back as attempt 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_come_from_the_receive_count() {
+    let b = broker();
+    let name = common::fresh_name("attempts");
+    publish_raw(&b.url, &name, &[b"one".to_vec()])
+        .await
+        .expect("publish");
+    let mut c = AnyConsumer::connect(&b.url, &name, 4)
+        .await
+        .expect("connect");
+    let d = c.next().await.expect("a delivery").expect("ok");
+    assert_eq!(d.attempt, Some(1));
+    d.acker.nack(None).await.expect("nack");
+    let again = c.next().await.expect("redelivered").expect("ok");
+    assert_eq!(again.payload, b"one");
+    assert_eq!(again.attempt, Some(2));
+}
+
+/// A handler slower than the visibility timeout (2 s): each delivery is held 2.5 s, and
+/// the buffered ones wait up to 10 s, while a second consumer polls the same queue the
+/// whole time: it must receive nothing (the first consumer keeps every unsettled
+/// delivery invisible), and each submission has exactly one effect, each delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_slower_than_the_visibility_timeout_causes_no_redelivery() {
+    const N: usize = 4;
+    let b = broker();
+    let name = common::fresh_name("slow");
+    let store = common::fresh_pg().await;
+    let (bodies, ledger) = common::submissions(&name, N);
+    publish_raw(&b.url, &name, &bodies).await.expect("publish");
+
+    let deliveries = AnyConsumer::connect(&b.url, &name, 20)
+        .await
+        .expect("connect");
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&attempts);
+    let slow = Box::pin(deliveries.then(move |d| {
+        let seen = Arc::clone(&seen);
+        async move {
+            if let Ok(d) = &d {
+                seen.lock().expect("lock").push(d.attempt);
+            }
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            d
+        }
+    }));
+    // The watcher: whatever it receives during the run is a redelivery.
+    let watch_name = name.clone();
+    let watch_url = b.url.clone();
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = Arc::clone(&stop);
+    let watcher = tokio::spawn(async move {
+        let mut w = AnyConsumer::connect(&watch_url, &watch_name, 10)
+            .await
+            .expect("watcher");
+        let mut stolen = 0;
+        loop {
+            tokio::select! {
+                () = stopped.notified() => return stolen,
+                d = w.next() => if d.is_some() { stolen += 1 },
+            }
+        }
+    });
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    let stats = consumer::run(
+        &gate,
+        until_idle(slow, Duration::from_secs(3)),
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("consume");
+    stop.notify_one();
+    let stolen = watcher.await.expect("watcher");
+    assert_eq!(stolen, 0, "the second consumer received a redelivery");
+    assert_eq!(stats.processed, N as u64, "{stats:?}");
+    assert_eq!(stats.duplicates, 0, "{stats:?}");
+    assert_eq!(
+        *attempts.lock().expect("lock"),
+        vec![Some(1); N],
+        "each delivered once"
+    );
+    ledger.assert_exactly_once(&common::effects(&store).await);
+    assert_eq!(common::wait_pending(&b.url, &name, 0).await, 0);
+}
+
+/// `--exit-when-idle` does not count a receive still outstanding as idleness: with
+/// long polls of 3 s and an idle limit of 1 s, a message published 1.5 s in arrives
+/// through the outstanding long poll (a plain idle timer would have ended the stream
+/// at 1 s and left it), and the stream ends only after a receive came back empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_exit_never_ends_a_stream_while_a_receive_is_outstanding() {
+    let name = common::fresh_name("idle");
+    let url = BrokerUrl::parse(&format!(
+        "sqs://{}?visibility_timeout=5s&wait=3s",
+        endpoint().trim_start_matches("http://")
+    ))
+    .expect("url");
+    let deliveries = AnyConsumer::connect(&url, &name, 4).await.expect("connect");
+    let (u, n) = (url.clone(), name.clone());
+    let publisher = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        publish_raw(&u, &n, &[b"late".to_vec()])
+            .await
+            .expect("publish");
+    });
+    let t0 = std::time::Instant::now();
+    let mut s = until_idle(deliveries, Duration::from_secs(1));
+    let first = s
+        .next()
+        .await
+        .expect("the message published during the long poll")
+        .expect("ok");
+    assert_eq!(first.payload, b"late");
+    drop(first);
+    assert!(s.next().await.is_none(), "ends once idle");
+    // The next long poll (3 s) had to come back empty first.
+    assert!(
+        t0.elapsed() >= Duration::from_millis(4_000),
+        "{:?}",
+        t0.elapsed()
+    );
+    publisher.await.expect("publisher");
 }

@@ -3,6 +3,9 @@
 //! Subcommands: `key`, `demo`, `migrate`, `consume`, `relay`, `publish`, `purge`,
 //! `inspect`, `audit export` — see `idem --help` and DESIGN.md's command contract. Bad
 //! input gets a one-line error and exit status 2; a failed run exits 1.
+// The consume future (broker adapters under the supervised consumer) is deeper than
+// the default layout query limit of 128.
+#![recursion_limit = "256"]
 
 mod cmd;
 mod error;

@@ -1,6 +1,6 @@
 //! Consuming a topic in a group: [`KafkaConsumer`] and its [`KafkaAcker`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -15,7 +15,7 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
-use rdkafka::message::{Header, Headers as _, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Headers as _, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -24,6 +24,14 @@ use super::config::KafkaConfig;
 use super::lwm::LowWaterMark;
 use super::{base_config, blocking, ensure_topic, producer, BROKER};
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
+
+/// How often a failed dead-letter produce is tried before the delivery is handed back.
+const DEAD_LETTER_TRIES: u32 = 3;
+/// The first and the longest wait before a failed commit is tried again.
+const COMMIT_RETRY_FIRST: Duration = Duration::from_millis(100);
+const COMMIT_RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long a delivery whose dead-letter produce failed waits before it comes back.
+const DEAD_LETTER_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// One partition as this member owns it: an assignment generation and its tracker.
 #[derive(Debug)]
@@ -36,6 +44,9 @@ struct Part {
 struct Owned {
     parts: HashMap<i32, Part>,
     next_generation: u64,
+    /// Deliveries of each offset by this member not yet committed past, counted across
+    /// its ownerships of the partition and the nacks in between.
+    attempts: HashMap<i32, BTreeMap<i64, u32>>,
 }
 
 impl Owned {
@@ -50,6 +61,25 @@ impl Owned {
         })
     }
 
+    /// One more delivery of `offset`: its attempt number.
+    fn attempt(&mut self, partition: i32, offset: i64) -> u32 {
+        let n = self
+            .attempts
+            .entry(partition)
+            .or_default()
+            .entry(offset)
+            .or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// Forgets the counts of offsets below a committed `mark`.
+    fn committed(&mut self, partition: i32, mark: i64) {
+        if let Some(a) = self.attempts.get_mut(&partition) {
+            *a = a.split_off(&mark);
+        }
+    }
+
     /// Each partition's offset to commit, if it moved.
     fn commits(&mut self, topic: &str) -> TopicPartitionList {
         let mut tpl = TopicPartitionList::new();
@@ -62,15 +92,32 @@ impl Owned {
     }
 }
 
-fn lock(m: &Mutex<Owned>) -> MutexGuard<'_, Owned> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What the member owns, and the fence that keeps commits inside the ownership.
+#[derive(Debug, Default)]
+struct Ownership {
+    owned: Mutex<Owned>,
+    /// Held across "take the marks, commit them" by the committer, and across the
+    /// revoke by the rebalance callback: a mark taken before a revoke is committed
+    /// before the revoke completes, or not at all (the revoke drops the partition's
+    /// tracker, and the next round takes nothing for it).
+    fence: Mutex<()>,
+}
+
+impl Ownership {
+    fn owned(&self) -> MutexGuard<'_, Owned> {
+        lock(&self.owned)
+    }
 }
 
 /// The consumer's context: keeps the trackers in step with the group's assignment.
 struct GroupContext {
     topic: String,
     debug: bool,
-    owned: Arc<Mutex<Owned>>,
+    own: Arc<Ownership>,
     assigned: Arc<Notify>,
 }
 
@@ -95,11 +142,13 @@ impl ClientContext for GroupContext {
 impl ConsumerContext for GroupContext {
     fn pre_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
-            // Commit the settled prefix of what is taken away, drop the rest: the new
-            // owner receives it again and skips the committed part as duplicates.
+            // Wait for a commit in flight, then commit the settled prefix of what is
+            // taken away and drop the rest: the new owner receives it again and skips
+            // the committed part as duplicates.
+            let _fence = lock(&self.own.fence);
             let mut commit = TopicPartitionList::new();
             {
-                let mut owned = lock(&self.owned);
+                let mut owned = self.own.owned();
                 for e in tpl.elements_for_topic(&self.topic) {
                     if let Some(mut part) = owned.parts.remove(&e.partition()) {
                         if let Some(o) = part.lwm.take_commit() {
@@ -116,8 +165,18 @@ impl ConsumerContext for GroupContext {
                 }
             }
             if commit.count() > 0 {
-                if let Err(e) = base.commit(&commit, CommitMode::Sync) {
-                    tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "commit on revoke failed; the new owner skips the redeliveries");
+                match base.commit(&commit, CommitMode::Sync) {
+                    Ok(()) => {
+                        let mut owned = self.own.owned();
+                        for e in commit.elements() {
+                            if let Offset::Offset(m) = e.offset() {
+                                owned.committed(e.partition(), m);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "commit on revoke failed; the new owner skips the redeliveries");
+                    }
                 }
             }
         }
@@ -126,7 +185,7 @@ impl ConsumerContext for GroupContext {
     fn post_rebalance(&self, _base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             {
-                let mut owned = lock(&self.owned);
+                let mut owned = self.own.owned();
                 for e in tpl.elements_for_topic(&self.topic) {
                     // A fresh generation: settlements of an earlier ownership are ignored.
                     owned.parts.remove(&e.partition());
@@ -166,60 +225,114 @@ struct Shared {
     producer: FutureProducer,
 }
 
-/// Gathers settlements and commits each partition's low-water mark, once per burst.
+/// Settles `batch` and commits each owned partition's low-water mark, inside the fence.
+fn commit_round(
+    consumer: &Inner,
+    own: &Ownership,
+    topic: &str,
+    batch: &[Settle],
+) -> Result<(), BrokerError> {
+    let _fence = lock(&own.fence);
+    let tpl = {
+        let mut o = own.owned();
+        for s in batch {
+            match o.parts.get_mut(&s.partition) {
+                Some(p) if p.generation == s.generation => {
+                    p.lwm.settle(s.offset);
+                }
+                // Revoked since: the new owner receives it again.
+                _ => {}
+            }
+        }
+        o.commits(topic)
+    };
+    if tpl.count() == 0 {
+        return Ok(());
+    }
+    match consumer.commit(&tpl, CommitMode::Sync) {
+        Ok(()) => {
+            let mut o = own.owned();
+            for el in tpl.elements() {
+                if let Offset::Offset(m) = el.offset() {
+                    o.committed(el.partition(), m);
+                }
+            }
+            Ok(())
+        }
+        Err(e) => {
+            // Take the same marks again in the next round.
+            let mut o = own.owned();
+            for el in tpl.elements() {
+                if let Some(p) = o.parts.get_mut(&el.partition()) {
+                    p.lwm.forget_commit();
+                }
+            }
+            Err(BrokerError::op(BROKER, "commit", e))
+        }
+    }
+}
+
+/// Gathers settlements and commits each partition's low-water mark, once per burst. A
+/// failed commit is tried again after a growing delay (up to 5 s) even when nothing
+/// else settles, so a partition's mark never stays behind until a restart.
 async fn committer(
     consumer: Arc<Inner>,
-    owned: Arc<Mutex<Owned>>,
+    own: Arc<Ownership>,
     topic: String,
     mut rx: mpsc::UnboundedReceiver<Settle>,
 ) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
+    let mut retry: Option<Duration> = None;
+    loop {
+        let batch = match retry {
+            None => match rx.recv().await {
+                Some(first) => vec![first],
+                None => break,
+            },
+            Some(wait) => tokio::select! {
+                s = rx.recv() => match s {
+                    Some(first) => vec![first],
+                    None => break,
+                },
+                () = tokio::time::sleep(wait) => Vec::new(),
+            },
+        };
+        let mut batch = batch;
         while let Ok(s) = rx.try_recv() {
             batch.push(s);
         }
-        let tpl = {
-            let mut o = lock(&owned);
-            for s in &batch {
-                match o.parts.get_mut(&s.partition) {
-                    Some(p) if p.generation == s.generation => {
-                        p.lwm.settle(s.offset);
-                    }
-                    // Revoked since: the new owner receives it again.
-                    _ => {}
-                }
+        let (c, o, t) = (Arc::clone(&consumer), Arc::clone(&own), topic.clone());
+        let (batch, result) = match blocking(move || {
+            let r = commit_round(&c, &o, &t, &batch);
+            (batch, r)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(target: "idem::broker", broker = BROKER, error = %e, "the commit task failed");
+                retry = Some(COMMIT_RETRY_FIRST);
+                continue;
             }
-            o.commits(&topic)
         };
-        let result = if tpl.count() == 0 {
-            Ok(())
-        } else {
-            let c = Arc::clone(&consumer);
-            let committed = tpl.clone();
-            let r = blocking(move || c.commit(&committed, CommitMode::Sync)).await;
-            match r {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(BrokerError::op(BROKER, "commit", e)),
-                Err(e) => Err(e),
+        retry = match &result {
+            Ok(()) => None,
+            Err(e) => {
+                tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "commit failed; trying again");
+                Some(retry.map_or(COMMIT_RETRY_FIRST, |w| (w * 2).min(COMMIT_RETRY_MAX)))
             }
-            .map_err(|e| {
-                // Take the same marks again with the next commit.
-                let mut o = lock(&owned);
-                for el in tpl.elements() {
-                    if let Some(p) = o.parts.get_mut(&el.partition()) {
-                        p.lwm.forget_commit();
-                    }
-                }
-                AckError::from(e)
-            })
         };
         for s in batch {
             let r = match &result {
                 Ok(()) => Ok(()),
-                Err(e) => Err(AckError::new(e.message.clone(), e.retryable, None)),
+                Err(e) => Err(AckError::new(e.to_string(), true, None)),
             };
             let _ = s.done.send(r);
         }
+    }
+    if retry.is_some() {
+        // A failed commit, and nothing more will settle: one last try.
+        let (c, o, t) = (Arc::clone(&consumer), Arc::clone(&own), topic.clone());
+        let _ = blocking(move || commit_round(&c, &o, &t, &[])).await;
     }
     // Every acker and the stream are gone: close the consumer (it leaves the group)
     // off the async workers. A plain drop; no unsubscribe first (that hung on tansu).
@@ -228,7 +341,15 @@ async fn committer(
 
 /// Deliveries of a topic to this member of a consumer group, as a stream of
 /// `Result<Delivery<KafkaAcker>, BrokerError>`. Each delivery carries the message key
-/// (if any) in the `idem-kafka-key` header.
+/// (if any) in the `idem-kafka-key` header, and its [`attempt`](Delivery::attempt):
+/// how often this member delivered that offset (a nack, or the partition coming back
+/// to it before the offset was committed, counts again).
+///
+/// A task of its own polls librdkafka and keeps up to
+/// [`prefetch`](KafkaConfig::prefetch) deliveries waiting; when they are not taken it
+/// pauses the assigned partitions and keeps polling (so the member stays in the group
+/// however slow the handler: `max.poll.interval.ms` is met), and resumes them once
+/// there is room.
 pub struct KafkaConsumer {
     inner: BoxStream<'static, Result<Delivery<KafkaAcker>, BrokerError>>,
     name: String,
@@ -247,26 +368,26 @@ impl std::fmt::Debug for KafkaConsumer {
 /// The header that carries a message's key (lossy UTF-8) on a delivery.
 pub const KEY_HEADER: &str = "idem-kafka-key";
 
-struct Reader {
-    consumer: Arc<Inner>,
-    owned: Arc<Mutex<Owned>>,
+/// Turns polled messages into deliveries.
+struct Converter {
+    own: Arc<Ownership>,
     shared: Arc<Shared>,
-    retries: mpsc::UnboundedReceiver<Retry>,
-    first: Option<Delivery<KafkaAcker>>,
 }
 
-impl Reader {
-    fn delivery(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> Delivery<KafkaAcker> {
+impl Converter {
+    fn delivery(&self, m: &BorrowedMessage<'_>) -> Delivery<KafkaAcker> {
         let (partition, offset) = (m.partition(), m.offset());
-        let generation = {
-            let mut o = lock(&self.owned);
+        let (generation, attempt) = {
+            let mut o = self.own.owned();
+            let attempt = o.attempt(partition, offset);
             let part = o.part(partition);
-            if part.lwm.register(offset) {
+            let generation = if part.lwm.register(offset) {
                 part.generation
             } else {
                 // Not above what this ownership saw: settling it must not move the mark.
                 0
-            }
+            };
+            (generation, attempt)
         };
         let mut headers: Headers = Vec::new();
         if let Some(h) = m.headers() {
@@ -288,7 +409,7 @@ impl Reader {
         Delivery {
             payload: payload.clone(),
             headers: headers.clone(),
-            attempt: None,
+            attempt: Some(attempt),
             acker: KafkaAcker {
                 partition,
                 offset,
@@ -302,18 +423,19 @@ impl Reader {
     }
 
     fn retried(&self, r: Retry) -> Option<Delivery<KafkaAcker>> {
-        let current = lock(&self.owned)
-            .parts
-            .get(&r.partition)
-            .map(|p| p.generation);
-        if current != Some(r.generation) {
-            // Revoked meanwhile: its new owner has it.
-            return None;
-        }
+        let attempt = {
+            let mut o = self.own.owned();
+            let current = o.parts.get(&r.partition).map(|p| p.generation);
+            if current != Some(r.generation) {
+                // Revoked meanwhile: its new owner has it.
+                return None;
+            }
+            o.attempt(r.partition, r.offset)
+        };
         Some(Delivery {
             payload: r.payload.clone(),
             headers: r.headers.clone(),
-            attempt: None,
+            attempt: Some(attempt),
             acker: KafkaAcker {
                 partition: r.partition,
                 offset: r.offset,
@@ -327,24 +449,98 @@ impl Reader {
     }
 }
 
+type Polled = Result<Delivery<KafkaAcker>, BrokerError>;
+
+/// Pauses (or resumes) every partition assigned now.
+fn set_paused(consumer: &Inner, paused: bool) {
+    let Ok(assignment) = consumer.assignment() else {
+        return;
+    };
+    if assignment.count() == 0 {
+        return;
+    }
+    let r = if paused {
+        consumer.pause(&assignment)
+    } else {
+        consumer.resume(&assignment)
+    };
+    if let Err(e) = r {
+        tracing::debug!(target: "idem::broker", broker = BROKER, error = %e, paused, "pause/resume");
+    }
+}
+
+/// Polls librdkafka for the stream: up to the channel's capacity ahead; when the
+/// channel is full, the partitions are paused and polling goes on (serving rebalances
+/// and librdkafka's `max.poll.interval.ms`) until there is room again. Ends when the
+/// stream is dropped, or after handing over an error.
+async fn poller(consumer: Arc<Inner>, convert: Converter, tx: mpsc::Sender<Polled>) {
+    // Messages that arrived while paused (fetched before the pause, or from a partition
+    // assigned meanwhile): handed over first.
+    let mut held: VecDeque<Polled> = VecDeque::new();
+    let mut paused = false;
+    loop {
+        let permit = match tx.try_reserve() {
+            Ok(p) => p,
+            Err(mpsc::error::TrySendError::Closed(())) => return,
+            Err(mpsc::error::TrySendError::Full(())) => {
+                if !paused {
+                    set_paused(&consumer, true);
+                    paused = true;
+                }
+                tokio::select! {
+                    p = tx.reserve() => match p {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                    m = consumer.recv() => {
+                        let m = m.map(|m| convert.delivery(&m)).map_err(|e| BrokerError::op(BROKER, "poll", e));
+                        // A partition assigned while paused is not paused: pause again.
+                        set_paused(&consumer, true);
+                        held.push_back(m);
+                        continue;
+                    }
+                }
+            }
+        };
+        if paused && held.is_empty() {
+            set_paused(&consumer, false);
+            paused = false;
+        }
+        let item = match held.pop_front() {
+            Some(item) => item,
+            None => tokio::select! {
+                m = consumer.recv() => m.map(|m| convert.delivery(&m)).map_err(|e| BrokerError::op(BROKER, "poll", e)),
+                () = tx.closed() => return,
+            },
+        };
+        let failed = item.is_err();
+        permit.send(item);
+        if failed {
+            return;
+        }
+    }
+}
+
+struct Reader {
+    polled: mpsc::Receiver<Polled>,
+    convert: Arc<Converter>,
+    retries: mpsc::UnboundedReceiver<Retry>,
+}
+
 impl crate::pull::Pull for Reader {
     type Acker = KafkaAcker;
 
     async fn next(&mut self) -> Result<Delivery<KafkaAcker>, BrokerError> {
-        if let Some(d) = self.first.take() {
-            return Ok(d);
-        }
         loop {
             tokio::select! {
                 biased;
                 Some(r) = self.retries.recv() => {
-                    if let Some(d) = self.retried(r) {
+                    if let Some(d) = self.convert.retried(r) {
                         return Ok(d);
                     }
                 }
-                m = self.consumer.recv() => {
-                    let m = m.map_err(|e| BrokerError::op(BROKER, "poll", e))?;
-                    return Ok(self.delivery(&m));
+                m = self.polled.recv() => {
+                    return m.unwrap_or_else(|| Err(BrokerError::op(BROKER, "poll", "the polling task ended")));
                 }
             }
         }
@@ -352,25 +548,40 @@ impl crate::pull::Pull for Reader {
 }
 
 impl KafkaConsumer {
-    /// Creates the topic and its dead-letter topic if missing, joins the group and
-    /// waits (up to [`KafkaConfig::join_timeout`]) for its first assignment.
+    /// Creates the topic and its dead-letter topic if missing (replication
+    /// [`KafkaConfig::replication`]), joins the group and waits (up to
+    /// [`KafkaConfig::join_timeout`]) for its first assignment.
     ///
     /// # Errors
     /// [`BrokerError::Connect`] when the cluster cannot be reached or the group assigns
     /// nothing in time; an invalid name.
     pub async fn connect(config: &KafkaConfig) -> Result<Self, BrokerError> {
         let dead_letter = dead_letter_name(&config.name);
-        ensure_topic(&config.brokers, &config.name, config.partitions).await?;
-        ensure_topic(&config.brokers, &dead_letter, config.partitions).await?;
-        let owned = Arc::new(Mutex::new(Owned::default()));
+        ensure_topic(
+            &config.brokers,
+            &config.name,
+            config.partitions,
+            config.replication,
+        )
+        .await?;
+        ensure_topic(
+            &config.brokers,
+            &dead_letter,
+            config.partitions,
+            config.replication,
+        )
+        .await?;
+        let own = Arc::new(Ownership::default());
         let assigned = Arc::new(Notify::new());
         let context = GroupContext {
             topic: config.name.clone(),
             debug: super::debug_contexts().is_some(),
-            owned: Arc::clone(&owned),
+            own: Arc::clone(&own),
             assigned: Arc::clone(&assigned),
         };
         let session = config.session_timeout.as_millis().max(1_000);
+        let poll_interval = config.max_poll_interval.as_millis().max(session);
+        let prefetch = config.prefetch.max(1);
         let consumer: Inner = base_config(&config.brokers)
             .set("group.id", &config.group)
             .set("enable.auto.commit", "false")
@@ -379,6 +590,13 @@ impl KafkaConsumer {
             .set("enable.partition.eof", "false")
             .set("session.timeout.ms", session.to_string())
             .set("heartbeat.interval.ms", (session / 4).max(250).to_string())
+            .set("max.poll.interval.ms", poll_interval.to_string())
+            .set("partition.assignment.strategy", config.assignment.as_str())
+            .set("queued.min.messages", prefetch.max(1000).to_string())
+            .set(
+                "queued.max.messages.kbytes",
+                config.queued_kbytes.to_string(),
+            )
             .create_with_context(context)
             .map_err(|e| BrokerError::connect(BROKER, e))?;
         consumer
@@ -396,45 +614,53 @@ impl KafkaConsumer {
         });
         tokio::spawn(committer(
             Arc::clone(&consumer),
-            Arc::clone(&owned),
+            Arc::clone(&own),
             config.name.clone(),
             settle_rx,
         ));
-        let mut reader = Reader {
-            consumer,
-            owned,
-            shared,
-            retries: retry_rx,
-            first: None,
+        let convert = Converter {
+            own: Arc::clone(&own),
+            shared: Arc::clone(&shared),
         };
+        let (polled_tx, mut polled) = mpsc::channel(prefetch);
+        let retries_convert = Arc::new(Converter { own, shared });
+        tokio::spawn(poller(Arc::clone(&consumer), convert, polled_tx));
         // Polling drives the join; stop at the first assignment or message.
+        let mut first: Option<Polled> = None;
         let joined = tokio::time::timeout(config.join_timeout, async {
             tokio::select! {
-                () = assigned.notified() => Ok(()),
-                m = reader.consumer.recv() => {
-                    let m = m.map_err(|e| BrokerError::op(BROKER, "poll", e))?;
-                    let d = reader.delivery(&m);
-                    reader.first = Some(d);
-                    Ok(())
-                }
+                () = assigned.notified() => {}
+                m = polled.recv() => first = m,
             }
         })
         .await;
-        match joined {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(BrokerError::connect(
-                    BROKER,
-                    format!(
-                        "group {:?} assigned no partition of {:?} within {:?}",
-                        config.group, config.name, config.join_timeout
-                    ),
-                ))
-            }
+        if joined.is_err() {
+            return Err(BrokerError::connect(
+                BROKER,
+                format!(
+                    "group {:?} assigned no partition of {:?} within {:?}",
+                    config.group, config.name, config.join_timeout
+                ),
+            ));
         }
+        if let Some(Err(e)) = first {
+            return Err(e);
+        }
+        let reader = Reader {
+            polled,
+            convert: retries_convert,
+            retries: retry_rx,
+        };
+        let inner = crate::pull::deliveries(reader);
+        let inner = match first {
+            Some(Ok(d)) => futures::StreamExt::boxed(futures::StreamExt::chain(
+                futures::stream::iter([Ok(d)]),
+                inner,
+            )),
+            _ => inner,
+        };
         Ok(Self {
-            inner: crate::pull::deliveries(reader),
+            inner,
             name: config.name.clone(),
             group: config.group.clone(),
         })
@@ -560,22 +786,50 @@ impl Acker for KafkaAcker {
             key: DEAD_LETTER_REASON_HEADER,
             value: Some(reason.as_bytes()),
         });
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&self.shared.dead_letter)
-            .payload(payload)
-            .headers(h);
-        if let Some(k) = &self.key {
-            record = record.key(k.as_slice());
+        let mut last = None;
+        for attempt in 0..DEAD_LETTER_TRIES {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(200) * 2u32.pow(attempt)).await;
+            }
+            let mut record: FutureRecord<'_, [u8], [u8]> =
+                FutureRecord::to(&self.shared.dead_letter)
+                    .payload(payload)
+                    .headers(h.clone());
+            if let Some(k) = &self.key {
+                record = record.key(k.as_slice());
+            }
+            match self
+                .shared
+                .producer
+                .send(record, Duration::from_secs(30))
+                .await
+            {
+                Ok(_) => return self.settle().await,
+                Err((e, _)) => last = Some(e),
+            }
         }
-        match self
-            .shared
-            .producer
-            .send(record, Duration::from_secs(30))
-            .await
-        {
-            Ok(_) => self.settle().await,
-            // Not dead-lettered: the offset stays uncommitted and comes back.
-            Err((e, _)) => Err(BrokerError::op(BROKER, "produce dead-letter", e).into()),
-        }
+        // Not dead-lettered: hand the delivery back to this consumer's stream (its
+        // offset stays uncommitted), so it is rejected and dead-lettered again rather
+        // than holding the partition's commits back until a restart.
+        let e = BrokerError::op(
+            BROKER,
+            "produce dead-letter",
+            last.map_or_else(|| "no attempt".to_owned(), |e| e.to_string()),
+        );
+        let retry = Retry {
+            partition: self.partition,
+            generation: self.generation,
+            offset: self.offset,
+            key: self.key,
+            payload: self.payload,
+            headers: self.headers,
+        };
+        let tx = self.shared.retry.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(DEAD_LETTER_RETRY_DELAY).await;
+            let _ = tx.send(retry);
+        });
+        Err(e.into())
     }
 
     /// Marks every offset settled at once: one commit for the batch.

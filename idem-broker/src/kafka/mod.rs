@@ -1,34 +1,54 @@
 //! Kafka through rdkafka (feature `kafka`).
 //!
 //! - **Names**: a `NAME` is a topic, created if missing with
-//!   [`KafkaConfig::partitions`] partitions (brokers such as tansu do not create topics
-//!   on first use); its dead letters go to the topic `NAME.dead-letter`.
+//!   [`KafkaConfig::partitions`] partitions and [`KafkaConfig::replication`] replicas
+//!   (default `min(3, brokers in the cluster)`; brokers such as tansu do not create
+//!   topics on first use); its dead letters go to the topic `NAME.dead-letter`, created
+//!   the same way. An existing topic is used as it is.
 //! - **Consuming** ([`KafkaConsumer`]): a consumer group (default `idem`) with manual
-//!   offset commits. Offsets are positional, so [`KafkaAcker`] commits per partition only
-//!   the contiguous [`LowWaterMark`]: the smallest offset still in flight, never past a
-//!   message that has not settled. Settlements are gathered by one committer, so a batch
-//!   (or a burst of concurrent acks) costs one commit. `nack(delay)` hands the message
-//!   back to this consumer's stream after the delay (its offset stays uncommitted);
-//!   `dead_letter` produces it to `NAME.dead-letter` with the reason in the
-//!   [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header, then
-//!   settles it. On a rebalance the settled prefix of each revoked partition is
-//!   committed and the rest dropped: the new owner receives it again and skips what was
-//!   committed as duplicates.
+//!   offset commits and the `cooperative-sticky` strategy by default
+//!   ([`KafkaConfig::assignment`]). Offsets are positional, so [`KafkaAcker`] commits per
+//!   partition only the contiguous [`LowWaterMark`]: the smallest offset still in
+//!   flight, never past a message that has not settled. Settlements are gathered by one
+//!   committer, so a batch (or a burst of concurrent acks) costs one commit; a failed
+//!   commit is tried again after a growing delay (to 5 s) whether or not anything else
+//!   settles. Commits are **fenced by the assignment**: taking the marks and committing
+//!   them happen under one lock that the revoke callback also takes, so a mark taken
+//!   before a revoke is committed before the revoke completes or never, and a settlement
+//!   of an earlier ownership of a partition is ignored. On a revoke the settled prefix of
+//!   each revoked partition is committed and the rest dropped: the new owner receives it
+//!   again and skips what was committed as duplicates.
+//! - `nack(delay)` hands the message back to this consumer's stream after the delay (its
+//!   offset stays uncommitted). `dead_letter` produces it to `NAME.dead-letter` with the
+//!   reason in the [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header
+//!   (three tries), then settles it; if the produce keeps failing the delivery comes back
+//!   to the stream after a second, so it is rejected and dead-lettered again instead of
+//!   holding the partition's commits back until a restart.
+//! - **Attempts**: [`Delivery::attempt`](idem_core::Delivery::attempt) counts the
+//!   deliveries of an offset by this member (nacks, and the partition coming back before
+//!   the offset was committed); a restarted member or another member counts from 1.
+//! - **Prefetch and liveness**: a task of its own polls librdkafka, keeping at most
+//!   [`KafkaConfig::prefetch`] deliveries waiting (and librdkafka's own queue bounded by
+//!   `queued.min.messages` and [`KafkaConfig::queued_kbytes`]); when they are not taken
+//!   it pauses the partitions and keeps polling, so however slow the handler the member
+//!   meets `max.poll.interval.ms` ([`KafkaConfig::max_poll_interval`]) and stays in the
+//!   group.
 //! - **Publishing** ([`KafkaPublisher`]): the idempotent producer (`enable.idempotence`,
 //!   `acks=all`), the subject (award id) as the message key (order per award), the event
 //!   id and type in headers.
 //! - **Counting** ([`pending_count`]): per partition, the high watermark minus the
 //!   group's committed offset (or the low watermark when nothing was committed).
-//! - **tansu 0.6** (the test broker) differs from Kafka in two ways that matter here:
+//! - **tansu 0.6** (the test broker) differs from Kafka in ways that matter here:
 //!   its fetch starts at the first record batch whose base offset is at or after the
 //!   requested offset, skipping the rest of a batch a committed offset points into
-//!   (hence [`KafkaConfig::batch_messages`] `= 1` against it); and its group
+//!   (hence [`KafkaConfig::batch_messages`] `= 1` against it); its group
 //!   coordinator never hands a dead member's partitions to the surviving members: the
 //!   heartbeat that finds the session expired drops the member but keeps the group's
 //!   generation and assignments, so the survivors' rejoin gets their old partitions
 //!   back. The dead member's partitions are consumed again only after a member joins or
 //!   leaves the group (a restarted or replacement consumer, or a survivor that
-//!   reconnects); nothing is lost or doubled, it waits.
+//!   reconnects); nothing is lost or doubled, it waits. tansu is a single broker, so
+//!   topics get one replica there.
 //! - **Debugging**: `IDEM_KAFKA_DEBUG=cgrp,consumer` (librdkafka's `debug` contexts)
 //!   prints the client's debug log to stderr, e.g. to watch the group's joins and
 //!   assignments.
@@ -38,7 +58,7 @@ mod consumer;
 mod lwm;
 mod publisher;
 
-pub use config::KafkaConfig;
+pub use config::{Assignment, KafkaConfig};
 pub use consumer::{KafkaAcker, KafkaConsumer, KEY_HEADER};
 pub use lwm::LowWaterMark;
 pub use publisher::{pending_count, publish_raw, KafkaPublisher};
@@ -159,12 +179,14 @@ pub(crate) fn partition_count(consumer: &BaseConsumer, topic: &str) -> Result<us
         .map_or(0, |t| t.partitions().len()))
 }
 
-/// Creates `topic` with `partitions` partitions unless it exists, and waits until the
-/// cluster reports it.
+/// Creates `topic` with `partitions` partitions and `replication` replicas (`None`:
+/// `min(3, brokers in the cluster)`) unless it exists, and waits until the cluster
+/// reports it. An existing topic is used as it is.
 pub(crate) async fn ensure_topic(
     brokers: &str,
     topic: &str,
     partitions: i32,
+    replication: Option<i32>,
 ) -> Result<(), BrokerError> {
     check_name(topic)?;
     let meta: BaseConsumer = base_config(brokers)
@@ -175,18 +197,29 @@ pub(crate) async fn ensure_topic(
         let topic = topic.to_owned();
         move |c: &BaseConsumer| partition_count(c, &topic)
     };
-    let (meta, n) = blocking(move || {
+    let (meta, n, cluster) = blocking(move || {
         let n = probe(&meta);
-        (meta, n)
+        let cluster = meta
+            .fetch_metadata(None, REQUEST_TIMEOUT)
+            .map(|md| md.brokers().len());
+        (meta, n, cluster)
     })
     .await?;
     if n? > 0 {
         return Ok(());
     }
+    let replication = match replication {
+        Some(r) => r.max(1),
+        None => default_replication(cluster.map_err(|e| BrokerError::connect(BROKER, e))?),
+    };
     let admin: AdminClient<DefaultClientContext> = base_config(brokers)
         .create()
         .map_err(|e| BrokerError::connect(BROKER, e))?;
-    let new = NewTopic::new(topic, partitions.max(1), TopicReplication::Fixed(1));
+    let new = NewTopic::new(
+        topic,
+        partitions.max(1),
+        TopicReplication::Fixed(replication),
+    );
     let results = admin
         .create_topics(
             [&new],
@@ -224,6 +257,12 @@ pub(crate) async fn ensure_topic(
     .await?
 }
 
+/// The replication factor of a topic created on a cluster of `brokers`: three copies
+/// where there are three brokers, one per broker on a smaller cluster.
+pub(crate) fn default_replication(brokers: usize) -> i32 {
+    i32::try_from(brokers.clamp(1, 3)).unwrap_or(1)
+}
+
 /// Runs a blocking librdkafka call off the async workers.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
@@ -244,5 +283,14 @@ mod tests {
         assert!(check_name("a b").is_err());
         assert!(check_name("..").is_err());
         assert!(check_name(&"x".repeat(250)).is_err());
+    }
+
+    #[test]
+    fn replication_is_three_where_the_cluster_has_three() {
+        assert_eq!(default_replication(0), 1);
+        assert_eq!(default_replication(1), 1);
+        assert_eq!(default_replication(2), 2);
+        assert_eq!(default_replication(3), 3);
+        assert_eq!(default_replication(7), 3);
     }
 }

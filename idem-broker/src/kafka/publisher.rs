@@ -61,7 +61,7 @@ impl KafkaPublisher {
         topic: &str,
         partitions: i32,
     ) -> Result<Self, BrokerError> {
-        ensure_topic(brokers, topic, partitions).await?;
+        ensure_topic(brokers, topic, partitions, None).await?;
         Ok(Self {
             producer: producer(brokers, None)?,
             topic: topic.to_owned(),
@@ -74,7 +74,13 @@ impl KafkaPublisher {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn connect_config(config: &super::KafkaConfig) -> Result<Self, BrokerError> {
-        ensure_topic(&config.brokers, &config.name, config.partitions).await?;
+        ensure_topic(
+            &config.brokers,
+            &config.name,
+            config.partitions,
+            config.replication,
+        )
+        .await?;
         Ok(Self {
             producer: producer(&config.brokers, config.batch_messages)?,
             topic: config.name.clone(),
@@ -200,7 +206,7 @@ pub async fn publish_raw(
 /// # Errors
 /// The cluster cannot be reached.
 pub async fn pending_count(brokers: &str, topic: &str, group: &str) -> Result<u64, BrokerError> {
-    ensure_topic(brokers, topic, DEFAULT_PARTITIONS).await?;
+    ensure_topic(brokers, topic, DEFAULT_PARTITIONS, None).await?;
     let consumer: BaseConsumer = base_config(brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")

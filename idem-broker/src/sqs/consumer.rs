@@ -1,31 +1,39 @@
 //! Receiving from a queue: [`SqsConsumer`] and its [`SqsAcker`].
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message};
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
+    MessageSystemAttributeName,
+};
 use aws_sdk_sqs::Client;
 use futures::stream::BoxStream;
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 
 use super::config::SqsConfig;
-use super::{attributes, body_text, client, ensure_queue, op_err, BROKER};
-use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
+use super::{attributes, body_text, client, ensure_queues, op_err, BROKER};
+use crate::idle::IdleLink;
+use crate::{BrokerError, DEAD_LETTER_REASON_HEADER};
 
-/// The most messages one `ReceiveMessage` or `DeleteMessageBatch` handles.
+/// The most messages one `ReceiveMessage`, `DeleteMessageBatch` or
+/// `ChangeMessageVisibilityBatch` handles.
 const SQS_BATCH: usize = 10;
 /// The most receives in flight at once.
 const MAX_PARALLEL_RECEIVES: usize = 8;
 /// The most `DeleteMessageBatch` calls in flight at once for single acks; more acks
 /// wait and go together in the next call.
 const MAX_PARALLEL_DELETES: usize = 4;
+/// The most `ChangeMessageVisibilityBatch` calls in flight at once in a keep-alive round.
+const MAX_PARALLEL_EXTENDS: usize = 4;
 /// The longest visibility timeout SQS accepts (12 hours).
 const MAX_VISIBILITY_SECS: u64 = 43_200;
 
@@ -33,12 +41,54 @@ const MAX_VISIBILITY_SECS: u64 = 43_200;
 /// result goes.
 type DeleteRequest = (String, oneshot::Sender<Result<(), AckError>>);
 
+/// A received, unsettled message whose visibility the keeper extends.
+#[derive(Debug)]
+struct Lease {
+    receipt: String,
+    /// When the message becomes visible again unless extended (measured from before the
+    /// request that set it was sent, so never later than SQS's own clock).
+    visible_at: Instant,
+}
+
 struct Shared {
     client: Client,
     queue_url: String,
     dead_letter_url: String,
     /// Single acks, gathered into `DeleteMessageBatch` calls by [`delete_loop`].
     deletes: mpsc::UnboundedSender<DeleteRequest>,
+    /// Every received delivery not yet settled or dropped, by lease id.
+    leases: Mutex<HashMap<u64, Lease>>,
+    next_lease: AtomicU64,
+    /// The visibility timeout sent with every receive and every extension.
+    visibility: Duration,
+    /// Held by the keeper while a round of extensions is in flight; a nack takes it
+    /// after removing its lease, so no extension sent before can land after the nack's
+    /// own `ChangeMessageVisibility` and hide the message longer than asked.
+    extending: tokio::sync::Mutex<()>,
+}
+
+impl Shared {
+    fn leases(&self) -> MutexGuard<'_, HashMap<u64, Lease>> {
+        self.leases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lease(&self, receipt: &str, visible_at: Instant) -> u64 {
+        let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        self.leases().insert(
+            id,
+            Lease {
+                receipt: receipt.to_owned(),
+                visible_at,
+            },
+        );
+        id
+    }
+
+    fn release(&self, id: u64) {
+        self.leases().remove(&id);
+    }
 }
 
 fn secs_i32(d: Duration) -> i32 {
@@ -54,9 +104,18 @@ fn secs_i32(d: Duration) -> i32 {
 /// allows (at most 8), and falls back to one after an empty receive.
 ///
 /// A message is invisible to other consumers for the visibility timeout after it is
-/// received; settle it within that time or it is delivered again (and then skipped as a
-/// duplicate if it had committed). Messages received but not yet yielded when the stream
-/// is dropped come back after their visibility timeout.
+/// received. While its delivery is unsettled — waiting in the stream's buffer or held
+/// by the caller — a keeper task extends it (`ChangeMessageVisibilityBatch`, to the full
+/// timeout again once a third of it has passed), so a handler slower than the timeout
+/// causes no redelivery. Dropping a delivery unsettled, or the stream with deliveries in
+/// its buffer, stops the extensions: SQS delivers them again after the timeout.
+///
+/// Each delivery's [`attempt`](Delivery::attempt) is SQS's `ApproximateReceiveCount`.
+///
+/// Under [`until_idle`](crate::until_idle) the stream ends only after its receives came
+/// back empty for the idle time, counted from the start of the first empty one, and
+/// never while a receive is outstanding (a slow receive of a deep queue is not
+/// idleness).
 pub struct SqsConsumer {
     inner: BoxStream<'static, Result<Delivery<SqsAcker>, BrokerError>>,
     name: String,
@@ -70,26 +129,40 @@ impl std::fmt::Debug for SqsConsumer {
     }
 }
 
+/// One receive's result: when it was sent, when it returned, what it brought.
+type Received = (Instant, Instant, Result<Vec<Message>, BrokerError>);
+
 struct Reader {
     shared: Arc<Shared>,
     buf: VecDeque<Delivery<SqsAcker>>,
     /// Receives in flight (spawned, so they progress while the buffer is drained;
     /// aborted when the stream is dropped).
-    receives: JoinSet<Result<Vec<Message>, BrokerError>>,
+    receives: JoinSet<Received>,
     /// How many receives to keep in flight now (1..=`max_receives`).
     target: usize,
     max_receives: usize,
     prefetch: usize,
     wait: i32,
-    visibility: i32,
+    /// The idle exit this stream runs under, if any (see [`crate::until_idle`]).
+    idle: Option<Arc<IdleLink>>,
+    /// When the first of the receives that came back empty in a row was sent.
+    quiet_since: Option<Instant>,
+    /// The idle time is up: start no receive, end once none is outstanding.
+    stopping: bool,
 }
 
 impl Reader {
-    fn push(&mut self, messages: Vec<Message>) {
+    fn push(&mut self, sent: Instant, messages: Vec<Message>) {
+        let visible_at = sent + self.shared.visibility;
         for m in messages {
             let Some(receipt) = m.receipt_handle else {
                 continue;
             };
+            let attempt = m
+                .attributes
+                .as_ref()
+                .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                .and_then(|c| c.parse::<u32>().ok());
             let mut headers: Headers = m
                 .message_attributes
                 .unwrap_or_default()
@@ -97,13 +170,15 @@ impl Reader {
                 .filter_map(|(k, v)| v.string_value.map(|s| (k, s)))
                 .collect();
             headers.sort();
+            let lease = self.shared.lease(&receipt, visible_at);
             self.buf.push_back(Delivery {
                 payload: m.body.unwrap_or_default().into_bytes(),
                 headers,
-                attempt: None,
+                attempt,
                 acker: SqsAcker {
                     receipt,
                     message_id: m.message_id.unwrap_or_default(),
+                    lease,
                     shared: Arc::clone(&self.shared),
                 },
             });
@@ -113,7 +188,8 @@ impl Reader {
     /// Starts receives up to the target, keeping at most `prefetch` messages (on hand
     /// plus 10 per receive in flight) ahead; always one when nothing is on hand.
     fn start_receives(&mut self) {
-        while self.receives.len() < self.target
+        while !self.stopping
+            && self.receives.len() < self.target
             && (self.receives.is_empty() && self.buf.is_empty()
                 || self.buf.len() + SQS_BATCH * (self.receives.len() + 1) <= self.prefetch)
         {
@@ -124,15 +200,29 @@ impl Reader {
                 .queue_url(&self.shared.queue_url)
                 .max_number_of_messages(SQS_BATCH as i32)
                 .wait_time_seconds(self.wait)
-                .visibility_timeout(self.visibility)
+                .visibility_timeout(secs_i32(self.shared.visibility).max(1))
+                .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
                 .message_attribute_names("All")
                 .send();
             self.receives.spawn(async move {
-                receive
+                let sent = Instant::now();
+                let r = receive
                     .await
                     .map(|out| out.messages.unwrap_or_default())
-                    .map_err(|e| op_err("ReceiveMessage", e))
+                    .map_err(|e| op_err("ReceiveMessage", e));
+                (sent, Instant::now(), r)
             });
+        }
+    }
+
+    /// Notes an empty receive sent at `sent` that returned at `returned`; decides
+    /// whether the idle time is up.
+    fn quiet(&mut self, sent: Instant, returned: Instant) {
+        let since = *self.quiet_since.get_or_insert(sent);
+        if let Some(link) = &self.idle {
+            if returned.saturating_duration_since(since) >= link.limit() {
+                self.stopping = true;
+            }
         }
     }
 }
@@ -141,25 +231,37 @@ impl crate::pull::Pull for Reader {
     type Acker = SqsAcker;
 
     async fn next(&mut self) -> Result<Delivery<SqsAcker>, BrokerError> {
+        if self.idle.is_none() {
+            self.idle = crate::idle::adopt();
+        }
         loop {
             self.start_receives();
             if let Some(d) = self.buf.pop_front() {
                 return Ok(d);
             }
             let Some(joined) = self.receives.join_next().await else {
-                continue;
+                // Only when stopping: nothing on hand, no receive outstanding.
+                if let Some(link) = &self.idle {
+                    link.stop();
+                }
+                return std::future::pending().await;
             };
             match joined {
-                Ok(Ok(messages)) => {
-                    if messages.len() >= SQS_BATCH {
-                        self.target = (self.target + 1).min(self.max_receives);
-                    } else if messages.is_empty() {
+                Ok((sent, returned, Ok(messages))) => {
+                    if messages.is_empty() {
                         self.target = 1;
+                        self.quiet(sent, returned);
+                    } else {
+                        if messages.len() >= SQS_BATCH {
+                            self.target = (self.target + 1).min(self.max_receives);
+                        }
+                        self.quiet_since = None;
+                        self.stopping = false;
+                        self.push(sent, messages);
                     }
-                    self.push(messages);
                 }
-                Ok(Err(e)) if self.receives.is_empty() => return Err(e),
-                Ok(Err(e)) => {
+                Ok((_, _, Err(e))) if self.receives.is_empty() && !self.stopping => return Err(e),
+                Ok((_, _, Err(e))) => {
                     tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "one receive failed");
                 }
                 Err(e) => {
@@ -170,6 +272,92 @@ impl crate::pull::Pull for Reader {
                     ))
                 }
             }
+        }
+    }
+}
+
+/// Extends the visibility of every unsettled delivery once a third of its timeout has
+/// passed, until the consumer and all its ackers are gone.
+async fn keeper(shared: Weak<Shared>, visibility: Duration) {
+    let tick = (visibility / 6).clamp(Duration::from_millis(100), Duration::from_secs(10));
+    // Extend when less than two thirds of the timeout is left.
+    let margin = visibility * 2 / 3;
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let _round = shared.extending.lock().await;
+        let now = Instant::now();
+        let due: Vec<(u64, String)> = shared
+            .leases()
+            .iter()
+            .filter(|(_, l)| l.visible_at.saturating_duration_since(now) < margin)
+            .map(|(id, l)| (*id, l.receipt.clone()))
+            .collect();
+        if due.is_empty() {
+            continue;
+        }
+        let chunks: Vec<Vec<(u64, String)>> = due.chunks(SQS_BATCH).map(<[_]>::to_vec).collect();
+        futures::stream::iter(chunks)
+            .map(|chunk| extend_batch(&shared, chunk))
+            .buffer_unordered(MAX_PARALLEL_EXTENDS)
+            .collect::<Vec<()>>()
+            .await;
+    }
+}
+
+/// One `ChangeMessageVisibilityBatch` for up to 10 leases.
+async fn extend_batch(shared: &Shared, chunk: Vec<(u64, String)>) {
+    let sent = Instant::now();
+    let timeout = secs_i32(shared.visibility).max(1);
+    let entries: Vec<ChangeMessageVisibilityBatchRequestEntry> = chunk
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (_, receipt))| {
+            ChangeMessageVisibilityBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(receipt)
+                .visibility_timeout(timeout)
+                .build()
+                .ok()
+        })
+        .collect();
+    let r = shared
+        .client
+        .change_message_visibility_batch()
+        .queue_url(&shared.queue_url)
+        .set_entries(Some(entries))
+        .send()
+        .await;
+    match r {
+        Ok(out) => {
+            let mut leases = shared.leases();
+            for ok in &out.successful {
+                let Some((id, _)) = ok.id.parse::<usize>().ok().and_then(|i| chunk.get(i)) else {
+                    continue;
+                };
+                if let Some(l) = leases.get_mut(id) {
+                    l.visible_at = sent + shared.visibility;
+                }
+            }
+            for f in &out.failed {
+                let Some((id, _)) = f.id.parse::<usize>().ok().and_then(|i| chunk.get(i)) else {
+                    continue;
+                };
+                // Settled meanwhile, or no longer ours (its visibility ran out and it was
+                // received again): extending cannot help; it is delivered again and
+                // skipped as a duplicate if it had committed.
+                if f.sender_fault && leases.contains_key(id) {
+                    tracing::warn!(target: "idem::broker", broker = BROKER, code = %f.code, "cannot extend a delivery's visibility; it may be delivered again");
+                    leases.remove(id);
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(target: "idem::broker", broker = BROKER, error = %op_err("ChangeMessageVisibilityBatch", e), "extending visibility failed; retried next round");
         }
     }
 }
@@ -206,24 +394,43 @@ async fn delete_loop(
     }
 }
 
-/// One `DeleteMessageBatch` of at most 10 receipt handles: a result per handle.
-async fn delete_batch(
+/// One `DeleteMessageBatch` of at most 10 receipt handles: a result per handle, in
+/// order. A handle counts as deleted only when SQS lists its entry as successful: an
+/// entry that could not be built, one SQS lists as failed, and one it does not mention
+/// are errors (the message stays in the queue and comes back; never reported acked).
+pub(crate) async fn delete_batch(
     client: &Client,
     queue_url: &str,
     receipts: &[String],
 ) -> Vec<Result<(), AckError>> {
-    let len = receipts.len();
-    let entries: Vec<DeleteMessageBatchRequestEntry> = receipts
+    let mut res: Vec<Result<(), AckError>> = receipts
         .iter()
-        .enumerate()
-        .filter_map(|(i, r)| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(r)
-                .build()
-                .ok()
+        .map(|_| {
+            Err(batch_error(
+                "sqs: DeleteMessageBatch did not report this entry as deleted",
+                true,
+            ))
         })
         .collect();
+    let mut entries = Vec::with_capacity(receipts.len());
+    for (i, r) in receipts.iter().enumerate() {
+        match DeleteMessageBatchRequestEntry::builder()
+            .id(i.to_string())
+            .receipt_handle(r)
+            .build()
+        {
+            Ok(e) => entries.push(e),
+            Err(e) => {
+                res[i] = Err(batch_error(
+                    &format!("sqs: DeleteMessageBatch entry not built: {e}"),
+                    false,
+                ));
+            }
+        }
+    }
+    if entries.is_empty() {
+        return res;
+    }
     let r = client
         .delete_message_batch()
         .queue_url(queue_url)
@@ -232,7 +439,11 @@ async fn delete_batch(
         .await;
     match r {
         Ok(o) => {
-            let mut res: Vec<Result<(), AckError>> = (0..len).map(|_| Ok(())).collect();
+            for ok in o.successful {
+                if let Some(slot) = ok.id.parse::<usize>().ok().and_then(|i| res.get_mut(i)) {
+                    *slot = Ok(());
+                }
+            }
             for f in o.failed {
                 if let Some(slot) = f.id.parse::<usize>().ok().and_then(|i| res.get_mut(i)) {
                     *slot = Err(batch_error(
@@ -249,29 +460,45 @@ async fn delete_batch(
         }
         Err(e) => {
             let e = op_err("DeleteMessageBatch", e).to_string();
-            (0..len).map(|_| Err(batch_error(&e, true))).collect()
+            receipts
+                .iter()
+                .map(|_| Err(batch_error(&e, true)))
+                .collect()
         }
     }
 }
 
 impl SqsConsumer {
-    /// Connects, creates the queue and its dead-letter queue if missing, and starts
-    /// receiving.
+    /// Connects, creates the queue and its dead-letter queue if missing (see
+    /// [`SqsConfig`]: the dead-letter queue keeps messages 14 days, the source redrives to
+    /// it), and starts receiving.
     ///
     /// # Errors
-    /// [`BrokerError::Connect`] when the endpoint cannot be reached; an invalid name.
+    /// [`BrokerError::Connect`] when the endpoint cannot be reached; an invalid name;
+    /// [`BrokerError::Config`] when an existing queue is set up differently in a way that
+    /// matters.
     pub async fn connect(config: &SqsConfig) -> Result<Self, BrokerError> {
         let client = client(config.endpoint.as_deref()).await;
-        let queue_url = ensure_queue(&client, &config.name).await?;
-        let dead_letter_url = ensure_queue(&client, &dead_letter_name(&config.name)).await?;
+        let (queue_url, dead_letter_url) = ensure_queues(&client, config).await?;
         let (deletes, requests) = mpsc::unbounded_channel();
         tokio::spawn(delete_loop(client.clone(), queue_url.clone(), requests));
+        let visibility = Duration::from_secs(
+            config
+                .visibility_timeout
+                .as_secs()
+                .clamp(1, MAX_VISIBILITY_SECS),
+        );
         let shared = Arc::new(Shared {
             client,
             queue_url,
             dead_letter_url,
             deletes,
+            leases: Mutex::new(HashMap::new()),
+            next_lease: AtomicU64::new(0),
+            visibility,
+            extending: tokio::sync::Mutex::new(()),
         });
+        tokio::spawn(keeper(Arc::downgrade(&shared), visibility));
         let prefetch = config.prefetch.max(1);
         let state = Reader {
             shared,
@@ -281,7 +508,9 @@ impl SqsConsumer {
             max_receives: prefetch.div_ceil(SQS_BATCH).clamp(1, MAX_PARALLEL_RECEIVES),
             prefetch,
             wait: secs_i32(config.wait.min(Duration::from_secs(20))),
-            visibility: secs_i32(config.visibility_timeout).max(1),
+            idle: None,
+            quiet_since: None,
+            stopping: false,
         };
         Ok(Self {
             inner: crate::pull::deliveries(state),
@@ -298,10 +527,13 @@ impl Stream for SqsConsumer {
     }
 }
 
-/// Settles one received SQS message through its receipt handle.
+/// Settles one received SQS message through its receipt handle. While it lives
+/// unsettled, the consumer's keeper extends the message's visibility; dropping it
+/// unsettled stops that, and SQS delivers the message again after the timeout.
 pub struct SqsAcker {
     receipt: String,
     message_id: String,
+    lease: u64,
     shared: Arc<Shared>,
 }
 
@@ -310,6 +542,12 @@ impl std::fmt::Debug for SqsAcker {
         f.debug_struct("SqsAcker")
             .field("message_id", &self.message_id)
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SqsAcker {
+    fn drop(&mut self) {
+        self.shared.release(self.lease);
     }
 }
 
@@ -338,7 +576,8 @@ fn batch_error(message: &str, retryable: bool) -> AckError {
 
 #[async_trait]
 impl Acker for SqsAcker {
-    /// Goes into a `DeleteMessageBatch` with the acks that arrive meanwhile.
+    /// Goes into a `DeleteMessageBatch` with the acks that arrive meanwhile. The
+    /// visibility is kept extended until the delete has answered.
     async fn ack(self, _proof: AckProof) -> Result<(), AckError> {
         let (reply, result) = oneshot::channel();
         if self
@@ -358,7 +597,11 @@ impl Acker for SqsAcker {
         }
     }
 
+    /// Stops the extensions, then sets the visibility to `delay` (0: at once).
     async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
+        self.shared.release(self.lease);
+        // An extension round in flight may hold this receipt: let it land first.
+        drop(self.shared.extending.lock().await);
         self.shared
             .client
             .change_message_visibility()
@@ -422,7 +665,7 @@ impl Acker for SqsAcker {
             }
             return out;
         }
-        let receipts: Vec<String> = items.into_iter().map(|(a, _)| a.receipt).collect();
+        let receipts: Vec<String> = items.iter().map(|(a, _)| a.receipt.clone()).collect();
         let mut out: Vec<Result<(), AckError>> = Vec::with_capacity(n);
         let chunks = receipts
             .chunks(SQS_BATCH)
@@ -430,6 +673,107 @@ impl Acker for SqsAcker {
         for r in futures::future::join_all(chunks).await {
             out.extend(r);
         }
+        // The ackers (and their leases) live until every delete has answered.
+        drop(items);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! On the real server (moto; `IDEM_TEST_SQS_ENDPOINT`, default
+    //! `http://127.0.0.1:5000`): a missing server fails the test.
+
+    use super::*;
+
+    fn endpoint() -> String {
+        std::env::var("IDEM_TEST_SQS_ENDPOINT")
+            .unwrap_or_else(|_| "http://127.0.0.1:5000".to_owned())
+    }
+
+    async fn queue_with(client: &Client, n: usize) -> (String, Vec<String>) {
+        let name = format!("idem-test-batch-{:08x}", rand::random::<u32>());
+        let url = client
+            .create_queue()
+            .queue_name(&name)
+            .send()
+            .await
+            .expect("moto reachable (IDEM_TEST_SQS_ENDPOINT)")
+            .queue_url
+            .expect("url");
+        for i in 0..n {
+            client
+                .send_message()
+                .queue_url(&url)
+                .message_body(format!("m{i}"))
+                .send()
+                .await
+                .expect("send");
+        }
+        let mut receipts = Vec::new();
+        while receipts.len() < n {
+            let got = client
+                .receive_message()
+                .queue_url(&url)
+                .max_number_of_messages(10)
+                .visibility_timeout(60)
+                .send()
+                .await
+                .expect("receive")
+                .messages
+                .unwrap_or_default();
+            receipts.extend(got.into_iter().filter_map(|m| m.receipt_handle));
+        }
+        (url, receipts)
+    }
+
+    async fn left(client: &Client, url: &str) -> u64 {
+        let a = client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+            .send()
+            .await
+            .expect("attributes")
+            .attributes
+            .unwrap_or_default();
+        [
+            aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages,
+            aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+        ]
+        .iter()
+        .filter_map(|k| a.get(k).and_then(|v| v.parse::<u64>().ok()))
+        .sum()
+    }
+
+    /// One `DeleteMessageBatch` with two good receipt handles and, between them, one the
+    /// queue does not know (a handle of another queue's message) and one that is not a
+    /// handle at all: SQS fails those entries and deletes the others. The result is an
+    /// error exactly for the failed entries (an ack reported for them would be a lie:
+    /// their messages are still there), and the queues agree.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partial_delete_batch_failure_is_reported_per_entry() {
+        let client = client(Some(&endpoint())).await;
+        let (url, mine) = queue_with(&client, 2).await;
+        let (other_url, theirs) = queue_with(&client, 1).await;
+        let batch = vec![
+            mine[0].clone(),
+            theirs[0].clone(),
+            "not-a-receipt-handle".to_owned(),
+            mine[1].clone(),
+        ];
+        let results = delete_batch(&client, &url, &batch).await;
+        assert_eq!(results.len(), 4);
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert!(results[1].is_err(), "a stranger's handle reported deleted");
+        assert!(results[2].is_err(), "a bad handle reported deleted");
+        assert!(results[3].is_ok(), "{:?}", results[3]);
+        assert!(!results[1].as_ref().unwrap_err().is_retryable());
+        assert_eq!(left(&client, &url).await, 0, "both good ones deleted");
+        assert_eq!(
+            left(&client, &other_url).await,
+            1,
+            "the other queue's message stays"
+        );
     }
 }

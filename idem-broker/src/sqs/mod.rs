@@ -4,16 +4,31 @@
 //!   letters, digits, `-` and `_` (and a `.fifo` suffix), so [`queue_name`] maps every
 //!   other `.` to `-`: the dead-letter place `NAME.dead-letter` is the queue
 //!   `NAME-dead-letter`, and for a FIFO queue `NAME.fifo` it is `NAME-dead-letter.fifo`.
+//! - **Creating** (by a consumer or a publisher, whichever comes first): the dead-letter
+//!   queue keeps messages 14 days ([`DEAD_LETTER_RETENTION`], the most SQS allows); the
+//!   source gets a redrive policy to it with `maxReceiveCount`
+//!   [`SqsConfig::max_receive_count`] (default [`DEFAULT_MAX_RECEIVE_COUNT`] = 10, the
+//!   core's default `max_attempts`: the gate dead-letters a failing message with its
+//!   reason on its 10th delivery, and SQS moves one only when consumers kept crashing on
+//!   it — such a dead letter has no reason attribute) and the retention
+//!   [`SqsConfig::retention`] if set. An existing queue is read, never changed; a
+//!   difference that matters is a [`Config`](crate::BrokerError::Config) error (a
+//!   dead-letter queue keeping less than 14 days, another retention than the one asked
+//!   for, a redrive policy to another queue or with a lower `maxReceiveCount`).
 //! - **Consuming** ([`SqsConsumer`]): long-poll `ReceiveMessage` (up to 10 a call, several
 //!   calls in flight in the background to keep up to `prefetch` messages ahead; each
 //!   call's messages are yielded as soon as it returns), with the configured visibility
-//!   timeout. [`SqsAcker`]: `ack` → `DeleteMessageBatch` with the other acks waiting at
-//!   that moment (at most 4 calls in flight, up to 10 handles each; one call per 10 in
-//!   [`ack_all`](idem_core::Acker::ack_all)); `nack(delay)` → `ChangeMessageVisibility`
-//!   to 0 (or to the delay: a deferred delivery); `dead_letter` → `SendMessage` to the
-//!   dead-letter queue with the reason in the
+//!   timeout, kept extended (`ChangeMessageVisibilityBatch`) for every delivery not yet
+//!   settled, buffered ones included; each delivery's attempt is its
+//!   `ApproximateReceiveCount`. [`SqsAcker`]: `ack` → `DeleteMessageBatch` with the
+//!   other acks waiting at that moment (at most 4 calls in flight, up to 10 handles
+//!   each; one call per 10 in [`ack_all`](idem_core::Acker::ack_all)); an entry SQS does
+//!   not report deleted is an error, never an ack; `nack(delay)` →
+//!   `ChangeMessageVisibility` to 0 (or to the delay: a deferred delivery);
+//!   `dead_letter` → `SendMessage` to the dead-letter queue with the reason in the
 //!   [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) message attribute,
-//!   then `DeleteMessage`. An unsettled message comes back after its visibility timeout.
+//!   then `DeleteMessage`. An unsettled message dropped comes back after its visibility
+//!   timeout.
 //! - **Publishing** ([`SqsPublisher`]): `SendMessageBatch`, the event id in the
 //!   [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) message attribute and, on a
 //!   FIFO queue, as the deduplication id (the subject is the message group).
@@ -31,7 +46,7 @@ mod config;
 mod consumer;
 mod publisher;
 
-pub use config::SqsConfig;
+pub use config::{SqsConfig, DEAD_LETTER_RETENTION, DEFAULT_MAX_RECEIVE_COUNT};
 pub use consumer::{SqsAcker, SqsConsumer};
 pub use publisher::{pending_count, publish_raw, SqsPublisher};
 
@@ -39,6 +54,7 @@ use std::collections::HashMap;
 
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::error::DisplayErrorContext;
+use aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
 use aws_sdk_sqs::Client;
 
@@ -136,21 +152,96 @@ pub(crate) async fn client(endpoint: Option<&str>) -> Client {
     Client::new(&shared)
 }
 
-/// The URL of the queue of `name`, created (standard or FIFO) if missing.
-pub(crate) async fn ensure_queue(client: &Client, name: &str) -> Result<String, BrokerError> {
-    check_name(name)?;
-    let q = queue_name(name);
-    if let Ok(out) = client.get_queue_url().queue_name(&q).send().await {
-        if let Some(url) = out.queue_url {
-            return Ok(url);
+/// Whether `e` says the queue does not exist.
+fn is_missing<R>(e: &aws_sdk_sqs::error::SdkError<GetQueueUrlError, R>) -> bool {
+    e.as_service_error()
+        .is_some_and(GetQueueUrlError::is_queue_does_not_exist)
+}
+
+fn connect_or_op<E, R>(action: &'static str, e: aws_sdk_sqs::error::SdkError<E, R>) -> BrokerError
+where
+    E: std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match e {
+        aws_sdk_sqs::error::SdkError::DispatchFailure(_)
+        | aws_sdk_sqs::error::SdkError::TimeoutError(_) => {
+            BrokerError::connect(BROKER, DisplayErrorContext(e).to_string())
         }
+        e => op_err(action, e),
     }
+}
+
+/// The URL of the queue of `name`, or `None` when it does not exist.
+pub(crate) async fn queue_url(client: &Client, name: &str) -> Result<Option<String>, BrokerError> {
+    check_name(name)?;
+    match client
+        .get_queue_url()
+        .queue_name(queue_name(name))
+        .send()
+        .await
+    {
+        Ok(out) => Ok(out.queue_url),
+        Err(e) if is_missing(&e) => Ok(None),
+        Err(e) => Err(connect_or_op("GetQueueUrl", e)),
+    }
+}
+
+/// A queue's attributes.
+async fn queue_attributes(
+    client: &Client,
+    url: &str,
+) -> Result<HashMap<QueueAttributeName, String>, BrokerError> {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .map_err(|e| connect_or_op("GetQueueAttributes", e))?;
+    Ok(out.attributes.unwrap_or_default())
+}
+
+/// The value of `"key"` in a flat JSON object (a string or a bare number), enough for an
+/// SQS redrive policy.
+fn json_field(json: &str, key: &str) -> Option<String> {
+    let at = json.find(&format!("\"{key}\""))? + key.len() + 2;
+    let rest = json[at..].trim_start().strip_prefix(':')?.trim_start();
+    if let Some(quoted) = rest.strip_prefix('"') {
+        quoted.find('"').map(|end| quoted[..end].to_owned())
+    } else {
+        let end = rest.find([',', '}']).unwrap_or(rest.len());
+        Some(rest[..end].trim().to_owned())
+    }
+}
+
+fn config_error(detail: String) -> BrokerError {
+    BrokerError::Config {
+        broker: BROKER,
+        detail,
+    }
+}
+
+/// Creates the queue `name` with `attrs`, or returns the URL of the one that exists;
+/// `Ok((url, true))` when this call created it.
+async fn create_or_get(
+    client: &Client,
+    name: &str,
+    attrs: Vec<(QueueAttributeName, String)>,
+) -> Result<(String, bool), BrokerError> {
+    if let Some(url) = queue_url(client, name).await? {
+        return Ok((url, false));
+    }
+    let q = queue_name(name);
     let mut create = client.create_queue().queue_name(&q);
     if q.ends_with(".fifo") {
         create = create.attributes(QueueAttributeName::FifoQueue, "true");
     }
+    for (k, v) in attrs {
+        create = create.attributes(k, v);
+    }
     match create.send().await {
-        Ok(out) => out.queue_url.ok_or_else(|| {
+        Ok(out) => out.queue_url.map(|u| (u, true)).ok_or_else(|| {
             BrokerError::op(
                 BROKER,
                 "CreateQueue",
@@ -158,19 +249,137 @@ pub(crate) async fn ensure_queue(client: &Client, name: &str) -> Result<String, 
             )
         }),
         Err(e) => {
-            // Created by someone else in between: look it up again.
-            match client.get_queue_url().queue_name(&q).send().await {
-                Ok(out) if out.queue_url.is_some() => Ok(out.queue_url.unwrap_or_default()),
-                _ => Err(match e {
-                    aws_sdk_sqs::error::SdkError::DispatchFailure(_)
-                    | aws_sdk_sqs::error::SdkError::TimeoutError(_) => {
-                        BrokerError::connect(BROKER, DisplayErrorContext(e).to_string())
-                    }
-                    e => op_err("CreateQueue", e),
-                }),
+            // Created by someone else in between (with other attributes, SQS refuses the
+            // create): look it up again, and check it as an existing queue.
+            match queue_url(client, name).await {
+                Ok(Some(url)) => Ok((url, false)),
+                _ => Err(connect_or_op("CreateQueue", e)),
             }
         }
     }
+}
+
+/// The source queue of `config` and its dead-letter queue, created as a careful
+/// operator would if missing:
+///
+/// - `NAME.dead-letter`: `MessageRetentionPeriod` = 14 days
+///   ([`DEAD_LETTER_RETENTION`](config::DEAD_LETTER_RETENTION));
+/// - `NAME`: a redrive policy to it with `maxReceiveCount` =
+///   [`SqsConfig::max_receive_count`], and [`SqsConfig::retention`] if set.
+///
+/// Existing queues are read, never changed; a setting that matters and differs is a
+/// [`BrokerError::Config`] error: a dead-letter queue keeping messages less than 14 days,
+/// a retention other than the one asked for, a redrive policy to another queue or with a
+/// lower `maxReceiveCount`. A source with no redrive policy is accepted (with a warning):
+/// the gate still dead-letters at `max_attempts`, only the crash-loop backstop is missing.
+///
+/// Returns the URLs of the source and of the dead-letter queue.
+pub(crate) async fn ensure_queues(
+    client: &Client,
+    config: &SqsConfig,
+) -> Result<(String, String), BrokerError> {
+    let name = &config.name;
+    check_name(name)?;
+    let dead = crate::dead_letter_name(name);
+    let keep = config::DEAD_LETTER_RETENTION.as_secs();
+    let (dead_url, created) = create_or_get(
+        client,
+        &dead,
+        vec![(QueueAttributeName::MessageRetentionPeriod, keep.to_string())],
+    )
+    .await?;
+    let dead_attrs = queue_attributes(client, &dead_url).await?;
+    if !created {
+        let kept = dead_attrs
+            .get(&QueueAttributeName::MessageRetentionPeriod)
+            .and_then(|v| v.parse::<u64>().ok());
+        if kept.is_some_and(|k| k < keep) {
+            return Err(config_error(format!(
+                "the dead-letter queue {} keeps messages {} s (MessageRetentionPeriod); idem needs \
+                 {keep} s (14 days) so that dead letters are not dropped unseen: raise it with \
+                 SetQueueAttributes",
+                queue_name(&dead),
+                kept.unwrap_or_default()
+            )));
+        }
+    }
+    let dead_arn = dead_attrs
+        .get(&QueueAttributeName::QueueArn)
+        .cloned()
+        .ok_or_else(|| {
+            BrokerError::op(
+                BROKER,
+                "GetQueueAttributes",
+                format!("no QueueArn for {}", queue_name(&dead)),
+            )
+        })?;
+    let mut attrs = vec![(
+        QueueAttributeName::RedrivePolicy,
+        format!(
+            r#"{{"deadLetterTargetArn":"{dead_arn}","maxReceiveCount":{}}}"#,
+            config.max_receive_count
+        ),
+    )];
+    if let Some(r) = config.retention {
+        attrs.push((
+            QueueAttributeName::MessageRetentionPeriod,
+            r.as_secs().to_string(),
+        ));
+    }
+    let (url, created) = create_or_get(client, name, attrs).await?;
+    if !created {
+        check_source(client, &url, config, &dead_arn).await?;
+    }
+    Ok((url, dead_url))
+}
+
+/// Checks an existing source queue against `config` (see [`ensure_queues`]).
+async fn check_source(
+    client: &Client,
+    url: &str,
+    config: &SqsConfig,
+    dead_arn: &str,
+) -> Result<(), BrokerError> {
+    let q = queue_name(&config.name);
+    let attrs = queue_attributes(client, url).await?;
+    if let Some(want) = config.retention {
+        let have = attrs
+            .get(&QueueAttributeName::MessageRetentionPeriod)
+            .and_then(|v| v.parse::<u64>().ok());
+        if have != Some(want.as_secs()) {
+            return Err(config_error(format!(
+                "queue {q} keeps messages {} s (MessageRetentionPeriod), the configuration asks \
+                 for {} s: change one of them",
+                have.map_or_else(|| "?".to_owned(), |h| h.to_string()),
+                want.as_secs()
+            )));
+        }
+    }
+    match attrs.get(&QueueAttributeName::RedrivePolicy) {
+        None => {
+            tracing::warn!(target: "idem::broker", broker = BROKER, queue = %q, "the queue has no redrive policy: a message its consumers keep crashing on is received again and again (the gate dead-letters only failures it sees)");
+        }
+        Some(policy) => {
+            let target = json_field(policy, "deadLetterTargetArn").unwrap_or_default();
+            if target != dead_arn {
+                return Err(config_error(format!(
+                    "queue {q} redrives to {target:?}, not to idem's dead-letter queue {dead_arn:?}: \
+                     dead letters would be split between two queues"
+                )));
+            }
+            let count = json_field(policy, "maxReceiveCount").and_then(|c| c.parse::<u32>().ok());
+            if count.is_none_or(|c| c < config.max_receive_count) {
+                return Err(config_error(format!(
+                    "queue {q} moves a message to the dead-letter queue after {} receives \
+                     (maxReceiveCount), fewer than the {} configured: SQS would dead-letter \
+                     messages, without a reason, before the consumer had its attempts",
+                    count.map_or_else(|| "?".to_owned(), |c| c.to_string()),
+                    config.max_receive_count
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A string message attribute.
@@ -248,5 +457,18 @@ mod tests {
             ("bad name".to_owned(), "y".to_owned()),
         ];
         assert_eq!(attributes(&h).map(|m| m.len()).ok(), Some(1));
+    }
+
+    #[test]
+    fn redrive_policy_fields() {
+        let p = r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:q-dead-letter","maxReceiveCount":10}"#;
+        assert_eq!(
+            json_field(p, "deadLetterTargetArn").as_deref(),
+            Some("arn:aws:sqs:us-east-1:1:q-dead-letter")
+        );
+        assert_eq!(json_field(p, "maxReceiveCount").as_deref(), Some("10"));
+        let quoted = r#"{"maxReceiveCount": "5", "deadLetterTargetArn": "a"}"#;
+        assert_eq!(json_field(quoted, "maxReceiveCount").as_deref(), Some("5"));
+        assert_eq!(json_field(quoted, "missing"), None);
     }
 }

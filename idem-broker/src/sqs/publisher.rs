@@ -9,7 +9,9 @@ use aws_sdk_sqs::Client;
 use futures::{StreamExt, TryStreamExt};
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
-use super::{attributes, body_text, client, ensure_queue, is_fifo, op_err, BROKER};
+use super::{
+    attributes, body_text, client, ensure_queues, is_fifo, op_err, queue_url, SqsConfig, BROKER,
+};
 use crate::BrokerError;
 
 /// The most messages one `SendMessageBatch` carries.
@@ -50,19 +52,30 @@ impl std::fmt::Debug for SqsPublisher {
 }
 
 impl SqsPublisher {
-    /// Connects for publishing to `name` (created if missing) at `endpoint`, or at the
-    /// environment's endpoint when `None`.
+    /// Connects for publishing to `name` at `endpoint`, or at the environment's endpoint
+    /// when `None`; the queue and its dead-letter queue are created if missing, with the
+    /// defaults of [`SqsConfig`].
     ///
     /// # Errors
-    /// The endpoint cannot be reached; an invalid name.
+    /// The endpoint cannot be reached; an invalid name; an existing queue set up
+    /// differently ([`BrokerError::Config`]).
     pub async fn connect(endpoint: Option<&str>, name: &str) -> Result<Self, BrokerError> {
-        let client = client(endpoint).await;
-        let queue_url = ensure_queue(&client, name).await?;
+        Self::connect_config(&SqsConfig::new(endpoint.map(str::to_owned), name)).await
+    }
+
+    /// As [`connect`](Self::connect), with `config`'s endpoint, queue name and the
+    /// settings of a queue created here (retention, redrive policy).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_config(config: &SqsConfig) -> Result<Self, BrokerError> {
+        let client = client(config.endpoint.as_deref()).await;
+        let (queue_url, _) = ensure_queues(&client, config).await?;
         Ok(Self {
             client,
             queue_url,
-            name: name.to_owned(),
-            fifo: is_fifo(name),
+            name: config.name.clone(),
+            fifo: is_fifo(&config.name),
         })
     }
 
@@ -190,13 +203,17 @@ pub async fn publish_raw(
 }
 
 /// What queue `name` has not settled: messages visible, in flight (received, not
-/// deleted) and delayed, as SQS approximates them. The queue is created if missing.
+/// deleted) and delayed, as SQS approximates them; 0 for a queue that does not exist
+/// (it is not created: a dead-letter queue must be created as one, by a consumer or a
+/// publisher).
 ///
 /// # Errors
 /// The endpoint cannot be reached.
 pub async fn pending_count(endpoint: Option<&str>, name: &str) -> Result<u64, BrokerError> {
     let client = client(endpoint).await;
-    let url = ensure_queue(&client, name).await?;
+    let Some(url) = queue_url(&client, name).await? else {
+        return Ok(0);
+    };
     let out = client
         .get_queue_attributes()
         .queue_url(url)
