@@ -17,8 +17,8 @@ use async_trait::async_trait;
 
 use crate::clock::{self, SharedClock};
 use crate::error::StoreError;
-use crate::mutant::{self, Mutant};
 use crate::key::IdempotencyKey;
+use crate::mutant::{self, Mutant};
 use crate::outbox::OutboxEvent;
 use crate::store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
 

@@ -903,10 +903,7 @@ where
             .collect();
         if !claimed.is_empty() {
             let handled = self
-                .guarded(
-                    Instant::now(),
-                    self.handler.handle_batch(&mut tx, &claimed),
-                )
+                .guarded(Instant::now(), self.handler.handle_batch(&mut tx, &claimed))
                 .await;
             if let Err(e) = handled {
                 tracing::debug!(target: "idem::gate", error = %e, "handler failed in a batch; falling back to one by one");

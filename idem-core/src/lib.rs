@@ -43,12 +43,13 @@ pub use clock::{Clock, SharedClock, SystemClock};
 pub use consumer::{ConsumerConfig, ConsumerStats};
 pub use delivery::{AckProof, AckReason, Acker, Delivery, Headers};
 pub use error::{
-    AckError, BoxError, Error, ErrorClass, HandlerError, KeyError, PublishError, RejectReason, StoreError,
+    AckError, BoxError, Error, ErrorClass, HandlerError, KeyError, PublishError, RejectReason,
+    StoreError,
 };
 pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx, BREAKER_COOL_DOWN};
 pub use gate::{
-    Gate, GateConfig, GateObserver, Handler, HandlerPanic, Outcome, OutcomeKind, RetryPolicy, Stage,
-    Submission,
+    Gate, GateConfig, GateObserver, Handler, HandlerPanic, Outcome, OutcomeKind, RetryPolicy,
+    Stage, Submission,
 };
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{

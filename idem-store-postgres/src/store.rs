@@ -236,6 +236,7 @@ impl PgStore {
         &self.shared.channel
     }
 
+    #[allow(dead_code)]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }

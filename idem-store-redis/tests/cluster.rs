@@ -75,7 +75,7 @@ async fn batches_span_the_nodes() {
     // Slots 0-5460, 5461-10922, 10923-16383 belong to the three nodes.
     let nodes: HashSet<u16> = keys
         .iter()
-        .map(|k| fred::util::redis_keyslot(store.redis_key(k).as_bytes()) / 5461)
+        .map(|k| (fred::util::redis_keyslot(store.redis_key(k).as_bytes()) / 5461).min(2))
         .collect();
     assert_eq!(nodes.len(), 3);
 

@@ -52,6 +52,7 @@ fn parse() -> Result<Args, String> {
                 .parse()
                 .map_err(|_| format!("{flag} takes a whole number, not {value:?}"))
         };
+        flags.push(format!("{flag} {value}"));
         let b = &mut config.budgets;
         match flag.as_str() {
             "--workers" => config.workers = num()? as usize,
@@ -76,14 +77,18 @@ fn parse() -> Result<Args, String> {
             "--max-depth" => config.max_depth = num()? as usize,
             "--time-limit" => config.time_limit = Duration::from_secs(u64::from(num()?)),
             "--mode" => {
+                flags.pop();
                 modes = match value.as_str() {
                     "process" => vec![Mode::Process],
                     "consumer" => vec![Mode::Consumer],
                     "both" => vec![Mode::Process, Mode::Consumer],
-                    other => return Err(format!("--mode: process, consumer or both, not {other:?}")),
+                    other => {
+                        return Err(format!("--mode: process, consumer or both, not {other:?}"))
+                    }
                 };
             }
             "--mutant" => {
+                flags.pop();
                 mutant = Some(Mutant::by_name(&value).ok_or(format!("no mutant {value:?}"))?);
             }
             "--replay" => {
@@ -92,7 +97,6 @@ fn parse() -> Result<Args, String> {
             }
             other => return Err(format!("unknown flag {other}")),
         }
-        flags.push(format!("{flag} {value}"));
     }
     Ok(Args {
         config,
@@ -112,11 +116,14 @@ fn main() -> ExitCode {
     let started = Instant::now();
 
     if let Some(seq) = &args.replay {
-        let config = Config {
+        let mut config = Config {
             mode: args.modes[0],
             mutant: args.mutant,
             ..args.config.clone()
         };
+        if args.mutant.is_some() {
+            config.budgets.total = config.budgets.total.max(2);
+        }
         return match replay(&config, seq) {
             Err(e) => usage(&e),
             Ok((steps, end)) => {
@@ -142,11 +149,12 @@ fn main() -> ExitCode {
 
     if let Some(m) = args.mutant {
         for &mode in &args.modes {
-            let config = Config {
+            let mut config = Config {
                 mode,
                 mutant: Some(m),
                 ..args.config.clone()
             };
+            config.budgets.total = config.budgets.total.max(2);
             let r = explore(&config);
             println!("mutant: {} ({mode:?} mode)", m.name());
             println!("states: {}", r.states);
@@ -184,7 +192,11 @@ fn main() -> ExitCode {
             r.states,
             r.runs,
             r.elapsed.as_secs_f64(),
-            if r.exhaustive { "" } else { " (not exhaustive)" }
+            if r.exhaustive {
+                ""
+            } else {
+                " (not exhaustive)"
+            }
         );
         total.states += r.states;
         total.runs += r.runs;
@@ -196,19 +208,29 @@ fn main() -> ExitCode {
         }
     }
     let mut caught = 0;
-    let mutants = if args.skip_mutants { 0 } else { Mutant::ALL.len() };
+    let mutants = if args.skip_mutants {
+        0
+    } else {
+        Mutant::ALL.len()
+    };
     if !args.skip_mutants {
         for (name, m) in Mutant::ALL {
-            let config = Config {
+            // Mutants are searched with up to two faults per run: a deadlock of unsorted
+            // batch claims needs a visibility expiry and a reversed batch, for example.
+            let mut config = Config {
                 mode: Mode::Process,
                 mutant: Some(m),
                 ..args.config.clone()
             };
+            config.budgets.total = config.budgets.total.max(2);
             let r = explore(&config);
             match r.violation {
                 Some((v, seq)) => {
                     caught += 1;
-                    eprintln!("mutant {name}: caught after {} states: {v} [{seq}]", r.states);
+                    eprintln!(
+                        "mutant {name}: caught after {} states: {v} [{seq}]",
+                        r.states
+                    );
                 }
                 None => eprintln!("mutant {name}: NOT caught ({} states)", r.states),
             }

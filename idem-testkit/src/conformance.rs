@@ -115,10 +115,12 @@ pub async fn failed_outbox_insert_leaves_nothing<S: TestStore>(store: S) {
     let gate = Gate::new(store.clone(), EffectHandlerFor::<S>::new());
     let d = broker.receive().expect("a delivery");
     let outcome = gate.process(d).await;
+    // The store refuses the insert for good (a permanent error): the delivery is
+    // dead-lettered with the reason instead of nacked into a loop.
     assert_eq!(
         outcome.kind(),
-        OutcomeKind::Failed,
-        "a refused outbox insert must fail the delivery"
+        OutcomeKind::Rejected,
+        "a refused outbox insert must dead-letter the delivery"
     );
     assert!(
         store.effects().await.expect("effects").is_empty(),
@@ -129,10 +131,11 @@ pub async fn failed_outbox_insert_leaves_nothing<S: TestStore>(store: S) {
         0,
         "the claim survived a failed outbox insert"
     );
+    assert_eq!(broker.ready_len(), 0, "a refused delivery must not loop");
     assert_eq!(
-        broker.ready_len(),
+        broker.dead_letters().len(),
         1,
-        "the failed delivery must be back for redelivery"
+        "the refused delivery must be dead-lettered"
     );
 }
 

@@ -245,7 +245,16 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
         &args.subject_column,
     )
     .map_err(CliError::usage)?;
-    let floor = args.retention_floor.unwrap_or(DEFAULT_RETENTION_FLOOR);
+    // The report shows the floor as a duration: three calendar years at most 1096 days.
+    let floor = args
+        .retention_floor
+        .unwrap_or(match DEFAULT_RETENTION_FLOOR {
+            idem_store_postgres::RetentionFloor::Years(n) => {
+                Duration::from_secs(u64::from(n) * 365 * 86_400)
+            }
+            idem_store_postgres::RetentionFloor::Exactly(d) => d,
+            _ => Duration::from_secs(3 * 365 * 86_400),
+        });
     let now = Timestamp::now();
     let cutoff = Timestamp::from_unix_micros(
         now.unix_micros()

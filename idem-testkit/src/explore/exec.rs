@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::Stream;
-use idem_core::{consumer, ConsumerConfig, Delivery, ErrorClass, Filtered, Gate, GateConfig, Outcome};
+use idem_core::{
+    consumer, ConsumerConfig, Delivery, ErrorClass, Filtered, Gate, GateConfig, Outcome,
+};
 
 use super::world::{
     key_of, lock, payload_of, Decision, ExAcker, ExFilter, ExHandler, ExStore, Fault, Msg,
@@ -116,8 +118,9 @@ fn take(world: &Shared, d: Decision) -> Vec<Delivery<ExAcker>> {
             None => b"poison".to_vec(),
         };
         let attempt = w.msgs[idx].deliveries;
-        w.trace
-            .push(format!("t{task}: receives d{tag} = m{idx} (attempt {attempt})"));
+        w.trace.push(format!(
+            "t{task}: receives d{tag} = m{idx} (attempt {attempt})"
+        ));
         out.push(
             Delivery::new(
                 payload,
@@ -288,7 +291,9 @@ impl Run {
         t.id = id;
         t.fut = Some(fut);
         t.flag.0.store(true, Ordering::SeqCst);
-        lock(&self.world).trace.push(format!("w{worker} starts as t{id}"));
+        lock(&self.world)
+            .trace
+            .push(format!("w{worker} starts as t{id}"));
     }
 
     /// Drops a worker's future (a process death) and starts it again.
@@ -339,7 +344,9 @@ impl Run {
     }
 
     fn worker_of(&self, task: TaskId) -> Option<usize> {
-        self.tasks.iter().position(|t| t.id == task && t.fut.is_some())
+        self.tasks
+            .iter()
+            .position(|t| t.id == task && t.fut.is_some())
     }
 
     pub(crate) fn violation(&self) -> Option<String> {
@@ -381,7 +388,12 @@ impl Run {
         reqs.sort_by_key(|(wk, id, _)| (*wk, *id));
         let mut crashable: Vec<usize> = Vec::new();
         for (wk, id, op) in &reqs {
-            let mut grant = |d: Decision| out.push(Choice::Grant { request: *id, decision: d });
+            let mut grant = |d: Decision| {
+                out.push(Choice::Grant {
+                    request: *id,
+                    decision: d,
+                })
+            };
             match op {
                 Op::Receive { max } => {
                     let ready = w.ready_count();
@@ -409,8 +421,7 @@ impl Run {
                         }
                     } else {
                         grant(Decision::Proceed);
-                        let fresh =
-                            !w.durable.committed.contains(key) && !w.poisoned.contains(key);
+                        let fresh = !w.durable.committed.contains(key) && !w.poisoned.contains(key);
                         if fresh {
                             if b.unavailable > 0 {
                                 grant(Decision::Fail(Fault::Unavailable));
@@ -481,7 +492,10 @@ impl Run {
         if b.restores > 0 && !w.snapshots.is_empty() {
             out.push(Choice::Restore);
         }
-        if w.msgs.iter().any(|m| matches!(m.state, MsgState::Delayed(_))) {
+        if w.msgs
+            .iter()
+            .any(|m| matches!(m.state, MsgState::Delayed(_)))
+        {
             out.push(Choice::Tick);
         }
         out
@@ -506,10 +520,9 @@ impl Run {
     pub(crate) fn apply(&mut self, c: &Choice) {
         let b = &mut self.budgets;
         let fault = match c {
-            Choice::Grant { decision, .. } => !matches!(
-                decision,
-                Decision::Proceed | Decision::Take { .. }
-            ),
+            Choice::Grant { decision, .. } => {
+                !matches!(decision, Decision::Proceed | Decision::Take { .. })
+            }
             Choice::FilterUp | Choice::Tick => false,
             _ => true,
         };
@@ -558,8 +571,9 @@ impl Run {
                 if let MsgState::InFlight(tag) = w.msgs[*msg].state {
                     w.tags.insert(tag, (*msg, false));
                     w.make_ready(*msg);
-                    w.trace
-                        .push(format!("m{msg}'s visibility expires: in flight as d{tag} and ready again"));
+                    w.trace.push(format!(
+                        "m{msg}'s visibility expires: in flight as d{tag} and ready again"
+                    ));
                 }
             }
             Choice::FilterDown => {
@@ -586,9 +600,10 @@ impl Run {
                             .copied()
                             .collect();
                         for k in gone {
-                            let settled = w.msgs.iter().filter(|m| m.key == Some(k)).all(|m| {
-                                matches!(m.state, MsgState::Acked | MsgState::Dead(_))
-                            });
+                            let settled =
+                                w.msgs.iter().filter(|m| m.key == Some(k)).all(|m| {
+                                    matches!(m.state, MsgState::Acked | MsgState::Dead(_))
+                                });
                             if settled {
                                 w.lost_to_restore.insert(k);
                             }

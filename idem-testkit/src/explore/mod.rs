@@ -151,8 +151,10 @@ pub struct Config {
 
 impl Default for Config {
     /// The default configuration the README and CI run: 2 workers, 2 keys (the first
-    /// delivered twice), batches of up to 2, 2 crashes, 1 error of each class, 1 lost
-    /// ack, 1 visibility expiry, 1 filter outage, 1 restore, 1 lock timeout.
+    /// delivered twice), batches of up to 2, budgets of 2 crashes, 1 error of each class,
+    /// 1 lost ack, 1 visibility expiry, 1 filter outage, 1 restore, 1 lock timeout — and
+    /// at most one fault of any kind per run (`total`), which keeps the space exhaustive
+    /// in seconds; `--max-faults 2` is the larger configuration.
     fn default() -> Self {
         Self {
             workers: 2,
@@ -172,7 +174,7 @@ impl Default for Config {
                 outages: 1,
                 restores: 1,
                 lock_timeouts: 1,
-                total: 3,
+                total: 1,
             },
             max_depth: 400,
             mutant: None,
@@ -321,7 +323,11 @@ impl Search<'_> {
                 }
                 return (frames, RunEnd::Done);
             }
-            let pick = prefix.get(depth).copied().unwrap_or(0).min(choices.len() - 1);
+            let pick = prefix
+                .get(depth)
+                .copied()
+                .unwrap_or(0)
+                .min(choices.len() - 1);
             frames.push((pick, choices.len()));
             run.apply(&choices[pick]);
         }

@@ -366,7 +366,8 @@ impl ClaimStore for ExStore {
         // A refusal counts for the transaction that met it only.
         w.refused.retain(|(t, _)| *t != task);
         if let Decision::Fail(f) = d {
-            w.trace.push(format!("t{task}: begin fails ({})", f.as_str()));
+            w.trace
+                .push(format!("t{task}: begin fails ({})", f.as_str()));
             return Err(f.error("begin"));
         }
         w.next_tx += 1;
@@ -398,8 +399,11 @@ impl ExTx {
         let task = w.current_task;
         w.record(task, ("commit", d));
         if let Decision::Fail(f) = d {
-            w.trace
-                .push(format!("t{task}: commit tx{} fails ({})", self.id, f.as_str()));
+            w.trace.push(format!(
+                "t{task}: commit tx{} fails ({})",
+                self.id,
+                f.as_str()
+            ));
             w.release_tx(self.id);
             self.done = true;
             return Err(f.error("commit"));
@@ -443,14 +447,23 @@ impl ClaimTx for ExTx {
         _meta: &ClaimMeta,
     ) -> Result<ClaimOutcome, StoreError> {
         let k = key_index(key);
-        let d = Point::new(&self.world, Op::Claim { tx: self.id, key: k }).await;
+        let d = Point::new(
+            &self.world,
+            Op::Claim {
+                tx: self.id,
+                key: k,
+            },
+        )
+        .await;
         let mut w = lock(&self.world);
         let task = w.current_task;
         w.record(task, ("claim", k, d));
         if w.poisoned.contains(&k) && !w.durable.committed.contains(&k) {
             w.refused.insert((task, k));
-            w.trace
-                .push(format!("t{task}: claim k{k} in tx{} refused for good", self.id));
+            w.trace.push(format!(
+                "t{task}: claim k{k} in tx{} refused for good",
+                self.id
+            ));
             return Err(Fault::Rejected.error("claim"));
         }
         match d {
@@ -459,19 +472,22 @@ impl ClaimTx for ExTx {
                     w.poisoned.insert(k);
                     w.refused.insert((task, k));
                 }
-                w.trace
-                    .push(format!("t{task}: claim k{k} in tx{} fails ({})", self.id, f.as_str()));
+                w.trace.push(format!(
+                    "t{task}: claim k{k} in tx{} fails ({})",
+                    self.id,
+                    f.as_str()
+                ));
                 Err(f.error("claim"))
             }
             Decision::LockTimeout => {
-                w.trace
-                    .push(format!("t{task}: claim k{k} in tx{} times out waiting", self.id));
+                w.trace.push(format!(
+                    "t{task}: claim k{k} in tx{} times out waiting",
+                    self.id
+                ));
                 Ok(ClaimOutcome::InProgress)
             }
             _ => {
-                let out = if w.durable.committed.contains(&k) {
-                    ClaimOutcome::Duplicate
-                } else if w.locks.get(&k) == Some(&self.id) {
+                let out = if w.durable.committed.contains(&k) || w.locks.get(&k) == Some(&self.id) {
                     ClaimOutcome::Duplicate
                 } else {
                     w.locks.insert(k, self.id);
@@ -609,29 +625,34 @@ impl Handler<FilteredTx<ExTx, ExFilter>> for ExHandler {
         w.record(task, ("handle", k, d));
         if w.poisoned.contains(&k) {
             w.refused.insert((task, k));
-            w.trace.push(format!("t{task}: handler refuses k{k} for good"));
+            w.trace
+                .push(format!("t{task}: handler refuses k{k} for good"));
             return Err(HandlerError::Store(Fault::Rejected.error("handler write")));
         }
         match d {
             Decision::Fail(Fault::Rejected) => {
                 w.poisoned.insert(k);
                 w.refused.insert((task, k));
-                w.trace.push(format!("t{task}: handler refuses k{k} (rejected)"));
+                w.trace
+                    .push(format!("t{task}: handler refuses k{k} (rejected)"));
                 Err(HandlerError::Store(Fault::Rejected.error("handler write")))
             }
             Decision::Fail(Fault::Unavailable) => {
-                w.trace.push(format!("t{task}: handler fails on k{k} (transient)"));
+                w.trace
+                    .push(format!("t{task}: handler fails on k{k} (transient)"));
                 Err(HandlerError::Transient("injected transient failure".into()))
             }
             Decision::Fail(f) => {
-                w.trace.push(format!("t{task}: handler fails on k{k} ({})", f.as_str()));
+                w.trace
+                    .push(format!("t{task}: handler fails on k{k} ({})", f.as_str()));
                 Err(HandlerError::Store(f.error("handler write")))
             }
             _ => {
                 if let Some(t) = w.txs.get_mut(&id) {
                     t.effects.push(k);
                 }
-                w.trace.push(format!("t{task}: handler writes k{k} in tx{id}"));
+                w.trace
+                    .push(format!("t{task}: handler writes k{k} in tx{id}"));
                 Ok(())
             }
         }
@@ -663,8 +684,10 @@ impl Drop for ExAcker {
                 w.tags.insert(self.tag, (idx, false));
                 w.make_ready(idx);
                 let task = w.current_task;
-                w.trace
-                    .push(format!("t{task}: delivery d{} dropped unsettled → requeued", self.tag));
+                w.trace.push(format!(
+                    "t{task}: delivery d{} dropped unsettled → requeued",
+                    self.tag
+                ));
             }
         }
     }
@@ -698,14 +721,18 @@ impl Acker for ExAcker {
         };
         w.tags.insert(self.tag, (idx, false));
         if !live {
-            w.trace
-                .push(format!("t{task}: ack d{} (stale receipt: no effect)", self.tag));
+            w.trace.push(format!(
+                "t{task}: ack d{} (stale receipt: no effect)",
+                self.tag
+            ));
             return Ok(());
         }
         if d == Decision::AckLost {
             w.make_ready(idx);
-            w.trace
-                .push(format!("t{task}: ack d{} sent and lost → redelivered", self.tag));
+            w.trace.push(format!(
+                "t{task}: ack d{} sent and lost → redelivered",
+                self.tag
+            ));
         } else {
             w.msgs[idx].state = MsgState::Acked;
             w.trace.push(format!("t{task}: ack d{}", self.tag));
@@ -762,8 +789,10 @@ impl Acker for ExAcker {
         }
         if live {
             w.msgs[idx].state = MsgState::Dead(reason.code);
-            w.trace
-                .push(format!("t{task}: dead-letter d{} ({})", self.tag, reason.code));
+            w.trace.push(format!(
+                "t{task}: dead-letter d{} ({})",
+                self.tag, reason.code
+            ));
         }
         Ok(())
     }
