@@ -16,6 +16,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use idem_core::gate::ATTEMPTS_EXHAUSTED;
 use idem_core::{FilterStats, GateObserver, Outcome, OutcomeKind, Stage};
 use idem_grant::GrantDb;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -354,6 +355,7 @@ impl Histogram {
 pub(crate) struct StageMetrics {
     stages: [Histogram; 4],
     ack_failures_after_commit: AtomicU64,
+    attempts_exhausted: AtomicU64,
 }
 
 fn index(stage: Stage) -> usize {
@@ -411,6 +413,16 @@ impl StageMetrics {
             "idem_ack_failures_after_commit_total {}",
             self.ack_failures_after_commit.load(Ordering::Relaxed)
         );
+        s.push_str(
+            "# HELP idem_attempts_exhausted_total Deliveries dead-lettered because their \
+             attempts reached --max-attempts (the reason is the last error).\n\
+             # TYPE idem_attempts_exhausted_total counter\n",
+        );
+        let _ = writeln!(
+            s,
+            "idem_attempts_exhausted_total {}",
+            self.attempts_exhausted.load(Ordering::Relaxed)
+        );
         s
     }
 }
@@ -421,9 +433,15 @@ impl GateObserver for StageMetrics {
     }
 
     fn outcome(&self, outcome: &Outcome) {
-        if let Outcome::Processed { settle: Err(_), .. } = outcome {
-            self.ack_failures_after_commit
-                .fetch_add(1, Ordering::Relaxed);
+        match outcome {
+            Outcome::Processed { settle: Err(_), .. } => {
+                self.ack_failures_after_commit
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Rejected { reason, .. } if reason.code == ATTEMPTS_EXHAUSTED => {
+                self.attempts_exhausted.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
         }
     }
 }
@@ -495,10 +513,10 @@ mod tests {
             let v = l.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "{l}");
         }
-        // 4 stages x (15 buckets + sum + count) + the counter.
+        // 4 stages x (15 buckets + sum + count) + the two counters.
         assert_eq!(
             t.lines().filter(|l| !l.starts_with('#')).count(),
-            4 * 17 + 1
+            4 * 17 + 2
         );
     }
 
@@ -532,5 +550,18 @@ mod tests {
         assert!(m
             .render()
             .contains("\nidem_ack_failures_after_commit_total 1\n"));
+    }
+
+    #[test]
+    fn deliveries_dead_lettered_after_max_attempts_are_counted() {
+        let m = StageMetrics::default();
+        let reject = |code| Outcome::Rejected {
+            reason: idem_core::RejectReason::new(code, "x"),
+            settle: Ok(()),
+        };
+        m.outcome(&reject(ATTEMPTS_EXHAUSTED));
+        m.outcome(&reject("not_json"));
+        m.outcome(&reject(ATTEMPTS_EXHAUSTED));
+        assert!(m.render().contains("\nidem_attempts_exhausted_total 2\n"));
     }
 }

@@ -250,6 +250,12 @@ fn consume_and_relay_metrics_move_during_a_run() {
             &addr,
             "--exit-when-idle",
             "4",
+            // One delivery per transaction, so each duplicate comes after its original's
+            // commit and mark (a batch would see both in one claim).
+            "--batch-size",
+            "1",
+            "--concurrency",
+            "1",
         ],
     ));
     let text = scrape_until(&addr, "20 processed and 5 duplicates", |t| {

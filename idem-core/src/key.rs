@@ -63,13 +63,13 @@ impl IdempotencyKey {
         if subject_id.contains(SEPARATOR) {
             return Err(KeyError::SeparatorInSubject);
         }
-        let payload_hex = hex_lower(&Sha256::digest(payload).into());
+        let payload_hex = hex_array(&Sha256::digest(payload).into());
         let mut outer = Sha256::new();
         outer.update(subject_id.as_bytes());
         outer.update([b'|']);
         outer.update(submission_timestamp.as_bytes());
         outer.update([b'|']);
-        outer.update(payload_hex.as_bytes());
+        outer.update(payload_hex);
         Ok(Self(outer.finalize().into()))
     }
 
@@ -117,11 +117,18 @@ impl FromStr for IdempotencyKey {
 
 /// Lowercase hex of 32 bytes.
 pub(crate) fn hex_lower(bytes: &[u8; 32]) -> String {
+    let hex = hex_array(bytes);
+    // Only ASCII hex digits: always UTF-8.
+    String::from_utf8_lossy(&hex).into_owned()
+}
+
+/// Lowercase hex of 32 bytes, on the stack (the key derivation allocates nothing).
+pub(crate) fn hex_array(bytes: &[u8; 32]) -> [u8; 64] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(64);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 0x0f)] as char);
+    let mut out = [0u8; 64];
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0x0f)];
     }
     out
 }

@@ -252,9 +252,14 @@ pub async fn crash_after_commit_before_ack(broker: Broker) {
     )
     .await
     .expect("phase 1");
-    // The consumer, its connection and every acker are gone now: the crash.
-    assert_eq!(crashed.processed, CRASH_AFTER as u64, "{crashed:?}");
-    assert_eq!(effects(&store).await.len(), CRASH_AFTER);
+    // The consumer, its connection and every acker are gone now: the crash. A broker
+    // without an order (SQS) may hand out a duplicate among the first CRASH_AFTER.
+    assert_eq!(
+        crashed.processed + crashed.duplicates,
+        CRASH_AFTER as u64,
+        "{crashed:?}"
+    );
+    assert_eq!(effects(&store).await.len() as u64, crashed.processed);
     // Nothing was acked: everything is still the broker's to deliver.
     assert_eq!(
         wait_pending(&broker.url, &name, total).await,
@@ -264,7 +269,7 @@ pub async fn crash_after_commit_before_ack(broker: Broker) {
 
     // Phase 2: a new consumer, in batches: the broker redelivers the committed ones.
     let stats = consume_all(&broker, &name, &store, 2, 10).await;
-    assert_eq!(stats.processed, (N - CRASH_AFTER) as u64, "{stats:?}");
+    assert_eq!(stats.processed, N as u64 - crashed.processed, "{stats:?}");
     assert!(
         stats.duplicates >= total - stats.processed,
         "every redelivery of a committed submission is a duplicate: {stats:?}"

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
-use idem_core::{ClaimStore, ConsumerConfig, Gate, Handler};
+use idem_core::{ClaimStore, ConsumerConfig, Gate, GateConfig, Handler};
 use idem_grant::{GrantDb, GrantHandler};
 use idem_runtime::{supervise::supervise, supervise::SupervisorConfig, Backoff};
 
-use crate::cmd::{at_least_one, broker_error, gave_up, parse_secs};
+use crate::cmd::{at_least_one, at_least_one_u32, broker_error, gave_up, parse_secs};
 use crate::stores::{Extras, StoreSpec, StoreVisitor};
 use crate::CliError;
 
@@ -31,12 +31,18 @@ pub(crate) struct Args {
     /// The Postgres schema (created if missing).
     #[arg(long)]
     schema: Option<String>,
-    /// The most deliveries committed in one transaction.
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least_one)]
+    /// The most deliveries committed in one transaction. Only what is already waiting is
+    /// batched (never waits to fill one), so at low load this adds no latency.
+    #[arg(long, default_value_t = ConsumerConfig::DEFAULT_BATCH_SIZE, value_name = "N", value_parser = at_least_one)]
     batch_size: usize,
     /// How many batches are processed at once.
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least_one)]
+    #[arg(long, default_value_t = ConsumerConfig::DEFAULT_CONCURRENCY, value_name = "N", value_parser = at_least_one)]
     concurrency: usize,
+    /// A delivery that keeps failing (a handler error, a panic, a serialization failure)
+    /// is dead-lettered on its Nth attempt with the last error as its reason
+    /// (`attempts_exhausted`); an unreachable store never counts against it.
+    #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one_u32)]
+    max_attempts: u32,
     /// A Redis front filter (redis://…) before the durable store.
     #[arg(long, value_name = "URL")]
     front_filter: Option<String>,
@@ -62,6 +68,7 @@ struct Consume {
     broker: BrokerUrl,
     source: String,
     config: SupervisorConfig,
+    gate: GateConfig,
     metrics: Arc<crate::metrics::ConsumeMetrics>,
 }
 
@@ -94,7 +101,8 @@ impl StoreVisitor for Consume {
             .map_err(|e| gave_up(&what, e))?;
         let (kind, size, n) = (broker.kind(), c.batch_size, c.concurrency);
         eprintln!("idem consume: {kind} {source} → store; batch size {size}, concurrency {n}");
-        let gate = Gate::new(store, db.grant_handler()).with_observer(self.metrics.stages());
+        let gate = Gate::with_config(store, db.grant_handler(), self.gate)
+            .with_observer(self.metrics.stages());
         let shutdown = crate::cmd::shutdown_signal();
         let metrics = Arc::clone(&self.metrics);
         let observe = move |o: &idem_core::Outcome| metrics.record(o);
@@ -123,6 +131,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         broker,
         source: args.source,
         config,
+        gate: GateConfig::default().with_max_attempts(args.max_attempts),
         metrics,
     };
     let run = super::open_with_retry(&spec, migrate, visitor, &visited, timeout).await?;

@@ -98,8 +98,17 @@ pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
 
 /// A count of at least 1 (`--batch-size`, `--concurrency`).
 pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
+    positive(s)
+}
+
+/// [`at_least_one`] for a `u32` flag.
+pub(crate) fn at_least_one_u32(s: &str) -> Result<u32, String> {
+    positive(s)
+}
+
+fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
+    match s.parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
         _ => Err(format!("{s:?}: must be at least 1")),
     }
 }

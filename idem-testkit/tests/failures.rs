@@ -1,0 +1,310 @@
+//! The failure table of the README, row by row, on the in-memory store and the simulated
+//! broker: what the gate does when the handler panics, the store is down, refuses a
+//! message or is misconfigured, and when a message keeps failing.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::stream;
+use idem_core::consumer::{self, ConsumerConfig};
+use idem_core::gate::{ATTEMPTS_EXHAUSTED, STORE_REJECTED};
+use idem_core::{
+    async_trait, AckError, AckProof, Acker, Delivery, ErrorClass, Gate, GateConfig, Handler,
+    HandlerError, Headers, OutcomeKind, RejectReason, StoreError, Submission,
+};
+use idem_testkit::{
+    encode_submission, EffectHandler, EffectInput, MemoryStore, MemoryTx, SimAcker, SimBroker,
+    TestStore,
+};
+
+/// Decides by the subject's prefix: `panic-` panics, `flaky-` fails transiently, `down-`
+/// finds the store unreachable, `refused-` is refused by the store for good, `missing-`
+/// meets a missing table; anything else writes its effect.
+struct Scripted;
+
+#[async_trait]
+impl Handler<MemoryTx> for Scripted {
+    type Input = EffectInput;
+
+    fn identify(
+        &self,
+        payload: &[u8],
+        _: &Headers,
+    ) -> Result<Submission<EffectInput>, RejectReason> {
+        EffectHandler::parse(payload)
+    }
+
+    async fn handle(
+        &self,
+        tx: &mut MemoryTx,
+        sub: &Submission<EffectInput>,
+    ) -> Result<(), HandlerError> {
+        let s = sub.subject.as_str();
+        if s.starts_with("panic-") {
+            panic!("handler bug on {s}");
+        }
+        if s.starts_with("flaky-") {
+            return Err(HandlerError::Transient("a downstream hiccup".into()));
+        }
+        if s.starts_with("down-") {
+            return Err(HandlerError::Store(StoreError::Unavailable {
+                message: "connection refused".into(),
+                source: None,
+            }));
+        }
+        if s.starts_with("refused-") {
+            return Err(HandlerError::Store(StoreError::Rejected {
+                message: "value too long for the index".into(),
+                source: None,
+            }));
+        }
+        if s.starts_with("missing-") {
+            return Err(HandlerError::Store(StoreError::Config(
+                "relation \"disbursements\" does not exist".into(),
+            )));
+        }
+        MemoryStore::write_effect(tx, &sub.key, &sub.subject, sub.input.amount).await?;
+        Ok(())
+    }
+}
+
+fn body(subject: &str) -> Vec<u8> {
+    encode_submission(subject, "2026-07-01T09:00:00Z", 10)
+}
+
+/// Records the delay of every nack, then settles the simulated delivery.
+struct Recording {
+    inner: SimAcker,
+    nacks: Arc<Mutex<Vec<Option<Duration>>>>,
+}
+
+#[async_trait]
+impl Acker for Recording {
+    async fn ack(self, proof: AckProof) -> Result<(), AckError> {
+        self.inner.ack(proof).await
+    }
+
+    async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
+        self.nacks.lock().unwrap().push(delay);
+        self.inner.nack(delay).await
+    }
+
+    async fn dead_letter(
+        self,
+        payload: &[u8],
+        headers: &Headers,
+        reason: &RejectReason,
+    ) -> Result<(), AckError> {
+        self.inner.dead_letter(payload, headers, reason).await
+    }
+}
+
+fn recorded(
+    d: Delivery<SimAcker>,
+    nacks: &Arc<Mutex<Vec<Option<Duration>>>>,
+) -> Delivery<Recording> {
+    Delivery {
+        payload: d.payload,
+        headers: d.headers,
+        attempt: d.attempt,
+        acker: Recording {
+            inner: d.acker,
+            nacks: nacks.clone(),
+        },
+    }
+}
+
+/// Delivers until the broker has nothing ready, returning the outcome kinds in order.
+async fn drain(gate: &Gate<MemoryStore, Scripted>, broker: &SimBroker) -> Vec<OutcomeKind> {
+    let mut kinds = Vec::new();
+    while let Some(d) = broker.receive() {
+        kinds.push(gate.process(d).await.kind());
+        assert!(kinds.len() < 1_000, "looped: {kinds:?}");
+    }
+    kinds
+}
+
+#[tokio::test]
+async fn a_handler_panic_is_a_failed_attempt_and_the_consumer_goes_on() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1);
+    for s in ["ok-1", "panic-1", "ok-2"] {
+        broker.publish(body(s));
+    }
+    let gate = Gate::new(store.clone(), Scripted);
+    let deliveries: Vec<_> = broker
+        .receive_many(3)
+        .into_iter()
+        .map(Ok::<_, std::io::Error>)
+        .collect();
+    let stats = consumer::run(
+        &gate,
+        stream::iter(deliveries),
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("a panic does not end the consumer");
+    assert_eq!((stats.processed, stats.failed), (2, 1), "{stats:?}");
+    assert_eq!(store.effects().await.unwrap().len(), 2);
+    assert_eq!(
+        store.open_claims(),
+        0,
+        "the panicking transaction was rolled back"
+    );
+    assert_eq!(broker.ready_len(), 1, "the panicking delivery was nacked");
+}
+
+#[tokio::test]
+async fn a_handler_that_always_panics_is_dead_lettered_after_max_attempts() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1);
+    broker.publish(body("panic-1"));
+    let gate = Gate::with_config(
+        store.clone(),
+        Scripted,
+        GateConfig::default().with_max_attempts(3),
+    );
+    let kinds = drain(&gate, &broker).await;
+    assert_eq!(
+        kinds,
+        vec![
+            OutcomeKind::Failed,
+            OutcomeKind::Failed,
+            OutcomeKind::Rejected
+        ]
+    );
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
+    assert!(
+        dead[0].1.detail.contains("handler bug on panic-1"),
+        "the reason carries the panic: {}",
+        dead[0].1.detail
+    );
+    assert!(broker.is_settled(), "never looped");
+}
+
+#[tokio::test]
+async fn transient_failures_back_off_and_are_dead_lettered_when_attempts_run_out() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1);
+    broker.publish(body("flaky-1"));
+    broker.publish(body("ok-1"));
+    let gate = Gate::with_config(
+        store.clone(),
+        Scripted,
+        GateConfig::default().with_max_attempts(6),
+    );
+    let nacks = Arc::new(Mutex::new(Vec::new()));
+    let mut kinds = Vec::new();
+    while let Some(d) = broker.receive() {
+        kinds.push(gate.process(recorded(d, &nacks)).await.kind());
+        assert!(kinds.len() < 100, "looped: {kinds:?}");
+    }
+    let delays: Vec<Duration> = nacks
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|d| d.expect("a delay"))
+        .collect();
+    assert_eq!(delays.len(), 5, "nacked on attempts 1..=5: {delays:?}");
+    // The default policy: 200 ms doubling, jittered into [½, 1] of the full delay, so
+    // each delay is at least the one before and within its bounds.
+    for (i, d) in delays.iter().enumerate() {
+        let full = Duration::from_millis(200 << i);
+        assert!(*d >= full / 2 && *d <= full, "attempt {}: {d:?}", i + 1);
+    }
+    assert!(
+        delays.windows(2).all(|w| w[0] <= w[1]),
+        "growing: {delays:?}"
+    );
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
+    assert!(
+        dead[0].1.detail.starts_with("6 attempts"),
+        "{}",
+        dead[0].1.detail
+    );
+    assert_eq!(
+        store.effects().await.unwrap().len(),
+        1,
+        "its neighbour went through"
+    );
+    assert!(broker.is_settled());
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_never_dead_lettered() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1);
+    broker.publish(body("down-1"));
+    let gate = Gate::with_config(
+        store.clone(),
+        Scripted,
+        GateConfig::default().with_max_attempts(2),
+    );
+    // Five deliveries, far past max_attempts: each is nacked, none dead-lettered.
+    for _ in 0..5 {
+        let o = gate.process(broker.receive().expect("redelivered")).await;
+        assert_eq!(o.kind(), OutcomeKind::Failed);
+    }
+    assert!(
+        broker.dead_letters().is_empty(),
+        "a store outage is not the message's fault"
+    );
+    assert_eq!(broker.ready_len(), 1);
+}
+
+#[tokio::test]
+async fn a_message_the_store_refuses_for_good_is_dead_lettered_at_once() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1);
+    broker.publish(body("refused-1"));
+    broker.publish(body("ok-1"));
+    let gate = Gate::new(store.clone(), Scripted);
+    let kinds = drain(&gate, &broker).await;
+    assert_eq!(kinds, vec![OutcomeKind::Rejected, OutcomeKind::Processed]);
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].1.code, STORE_REJECTED);
+    assert_eq!(store.effects().await.unwrap().len(), 1);
+    assert!(broker.is_settled());
+}
+
+#[tokio::test]
+async fn a_configuration_error_stops_the_consumer_with_nothing_acked() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1);
+    for s in ["missing-1", "ok-1", "ok-2"] {
+        broker.publish(body(s));
+    }
+    let gate = Gate::new(store.clone(), Scripted);
+    let deliveries: Vec<_> = broker
+        .receive_many(3)
+        .into_iter()
+        .map(Ok::<_, std::io::Error>)
+        .collect();
+    let err = consumer::run(
+        &gate,
+        stream::iter(deliveries),
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect_err("a missing table stops the consumer");
+    assert_eq!(err.class(), ErrorClass::Config, "{err}");
+    assert!(
+        store.effects().await.unwrap().is_empty(),
+        "nothing after the error ran"
+    );
+    assert!(broker.dead_letters().is_empty(), "nothing dead-lettered");
+    assert_eq!(
+        broker.ready_len(),
+        3,
+        "every delivery is back at the broker"
+    );
+}
