@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream;
-use idem_core::consumer::{self, ConsumerConfig};
+use idem_core::consumer::{self, ConsumerConfig, ConsumerStats};
 use idem_core::gate::{ATTEMPTS_EXHAUSTED, STORE_REJECTED};
 use idem_core::{
     async_trait, AckError, AckProof, Acker, Delivery, ErrorClass, Gate, GateConfig, Handler,
@@ -114,6 +114,23 @@ fn recorded(
     }
 }
 
+/// Runs the consumer loop, one delivery at a time, over what the broker has ready now
+/// (what it nacks goes back to the broker, not into this run).
+async fn consume_ready(
+    gate: &Gate<MemoryStore, Scripted>,
+    broker: &SimBroker,
+) -> Result<ConsumerStats, idem_core::Error> {
+    let ready = broker.receive_many(usize::MAX);
+    consumer::run(
+        gate,
+        stream::iter(ready.into_iter().map(Ok::<_, std::io::Error>)),
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+}
+
 /// Delivers until the broker has nothing ready, returning the outcome kinds in order.
 async fn drain(gate: &Gate<MemoryStore, Scripted>, broker: &SimBroker) -> Vec<OutcomeKind> {
     let mut kinds = Vec::new();
@@ -132,20 +149,9 @@ async fn a_handler_panic_is_a_failed_attempt_and_the_consumer_goes_on() {
         broker.publish(body(s));
     }
     let gate = Gate::new(store.clone(), Scripted);
-    let deliveries: Vec<_> = broker
-        .receive_many(3)
-        .into_iter()
-        .map(Ok::<_, std::io::Error>)
-        .collect();
-    let stats = consumer::run(
-        &gate,
-        stream::iter(deliveries),
-        ConsumerConfig::new(1, 1),
-        std::future::pending::<()>(),
-        |_| {},
-    )
-    .await
-    .expect("a panic does not end the consumer");
+    let stats = consume_ready(&gate, &broker)
+        .await
+        .expect("a panic does not end the consumer");
     assert_eq!((stats.processed, stats.failed), (2, 1), "{stats:?}");
     assert_eq!(store.effects().await.unwrap().len(), 2);
     assert_eq!(
@@ -282,20 +288,9 @@ async fn a_configuration_error_stops_the_consumer_with_nothing_acked() {
         broker.publish(body(s));
     }
     let gate = Gate::new(store.clone(), Scripted);
-    let deliveries: Vec<_> = broker
-        .receive_many(3)
-        .into_iter()
-        .map(Ok::<_, std::io::Error>)
-        .collect();
-    let err = consumer::run(
-        &gate,
-        stream::iter(deliveries),
-        ConsumerConfig::new(1, 1),
-        std::future::pending::<()>(),
-        |_| {},
-    )
-    .await
-    .expect_err("a missing table stops the consumer");
+    let err = consume_ready(&gate, &broker)
+        .await
+        .expect_err("a missing table stops the consumer");
     assert_eq!(err.class(), ErrorClass::Config, "{err}");
     assert!(
         store.effects().await.unwrap().is_empty(),
