@@ -75,6 +75,26 @@ impl ConsumerStats {
     pub fn deliveries(&self) -> u64 {
         self.processed + self.duplicates + self.deferred + self.rejected + self.failed
     }
+
+    /// Every count by its name (`deliveries` first, then each field), for a report or a
+    /// log line.
+    ///
+    /// ```
+    /// let s = idem_core::ConsumerStats { processed: 3, duplicates: 1, ..Default::default() };
+    /// assert_eq!(s.counts()[0], ("deliveries", 4));
+    /// assert_eq!(s.counts()[1], ("processed", 3));
+    /// ```
+    pub fn counts(&self) -> [(&'static str, u64); 7] {
+        [
+            ("deliveries", self.deliveries()),
+            ("processed", self.processed),
+            ("duplicates", self.duplicates),
+            ("deferred", self.deferred),
+            ("rejected", self.rejected),
+            ("failed", self.failed),
+            ("settle_failures", self.settle_failures),
+        ]
+    }
 }
 
 #[derive(Default)]

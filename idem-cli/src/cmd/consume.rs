@@ -38,9 +38,8 @@ pub(crate) struct Args {
     /// How many batches are processed at once.
     #[arg(long, default_value_t = ConsumerConfig::DEFAULT_CONCURRENCY, value_name = "N", value_parser = at_least_one)]
     concurrency: usize,
-    /// A delivery that keeps failing (a handler error, a panic, a serialization failure)
-    /// is dead-lettered on its Nth attempt with the last error as its reason
-    /// (`attempts_exhausted`); an unreachable store never counts against it.
+    /// Dead-letter a delivery that failed N times (a handler error or panic) with the last
+    /// error (`attempts_exhausted`); an unreachable store never counts.
     #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one_u32)]
     max_attempts: u32,
     /// A Redis front filter (redis://…) before the durable store.
@@ -103,11 +102,11 @@ impl StoreVisitor for Consume {
         eprintln!("idem consume: {kind} {source} → store; batch size {size}, concurrency {n}");
         let gate = Gate::with_config(store, db.grant_handler(), self.gate)
             .with_observer(self.metrics.stages());
-        let shutdown = crate::cmd::shutdown_signal();
         let metrics = Arc::clone(&self.metrics);
         let observe = move |o: &idem_core::Outcome| metrics.record(o);
-        let run = supervise(&gate, Some(first), connect, self.config, shutdown, observe);
-        run.await
+        let shutdown = crate::cmd::shutdown_signal();
+        supervise(&gate, Some(first), connect, self.config, shutdown, observe)
+            .await
             .map_err(|e| super::supervise_error(&what, source, e))
     }
 }
@@ -135,24 +134,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         metrics,
     };
     let run = super::open_with_retry(&spec, migrate, visitor, &visited, timeout).await?;
-    let (stats, busy) = (run.stats, run.busy.as_secs_f64());
-    let rate = (busy > 0.0).then(|| stats.deliveries() as f64 / busy);
-    for (name, value) in [
-        ("deliveries", stats.deliveries().to_string()),
-        ("processed", stats.processed.to_string()),
-        ("duplicates", stats.duplicates.to_string()),
-        ("deferred", stats.deferred.to_string()),
-        ("rejected", stats.rejected.to_string()),
-        ("failed", stats.failed.to_string()),
-        ("settle_failures", stats.settle_failures.to_string()),
-        ("seconds", format!("{:.3}", started.elapsed().as_secs_f64())),
-        ("busy_seconds", format!("{busy:.3}")),
-        (
-            "throughput_msgs_per_s",
-            format!("{:.0}", rate.unwrap_or(0.0)),
-        ),
-    ] {
-        println!("{name}: {value}");
-    }
+    let done = run.stats.deliveries();
+    super::report(&run.stats.counts(), started, run.busy, done);
     Ok(())
 }

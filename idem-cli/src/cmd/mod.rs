@@ -96,6 +96,20 @@ pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// Prints the stdout report of `consume` and `relay`: `name: value` lines for `counts`,
+/// then `seconds` (since `started`), `busy_seconds` and `throughput_msgs_per_s` (`done`
+/// over the busy time, 0 when there was none).
+pub(crate) fn report(counts: &[(&str, u64)], started: Instant, busy: Duration, done: u64) {
+    for (name, value) in counts {
+        println!("{name}: {value}");
+    }
+    let busy = busy.as_secs_f64();
+    let rate = if busy > 0.0 { done as f64 / busy } else { 0.0 };
+    println!("seconds: {:.3}", started.elapsed().as_secs_f64());
+    println!("busy_seconds: {busy:.3}");
+    println!("throughput_msgs_per_s: {rate:.0}");
+}
+
 /// A count of at least 1 (`--batch-size`, `--concurrency`).
 pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
     positive(s)

@@ -100,23 +100,22 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         }
     };
     println!("destination: {}", args.destination);
-    println!("published: {}", stats.published);
-    println!("failed_batches: {}", stats.failed_batches);
-    println!("moved_aside: {}", stats.moved_aside);
-    println!("seconds: {:.3}", started.elapsed().as_secs_f64());
-    // From the start to the last batch marked: the rate while there was work.
+    // From the start to the last batch marked: the time there was work.
     let last = *counters
         .last_published
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    let busy = last.map_or(0.0, |l| l.duration_since(started).as_secs_f64());
-    println!("busy_seconds: {busy:.3}");
-    let rate = if busy > 0.0 {
-        stats.published as f64 / busy
-    } else {
-        0.0
-    };
-    println!("throughput_msgs_per_s: {rate:.0}");
+    let busy = last.map_or(Duration::ZERO, |l| l.duration_since(started));
+    super::report(
+        &[
+            ("published", stats.published),
+            ("failed_batches", stats.failed_batches),
+            ("moved_aside", stats.moved_aside),
+        ],
+        started,
+        busy,
+        stats.published,
+    );
     Ok(())
 }
 
