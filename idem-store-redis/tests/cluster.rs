@@ -123,6 +123,8 @@ async fn front_filter_on_a_cluster() {
         poison: 1,
         redelivery_rate: 0.5,
         crashes: CrashPoint::ALL.iter().map(|&p| (p, 2)).collect(),
+        errors: Vec::new(),
+        expiry_rate: 0.0,
         concurrency: 3,
         batch_size: 4,
         seed: 9,

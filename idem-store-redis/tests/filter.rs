@@ -94,6 +94,8 @@ fn crash_case(seed: u64) -> Case {
             .iter()
             .flat_map(|&p| [(p, 1), (p, 4)])
             .collect(),
+        errors: Vec::new(),
+        expiry_rate: 0.0,
         concurrency: 3,
         batch_size: 3,
         seed,
@@ -154,6 +156,8 @@ async fn naive_filter_loses_a_message_ours_does_not(kind: ClientKind) {
         poison: 0,
         redelivery_rate: 0.0,
         crashes: vec![(CrashPoint::AfterClaim, 1)],
+        errors: Vec::new(),
+        expiry_rate: 0.0,
         concurrency: 1,
         batch_size: 1,
         seed: 3,

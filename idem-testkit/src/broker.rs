@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    AckError, AckProof, Acker, Delivery, Headers, OutboxEvent, PublishError, Publisher,
-    RejectReason,
+    AckError, AckProof, Acker, Delivery, Headers, IdempotencyKey, OutboxEvent, PublishError,
+    Publisher, RejectReason,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -27,6 +27,9 @@ pub struct SimMessage {
     /// Whether the broker has already redelivered it after an ack (it does so once at
     /// most, so a redelivery rate of 1.0 still terminates).
     pub echoed: bool,
+    /// Whether its visibility timeout has already expired once while it was in flight
+    /// (once at most, for the same reason).
+    pub expired: bool,
 }
 
 /// Counters of a [`SimBroker`].
@@ -48,6 +51,12 @@ pub struct BrokerStats {
     pub abandoned: u64,
     /// Messages dead-lettered.
     pub dead_lettered: u64,
+    /// Deliveries whose visibility timeout expired while they were in flight: the message
+    /// was handed out again, so two consumers held it at once.
+    pub expired: u64,
+    /// Acks whose [`AckProof`] named another key than the delivery's own payload: a gate
+    /// that acked one delivery with another's proof. Always 0 for a correct gate.
+    pub foreign_proofs: u64,
 }
 
 #[derive(Debug)]
@@ -58,6 +67,7 @@ struct State {
     published_events: Vec<OutboxEvent>,
     rng: StdRng,
     redelivery_rate: f64,
+    expiry_rate: f64,
     next_id: u64,
     next_tag: u64,
     stats: BrokerStats,
@@ -93,11 +103,22 @@ impl SimBroker {
                 published_events: Vec::new(),
                 rng: StdRng::seed_from_u64(seed),
                 redelivery_rate: rate.clamp(0.0, 1.0),
+                expiry_rate: 0.0,
                 next_id: 0,
                 next_tag: 0,
                 stats: BrokerStats::default(),
             })),
         }
+    }
+
+    /// Makes a delivery's visibility timeout expire while it is in flight with
+    /// probability `rate` (once per message at most): the message is handed out again at
+    /// once, and the same message is held by two consumers — SQS and Redis Streams after a
+    /// slow handler, RabbitMQ after a connection that only looks dead.
+    #[must_use]
+    pub fn with_expiry_rate(self, rate: f64) -> Self {
+        self.lock().expiry_rate = rate.clamp(0.0, 1.0);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -122,6 +143,7 @@ impl SimBroker {
             headers,
             deliveries: 0,
             echoed: false,
+            expired: false,
         });
         st.stats.published += 1;
         id
@@ -135,6 +157,12 @@ impl SimBroker {
         st.stats.deliveries += 1;
         if msg.deliveries > 1 {
             st.stats.redeliveries += 1;
+        }
+        let rate = st.expiry_rate;
+        if !msg.expired && rate > 0.0 && st.rng.gen_bool(rate) {
+            msg.expired = true;
+            st.stats.expired += 1;
+            st.ready.push_front(msg.clone());
         }
         st.next_tag += 1;
         let tag = st.next_tag;
@@ -194,8 +222,15 @@ impl SimBroker {
             return;
         };
         match how {
-            Settlement::Ack => {
+            Settlement::Ack(key) => {
                 st.stats.acks += 1;
+                // The proof must be for this delivery: its payload's own key, where the
+                // payload is one of the test kit's submissions.
+                if let Ok(sub) = crate::harness::EffectHandler::parse(&msg.payload) {
+                    if sub.key != key {
+                        st.stats.foreign_proofs += 1;
+                    }
+                }
                 let rate = st.redelivery_rate;
                 if !msg.echoed && rate > 0.0 && st.rng.gen_bool(rate) {
                     st.stats.acks_lost += 1;
@@ -221,7 +256,7 @@ impl SimBroker {
 }
 
 enum Settlement {
-    Ack,
+    Ack(IdempotencyKey),
     Nack,
     Abandon,
     Dead(RejectReason),
@@ -253,8 +288,8 @@ impl Drop for SimAcker {
 
 #[async_trait]
 impl Acker for SimAcker {
-    async fn ack(self, _proof: AckProof) -> Result<(), AckError> {
-        self.finish(Settlement::Ack);
+    async fn ack(self, proof: AckProof) -> Result<(), AckError> {
+        self.finish(Settlement::Ack(*proof.key()));
         Ok(())
     }
 
@@ -288,6 +323,7 @@ impl Publisher for SimBroker {
                 headers: ev.headers(),
                 deliveries: 0,
                 echoed: false,
+                expired: false,
             });
             st.stats.published += 1;
         }

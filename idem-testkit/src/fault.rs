@@ -52,6 +52,38 @@ impl CrashPoint {
     ];
 }
 
+/// Where an error (not a crash) can be injected: the call returns an error and the task
+/// goes on, as the gate must handle it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorPoint {
+    /// The claim fails: the store is unreachable.
+    Claim,
+    /// The handler fails transiently (a retry can succeed).
+    Handler,
+    /// The commit fails and did not take effect.
+    Commit,
+    /// The commit took effect, but the connection broke before the answer: the caller sees
+    /// an error and cannot know (the redelivery must find the claim).
+    CommitUnknown,
+}
+
+impl ErrorPoint {
+    /// Every point.
+    pub const ALL: [ErrorPoint; 4] = [
+        Self::Claim,
+        Self::Handler,
+        Self::Commit,
+        Self::CommitUnknown,
+    ];
+
+    fn error(self) -> StoreError {
+        StoreError::Unavailable {
+            message: format!("injected {self:?} error"),
+            source: None,
+        }
+    }
+}
+
 /// The panic payload of an injected crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InjectedCrash(pub CrashPoint);
@@ -84,6 +116,9 @@ struct PlanState {
     rng: StdRng,
     reached: HashMap<CrashPoint, u64>,
     crashed: HashMap<CrashPoint, u64>,
+    errors: HashMap<ErrorPoint, Vec<u64>>,
+    errors_reached: HashMap<ErrorPoint, u64>,
+    errors_injected: HashMap<ErrorPoint, u64>,
 }
 
 /// Decides, each time a [`CrashPoint`] is reached, whether to crash there.
@@ -100,6 +135,9 @@ impl FaultPlan {
                 rng: StdRng::seed_from_u64(seed),
                 reached: HashMap::new(),
                 crashed: HashMap::new(),
+                errors: HashMap::new(),
+                errors_reached: HashMap::new(),
+                errors_injected: HashMap::new(),
             }),
         })
     }
@@ -116,6 +154,43 @@ impl FaultPlan {
             map.entry(p).or_default().push(n);
         }
         Self::with_mode(Mode::Scripted(map), seed)
+    }
+
+    /// Crashes the `nth` time each listed crash point is reached, and returns an error the
+    /// `nth` time each listed error point is reached.
+    pub fn scripted_with_errors(
+        crashes: impl IntoIterator<Item = (CrashPoint, u64)>,
+        errors: impl IntoIterator<Item = (ErrorPoint, u64)>,
+        seed: u64,
+    ) -> Arc<Self> {
+        let plan = Self::scripted(crashes, seed);
+        {
+            let mut st = plan.lock();
+            for (p, n) in errors {
+                st.errors.entry(p).or_default().push(n);
+            }
+        }
+        plan
+    }
+
+    /// Records reaching error point `point` and answers whether to fail there.
+    pub fn error_at(&self, point: ErrorPoint) -> bool {
+        let mut st = self.lock();
+        let n = {
+            let c = st.errors_reached.entry(point).or_insert(0);
+            *c += 1;
+            *c
+        };
+        let fail = st.errors.get(&point).is_some_and(|v| v.contains(&n));
+        if fail {
+            *st.errors_injected.entry(point).or_insert(0) += 1;
+        }
+        fail
+    }
+
+    /// Errors injected so far, by point.
+    pub fn errors(&self) -> HashMap<ErrorPoint, u64> {
+        self.lock().errors_injected.clone()
     }
 
     /// Crashes with a per-delivery probability of about `rate`, spread evenly over the
@@ -234,6 +309,9 @@ impl<T: ClaimTx> ClaimTx for FaultyTx<T> {
         if self.plan.hit(CrashPoint::BeforeClaim) {
             crash(CrashPoint::BeforeClaim);
         }
+        if self.plan.error_at(ErrorPoint::Claim) {
+            return Err(ErrorPoint::Claim.error());
+        }
         let out = self.inner.claim(key, meta).await?;
         if out == ClaimOutcome::Claimed && self.plan.hit(CrashPoint::AfterClaim) {
             crash(CrashPoint::AfterClaim);
@@ -247,6 +325,9 @@ impl<T: ClaimTx> ClaimTx for FaultyTx<T> {
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
         if self.plan.hit(CrashPoint::BeforeClaim) {
             crash(CrashPoint::BeforeClaim);
+        }
+        if self.plan.error_at(ErrorPoint::Claim) {
+            return Err(ErrorPoint::Claim.error());
         }
         let out = self.inner.claim_batch(items).await?;
         if out.contains(&ClaimOutcome::Claimed) && self.plan.hit(CrashPoint::AfterClaim) {
@@ -263,6 +344,14 @@ impl<T: ClaimTx> ClaimTx for FaultyTx<T> {
                 drop(self.inner);
             }
             crash(CrashPoint::DuringCommit);
+        }
+        if self.plan.error_at(ErrorPoint::Commit) {
+            drop(self.inner); // rolled back
+            return Err(ErrorPoint::Commit.error());
+        }
+        if self.plan.error_at(ErrorPoint::CommitUnknown) {
+            self.inner.commit().await?;
+            return Err(ErrorPoint::CommitUnknown.error());
         }
         self.inner.commit().await
     }
@@ -347,6 +436,9 @@ where
         tx: &mut FaultyTx<T>,
         sub: &Submission<H::Input>,
     ) -> Result<(), HandlerError> {
+        if self.plan.error_at(ErrorPoint::Handler) {
+            return Err(HandlerError::Transient("injected handler error".into()));
+        }
         self.inner.handle(&mut tx.inner, sub).await?;
         if self.plan.hit(CrashPoint::AfterHandler) {
             crash(CrashPoint::AfterHandler);
@@ -359,6 +451,9 @@ where
         tx: &mut FaultyTx<T>,
         subs: &[&Submission<H::Input>],
     ) -> Result<(), HandlerError> {
+        if self.plan.error_at(ErrorPoint::Handler) {
+            return Err(HandlerError::Transient("injected handler error".into()));
+        }
         self.inner.handle_batch(&mut tx.inner, subs).await?;
         if self.plan.hit(CrashPoint::AfterHandler) {
             crash(CrashPoint::AfterHandler);

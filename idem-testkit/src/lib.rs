@@ -23,7 +23,9 @@ pub mod sim;
 pub mod strategies;
 
 pub use broker::{BrokerStats, SimAcker, SimBroker, SimMessage};
-pub use fault::{CrashPoint, FaultPlan, FaultyAcker, FaultyHandler, FaultyStore, FaultyTx};
+pub use fault::{
+    CrashPoint, ErrorPoint, FaultPlan, FaultyAcker, FaultyHandler, FaultyStore, FaultyTx,
+};
 pub use harness::{
     encode_submission, Effect, EffectHandler, EffectHandlerFor, EffectInput, TestStore,
 };

@@ -8,7 +8,9 @@ use idem_core::{ClaimStore, Delivery, Gate, Handler, Outcome, OutcomeKind};
 use tokio::task::JoinSet;
 
 use crate::broker::{BrokerStats, SimAcker, SimBroker};
-use crate::fault::{CrashPoint, FaultPlan, FaultyAcker, FaultyHandler, FaultyStore, InjectedCrash};
+use crate::fault::{
+    CrashPoint, ErrorPoint, FaultPlan, FaultyAcker, FaultyHandler, FaultyStore, InjectedCrash,
+};
 use crate::harness::{encode_submission, EffectHandler, EffectHandlerFor, TestStore};
 use crate::ledger::Ledger;
 
@@ -42,6 +44,8 @@ pub struct SimReport {
     pub crashed_tasks: u64,
     /// Injected crashes by point.
     pub crashes: BTreeMap<CrashPoint, u64>,
+    /// Injected errors by point.
+    pub errors: BTreeMap<ErrorPoint, u64>,
     /// The broker's counters.
     pub broker: BrokerStats,
     /// Settlements that returned an error.
@@ -148,6 +152,7 @@ where
     }
     report.broker = broker.stats();
     report.crashes = plan.crashes().into_iter().collect();
+    report.errors = plan.errors().into_iter().collect();
     Ok(report)
 }
 
@@ -162,6 +167,11 @@ pub struct Case {
     pub redelivery_rate: f64,
     /// Crashes: the nth time each point is reached.
     pub crashes: Vec<(CrashPoint, u64)>,
+    /// Errors: the nth time each point is reached.
+    pub errors: Vec<(ErrorPoint, u64)>,
+    /// Probability that a delivery's visibility timeout expires while it is in flight, so
+    /// that the same message is held twice at once.
+    pub expiry_rate: f64,
     /// Tasks in flight.
     pub concurrency: usize,
     /// Deliveries per transaction.
@@ -176,7 +186,8 @@ pub struct Case {
 /// # Errors
 /// A description of what was violated.
 pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<SimReport, String> {
-    let broker = SimBroker::with_redelivery_rate(case.seed, case.redelivery_rate);
+    let broker = SimBroker::with_redelivery_rate(case.seed, case.redelivery_rate)
+        .with_expiry_rate(case.expiry_rate);
     let mut ledger = Ledger::new();
     for (i, (subject, ts, amount)) in case.submissions.iter().enumerate() {
         let body = encode_submission(subject, ts, *amount);
@@ -189,7 +200,11 @@ pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<S
         }
     }
     let poison_published = case.poison.min(case.submissions.len().div_ceil(3));
-    let plan = FaultPlan::scripted(case.crashes.iter().copied(), case.seed);
+    let plan = FaultPlan::scripted_with_errors(
+        case.crashes.iter().copied(),
+        case.errors.iter().copied(),
+        case.seed,
+    );
     let gate = Arc::new(Gate::new(
         FaultyStore::new(store.clone(), plan.clone()),
         FaultyHandler::new(EffectHandlerFor::<S>::new(), plan.clone()),
@@ -207,10 +222,23 @@ pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<S
             broker.in_flight_len()
         ));
     }
-    let dead = broker.dead_letters().len();
+    // A message held twice (an expired visibility timeout) may be dead-lettered by both
+    // holders: count messages, not settlements.
+    let dead = broker
+        .dead_letters()
+        .iter()
+        .map(|(m, _)| m.id)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
     if dead != poison_published {
         return Err(format!(
             "{dead} dead letters for {poison_published} poison messages"
+        ));
+    }
+    if report.broker.foreign_proofs > 0 {
+        return Err(format!(
+            "{} acks carried another delivery's proof",
+            report.broker.foreign_proofs
         ));
     }
     let effects = store.effects().await.map_err(|e| e.to_string())?;
