@@ -6,7 +6,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use idem_core::{ClaimStore, Gate, Handler, OutcomeKind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use idem_core::{ClaimStore, Gate, GateObserver, Handler, OutcomeKind, Stage};
 use idem_grant::{parse_submission, GrantDb, GrantHandler, DEFAULT_MAX_BODY};
 use idem_testkit::fault::{quiet_injected_crashes, FaultPlan, FaultyHandler, FaultyStore};
 use idem_testkit::sim::{drive, SimConfig};
@@ -51,6 +54,93 @@ pub(crate) struct Args {
     /// Seed of every random choice (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
+}
+
+/// The process's peak resident memory in MiB (`VmHWM` of /proc/self/status), where the
+/// system reports it (Linux).
+fn max_rss_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib.div_ceil(1024))
+}
+
+/// Claim-stage latencies (begin + claim, once per batch) in a fixed log-linear
+/// histogram: 32 sub-buckets per power of two of microseconds (about 3 % resolution), so
+/// its memory does not grow with the run.
+struct ClaimLatency {
+    buckets: Vec<AtomicU64>,
+}
+
+impl ClaimLatency {
+    const SUB: u32 = 32;
+
+    fn new() -> Self {
+        Self {
+            buckets: (0..Self::SUB as usize * 40)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    fn index(micros: u64) -> usize {
+        let sub = u64::from(Self::SUB);
+        if micros < sub {
+            return usize::try_from(micros).unwrap_or(0);
+        }
+        let exp = 63 - micros.leading_zeros(); // >= 5
+        let frac = (micros >> (exp - 5)) & (sub - 1);
+        usize::try_from(u64::from(exp - 4) * sub + frac).unwrap_or(usize::MAX)
+    }
+
+    /// The lower bound, in microseconds, of bucket `i`.
+    fn lower(i: usize) -> u64 {
+        let sub = Self::SUB as usize;
+        if i < sub {
+            return i as u64;
+        }
+        let exp = (i / sub) as u32 + 4;
+        let frac = (i % sub) as u64;
+        (u64::from(Self::SUB) + frac) << (exp - 5)
+    }
+
+    /// The `q` quantile (0..=1) in milliseconds, `None` before any sample.
+    fn quantile_ms(&self, q: f64) -> Option<f64> {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(Self::lower(i) as f64 / 1000.0);
+            }
+        }
+        None
+    }
+}
+
+impl GateObserver for ClaimLatency {
+    fn stage(&self, stage: Stage, elapsed: Duration) {
+        if stage == Stage::Claim {
+            let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+            let i = Self::index(micros).min(self.buckets.len() - 1);
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 fn fraction(s: &str) -> Result<f64, String> {
@@ -149,10 +239,14 @@ impl StoreVisitor for Demo {
         quiet_injected_crashes();
         let plan = FaultPlan::random(args.crash_rate, seed ^ 0x5eed);
         let handler = db.grant_handler();
-        let gate = Arc::new(Gate::new(
-            FaultyStore::new(store, plan.clone()),
-            FaultyHandler::new(handler, plan.clone()),
-        ));
+        let latency = Arc::new(ClaimLatency::new());
+        let gate = Arc::new(
+            Gate::new(
+                FaultyStore::new(store, plan.clone()),
+                FaultyHandler::new(handler, plan.clone()),
+            )
+            .with_observer(latency.clone()),
+        );
         let config = SimConfig {
             concurrency: usize::try_from(args.concurrency).unwrap_or(4),
             batch_size: usize::try_from(args.batch_size).unwrap_or(1),
@@ -210,6 +304,14 @@ impl StoreVisitor for Demo {
             println!("front_filter_bypassed: {}", f.bypassed());
         }
         println!("seconds: {seconds:.3}");
+        // Per claim transaction start + claim statement (per batch with --batch-size).
+        if let (Some(p50), Some(p99)) = (latency.quantile_ms(0.5), latency.quantile_ms(0.99)) {
+            println!("claim_p50_ms: {p50:.3}");
+            println!("claim_p99_ms: {p99:.3}");
+        }
+        if let Some(mib) = max_rss_mib() {
+            println!("max_rss_mib: {mib}");
+        }
         println!(
             "throughput_msgs_per_s: {:.0}",
             args.submissions as f64 / seconds.max(1e-9)
@@ -289,5 +391,41 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         Ok(())
     } else {
         Err(CliError::failed("exactly-once violated"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_latency_buckets_are_within_a_few_percent() {
+        for micros in [
+            0_u64, 1, 31, 32, 33, 100, 999, 1_000, 12_345, 1_000_000, 60_000_000,
+        ] {
+            let lower = ClaimLatency::lower(ClaimLatency::index(micros));
+            assert!(lower <= micros, "{micros}: lower bound {lower}");
+            assert!(
+                micros - lower <= micros / 32 + 1,
+                "{micros}: lower bound {lower}"
+            );
+        }
+        let h = ClaimLatency::new();
+        assert_eq!(h.quantile_ms(0.5), None);
+        for ms in 1..=100_u64 {
+            h.stage(Stage::Claim, Duration::from_millis(ms));
+            h.stage(Stage::Commit, Duration::from_secs(9));
+        }
+        let p50 = h.quantile_ms(0.5).expect("p50");
+        let p99 = h.quantile_ms(0.99).expect("p99");
+        assert!((48.0..=50.0).contains(&p50), "p50 {p50}");
+        assert!((96.0..=99.0).contains(&p99), "p99 {p99}");
+    }
+
+    #[test]
+    fn peak_memory_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(max_rss_mib().is_some_and(|m| m > 0));
+        }
     }
 }
