@@ -2,18 +2,17 @@
 //! redeliveries, injected crashes and poison messages, then a verdict read back from the
 //! database.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_core::{ClaimStore, Gate, GateObserver, Handler, OutcomeKind, Stage};
+use idem_core::{ClaimStore, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, Stage};
 use idem_grant::{parse_submission, GrantDb, GrantHandler, DEFAULT_MAX_BODY};
 use idem_testkit::fault::{quiet_injected_crashes, FaultPlan, FaultyHandler, FaultyStore};
-use idem_testkit::sim::{drive, SimConfig};
-use idem_testkit::{Effect, Ledger, SimBroker};
+use idem_testkit::sim::{drive_fed, SimConfig};
+use idem_testkit::SimBroker;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -154,7 +153,13 @@ fn fraction(s: &str) -> Result<f64, String> {
 
 /// One generated message.
 enum Message {
-    Valid(Vec<u8>),
+    /// A valid submission: its body, key, award id and amount.
+    Valid {
+        body: Vec<u8>,
+        key: IdempotencyKey,
+        award_id: String,
+        amount: i64,
+    },
     Poison(Vec<u8>),
 }
 
@@ -180,30 +185,168 @@ fn poison(kind: u64, i: u64) -> Vec<u8> {
     }
 }
 
-fn generate(args: &Args, seed: u64) -> (Vec<Message>, Ledger, String) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let prefix = format!("A-{seed:016x}-");
-    let mut ledger = Ledger::new();
-    let mut out = Vec::with_capacity(usize::try_from(args.submissions).unwrap_or(0));
-    for i in 0..args.submissions {
-        if args.poison_rate > 0.0 && rng.gen_bool(args.poison_rate) {
-            out.push(Message::Poison(poison(rng.gen(), i)));
-            continue;
+/// The run's messages, generated one at a time from the seed: the same seed gives the
+/// same sequence, so the verdict regenerates it instead of keeping it (memory does not
+/// grow with `--submissions`). Award ids are `{prefix}{i}` with `i` zero-padded to one
+/// width, so their byte order is the generation order.
+struct Generator {
+    rng: StdRng,
+    next: u64,
+    submissions: u64,
+    poison_rate: f64,
+    prefix: String,
+    width: usize,
+}
+
+impl Generator {
+    fn new(args: &Args, seed: u64) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(seed),
+            next: 0,
+            submissions: args.submissions,
+            poison_rate: args.poison_rate,
+            prefix: format!("A-{seed:016x}-"),
+            width: args.submissions.saturating_sub(1).to_string().len().max(7),
         }
-        let amount: i64 = rng.gen_range(1..=500_000);
+    }
+}
+
+impl Iterator for Generator {
+    type Item = Message;
+
+    fn next(&mut self) -> Option<Message> {
+        if self.next >= self.submissions {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        if self.poison_rate > 0.0 && self.rng.gen_bool(self.poison_rate) {
+            return Some(Message::Poison(poison(self.rng.gen(), i)));
+        }
+        let amount: i64 = self.rng.gen_range(1..=500_000);
+        let award_id = format!("{}{i:0width$}", self.prefix, width = self.width);
         let body = format!(
-            r#"{{"award_id":"{prefix}{i:07}","submission_timestamp":"2026-07-01T{:02}:{:02}:{:02}Z","amount_cents":{amount},"program":"demo"}}"#,
+            r#"{{"award_id":"{award_id}","submission_timestamp":"2026-07-01T{:02}:{:02}:{:02}Z","amount_cents":{amount},"program":"demo"}}"#,
             (i / 3600) % 24,
             (i / 60) % 60,
             i % 60
         )
         .into_bytes();
-        if let Ok(sub) = parse_submission(&body, DEFAULT_MAX_BODY) {
-            ledger.expect(sub.key, sub.subject, amount);
+        match parse_submission(&body, DEFAULT_MAX_BODY) {
+            Ok(sub) => Some(Message::Valid {
+                body,
+                key: sub.key,
+                award_id,
+                amount,
+            }),
+            // Not reached: the generated body is valid. Kept as poison so that the
+            // verdict would see it rather than a silent gap.
+            Err(_) => Some(Message::Poison(body)),
         }
-        out.push(Message::Valid(body));
     }
-    (out, ledger, prefix)
+}
+
+/// What the verdict found, at most `MAX_SHOWN` problems spelled out.
+#[derive(Default)]
+struct Verdict {
+    problems: Vec<String>,
+    more: u64,
+    total_cents: i64,
+    expected_total_cents: i64,
+    poison: u64,
+}
+
+impl Verdict {
+    const MAX_SHOWN: usize = 5;
+
+    fn problem(&mut self, p: String) {
+        if self.problems.len() < Self::MAX_SHOWN {
+            self.problems.push(p);
+        } else {
+            self.more += 1;
+        }
+    }
+}
+
+/// Compares the run's `disbursements` rows with the regenerated messages, both in award
+/// id order, a page at a time: every valid submission has exactly one row with its key
+/// and amount, and there is no other row of this run.
+async fn verify(db: &dyn GrantDb, args: &Args, seed: u64) -> Result<Verdict, CliError> {
+    const PAGE: usize = 10_000;
+    let mut verdict = Verdict::default();
+    let mut expected = Generator::new(args, seed).filter_map(|m| match m {
+        Message::Valid {
+            key,
+            award_id,
+            amount,
+            ..
+        } => Some((award_id, key, amount)),
+        Message::Poison(_) => None,
+    });
+    // Poison count and expected total: a first pass over the regenerated sequence.
+    for m in Generator::new(args, seed) {
+        match m {
+            Message::Valid { amount, .. } => verdict.expected_total_cents += amount,
+            Message::Poison(_) => verdict.poison += 1,
+        }
+    }
+    let prefix = Generator::new(args, seed).prefix;
+    let mut current = expected.next();
+    // The award id of the last row matched, to name a second row of it a duplicate.
+    let mut matched: Option<String> = None;
+    let mut after = (String::new(), String::new());
+    loop {
+        let page = db.ledger_page(&prefix, (&after.0, &after.1), PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = (last.award_id.clone(), last.key.to_hex());
+        let full = page.len() == PAGE;
+        for row in page {
+            verdict.total_cents += row.amount_cents;
+            // Expected submissions before this row's award id have no row: lost.
+            while let Some((award, key, _)) = &current {
+                if award.as_bytes() >= row.award_id.as_bytes() {
+                    break;
+                }
+                if matched.as_deref() != Some(award.as_str()) {
+                    verdict.problem(format!("lost: {} has no effect", key.short()));
+                }
+                current = expected.next();
+            }
+            match &current {
+                Some((award, key, amount)) if *award == row.award_id => {
+                    if matched.as_deref() == Some(award.as_str()) {
+                        verdict
+                            .problem(format!("duplicated: {} took effect again", row.key.short()));
+                    } else if row.key != *key {
+                        verdict.problem(format!("unexpected effect {}", row.key.short()));
+                    } else if row.amount_cents != *amount {
+                        verdict.problem(format!(
+                            "wrong amount for {}: expected {amount}, got {}",
+                            key.short(),
+                            row.amount_cents
+                        ));
+                        matched = Some(award.clone());
+                    } else {
+                        matched = Some(award.clone());
+                    }
+                }
+                _ if matched.as_deref() == Some(row.award_id.as_str()) => {
+                    verdict.problem(format!("duplicated: {} took effect again", row.key.short()));
+                }
+                _ => verdict.problem(format!("unexpected effect {}", row.key.short())),
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    while let Some((award, key, _)) = current {
+        if matched.as_deref() != Some(award.as_str()) {
+            verdict.problem(format!("lost: {} has no effect", key.short()));
+        }
+        current = expected.next();
+    }
+    Ok(verdict)
 }
 
 struct Demo {
@@ -225,17 +368,14 @@ impl StoreVisitor for Demo {
         GrantHandler: Handler<S::Tx>,
     {
         let Demo { args, seed } = self;
-        let (messages, ledger, prefix) = generate(&args, seed);
-        let poison_count = messages
-            .iter()
-            .filter(|m| matches!(m, Message::Poison(_)))
-            .count();
         let broker = SimBroker::with_redelivery_rate(seed, args.redeliveries);
-        for m in messages {
-            match m {
-                Message::Valid(b) | Message::Poison(b) => broker.publish(b),
-            };
-        }
+        // Messages are published as the run drains them, a window at a time, so the
+        // broker never holds the whole run.
+        let mut messages = Generator::new(&args, seed);
+        let window = usize::try_from(args.batch_size.saturating_mul(args.concurrency))
+            .unwrap_or(usize::MAX)
+            .saturating_mul(4)
+            .max(1024);
         quiet_injected_crashes();
         let plan = FaultPlan::random(args.crash_rate, seed ^ 0x5eed);
         let handler = db.grant_handler();
@@ -260,43 +400,51 @@ impl StoreVisitor for Demo {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         let started = Instant::now();
-        let report = drive(gate, &broker, &plan, &config, |o| {
-            if matches!(o.kind(), OutcomeKind::Processed | OutcomeKind::Rejected) {
-                bar.inc(1);
-            }
-        })
+        let report = drive_fed(
+            gate,
+            &broker,
+            &plan,
+            &config,
+            |b| {
+                while b.ready_len() < window {
+                    match messages.next() {
+                        Some(Message::Valid { body, .. } | Message::Poison(body)) => {
+                            b.publish(body);
+                        }
+                        None => break,
+                    }
+                }
+            },
+            |o| {
+                if matches!(o.kind(), OutcomeKind::Processed | OutcomeKind::Rejected) {
+                    bar.inc(1);
+                }
+            },
+        )
         .await
         .map_err(CliError::failed)?;
         let seconds = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
 
-        // The verdict comes from the database, read back — not from counters kept beside it.
-        let rows = db.ledger().await?;
-        let claims = db.claim_rows().await?;
+        // The verdict comes from the database, read back — not from counters kept beside
+        // it — a page at a time against the regenerated messages.
+        let prefix = Generator::new(&args, seed).prefix;
+        let claims = db.claim_rows_with_prefix(&prefix).await?;
+        let (rows, distinct_rows) = db.ledger_counts(&prefix).await?;
         let outbox = db.outbox_rows().await?;
-        let ours: Vec<Effect> = rows
-            .iter()
-            .filter(|r| r.award_id.starts_with(&prefix))
-            .map(|r| Effect {
-                key: r.key,
-                subject: r.award_id.clone(),
-                amount: r.amount_cents,
-            })
-            .collect();
-        let violations = ledger.violations(&ours);
-        let total: i64 = ours.iter().map(|e| e.amount).sum();
+        let verdict = verify(db.as_ref(), &args, seed).await?;
+        let total = verdict.total_cents;
         let dead = broker.dead_letters();
         let stats = broker.stats();
-        let distinct_rows: HashSet<_> = rows.iter().map(|r| r.key).collect();
 
         println!("deliveries: {}", stats.deliveries);
         println!("processed: {claims}");
         println!("duplicates: {}", report.count(OutcomeKind::Duplicate));
         println!("crashes: {}", report.total_crashes());
         println!("rejected: {}", dead.len());
-        println!("disbursements: {}", rows.len());
+        println!("disbursements: {rows}");
         println!("ledger_total_cents: {total}");
-        println!("expected_total_cents: {}", ledger.expected_total());
+        println!("expected_total_cents: {}", verdict.expected_total_cents);
         println!("outbox_rows: {outbox}");
         if let Some(f) = &extras.filter_stats {
             println!("front_filter_hits: {}", f.hits());
@@ -304,6 +452,10 @@ impl StoreVisitor for Demo {
             println!("front_filter_bypassed: {}", f.bypassed());
         }
         println!("seconds: {seconds:.3}");
+        println!(
+            "throughput_msgs_per_s: {:.0}",
+            args.submissions as f64 / seconds.max(1e-9)
+        );
         // Per claim transaction start + claim statement (per batch with --batch-size).
         if let (Some(p50), Some(p99)) = (latency.quantile_ms(0.5), latency.quantile_ms(0.99)) {
             println!("claim_p50_ms: {p50:.3}");
@@ -312,30 +464,24 @@ impl StoreVisitor for Demo {
         if let Some(mib) = max_rss_mib() {
             println!("max_rss_mib: {mib}");
         }
-        println!(
-            "throughput_msgs_per_s: {:.0}",
-            args.submissions as f64 / seconds.max(1e-9)
-        );
 
-        let mut problems: Vec<String> =
-            violations.iter().take(5).map(ToString::to_string).collect();
-        if violations.len() > 5 {
-            problems.push(format!("… {} more", violations.len() - 5));
+        let poison_count = verdict.poison;
+        let mut problems = verdict.problems;
+        if verdict.more > 0 {
+            problems.push(format!("… {} more", verdict.more));
         }
-        if claims != rows.len() as u64 || distinct_rows.len() != rows.len() {
+        if claims != rows || distinct_rows != rows {
             problems.push(format!(
-                "{claims} processed_messages rows but {} disbursements ({} distinct keys)",
-                rows.len(),
-                distinct_rows.len()
+                "{claims} processed_messages rows but {rows} disbursements ({distinct_rows} distinct keys)"
             ));
         }
-        if total != ledger.expected_total() {
+        if total != verdict.expected_total_cents {
             problems.push(format!(
                 "ledger total {total} != expected {}",
-                ledger.expected_total()
+                verdict.expected_total_cents
             ));
         }
-        if dead.len() != poison_count {
+        if dead.len() as u64 != poison_count {
             problems.push(format!(
                 "{} dead letters for {poison_count} poison messages",
                 dead.len()
