@@ -56,8 +56,8 @@ pub trait GrantDb: Send + Sync {
     fn grant_handler(&self) -> GrantHandler;
 
     /// How many `processed_messages` rows have an `award_id` starting with `prefix` (one
-    /// run's claims, among others'). The default counts from [`ledger`](GrantDb::ledger)
-    /// -less stores' [`claim_rows`](GrantDb::claim_rows): every row.
+    /// run's claims, among others'). The default is [`claim_rows`](GrantDb::claim_rows),
+    /// every row: right only for a store that holds one run (the in-memory store).
     async fn claim_rows_with_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
         let _ = prefix;
         self.claim_rows().await

@@ -271,8 +271,13 @@ impl Verdict {
 /// Compares the run's `disbursements` rows with the regenerated messages, both in award
 /// id order, a page at a time: every valid submission has exactly one row with its key
 /// and amount, and there is no other row of this run.
-async fn verify(db: &dyn GrantDb, args: &Args, seed: u64) -> Result<Verdict, CliError> {
-    const PAGE: usize = 10_000;
+async fn verify(
+    db: &dyn GrantDb,
+    args: &Args,
+    seed: u64,
+    page_size: usize,
+) -> Result<Verdict, CliError> {
+    let page_size = page_size.max(1);
     let mut verdict = Verdict::default();
     let mut expected = Generator::new(args, seed).filter_map(|m| match m {
         Message::Valid {
@@ -299,7 +304,7 @@ async fn verify(db: &dyn GrantDb, args: &Args, seed: u64) -> Result<Verdict, Cli
         let page = db.ledger_page(&prefix, (&after.0, &after.1), PAGE).await?;
         let Some(last) = page.last() else { break };
         after = (last.award_id.clone(), last.key.to_hex());
-        let full = page.len() == PAGE;
+        let full = page.len() == page_size;
         for row in page {
             verdict.total_cents += row.amount_cents;
             // Expected submissions before this row's award id have no row: lost.
@@ -429,10 +434,14 @@ impl StoreVisitor for Demo {
         // The verdict comes from the database, read back — not from counters kept beside
         // it — a page at a time against the regenerated messages.
         let prefix = Generator::new(&args, seed).prefix;
-        let claims = db.claim_rows_with_prefix(&prefix).await?;
-        let (rows, distinct_rows) = db.ledger_counts(&prefix).await?;
+        // The tables' totals (other runs' rows included, as the report always gave them),
+        // and this run's own claims and rows, which must agree one to one.
+        let claims = db.claim_rows().await?;
+        let (rows, distinct_rows) = db.ledger_counts("").await?;
+        let our_claims = db.claim_rows_with_prefix(&prefix).await?;
+        let (our_rows, our_distinct) = db.ledger_counts(&prefix).await?;
         let outbox = db.outbox_rows().await?;
-        let verdict = verify(db.as_ref(), &args, seed).await?;
+        let verdict = verify(db.as_ref(), &args, seed, 10_000).await?;
         let total = verdict.total_cents;
         let dead = broker.dead_letters();
         let stats = broker.stats();
@@ -470,9 +479,15 @@ impl StoreVisitor for Demo {
         if verdict.more > 0 {
             problems.push(format!("… {} more", verdict.more));
         }
-        if claims != rows || distinct_rows != rows {
+        if our_claims != our_rows || our_distinct != our_rows {
             problems.push(format!(
-                "{claims} processed_messages rows but {rows} disbursements ({distinct_rows} distinct keys)"
+                "{our_claims} processed_messages rows of this run but {our_rows} disbursements \
+                 ({our_distinct} distinct keys)"
+            ));
+        }
+        if distinct_rows != rows {
+            problems.push(format!(
+                "{rows} disbursements but {distinct_rows} distinct keys"
             ));
         }
         if total != verdict.expected_total_cents {
@@ -566,6 +581,79 @@ mod tests {
         let p99 = h.quantile_ms(0.99).expect("p99");
         assert!((48.0..=50.0).contains(&p50), "p50 {p50}");
         assert!((96.0..=99.0).contains(&p99), "p99 {p99}");
+    }
+
+    async fn insert(store: &idem_store_sqlite::SqliteStore, award: &str, amount: i64, key: &str) {
+        sqlx::query(
+            "INSERT INTO disbursements (award_id, amount_cents, idempotency_key) VALUES (?, ?, ?)",
+        )
+        .bind(award)
+        .bind(amount)
+        .bind(key)
+        .execute(store.pool())
+        .await
+        .expect("insert");
+    }
+
+    #[tokio::test]
+    async fn the_verdict_reads_pages_and_names_lost_duplicated_and_wrong_rows() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("verdict.db").display().to_string();
+        let store = idem_store_sqlite::SqliteStore::open(&path, Default::default())
+            .await
+            .expect("open");
+        store.migrate_grants().await.expect("migrate");
+        let args = Args {
+            store: None,
+            schema: None,
+            submissions: 40,
+            redeliveries: 0.0,
+            crash_rate: 0.0,
+            poison_rate: 0.2,
+            batch_size: 1,
+            concurrency: 1,
+            front_filter: None,
+            seed: None,
+        };
+        let seed = 42;
+        let mut valid = Vec::new();
+        for m in Generator::new(&args, seed) {
+            if let Message::Valid {
+                key,
+                award_id,
+                amount,
+                ..
+            } = m
+            {
+                insert(&store, &award_id, amount, &key.to_hex()).await;
+                valid.push((award_id, key, amount));
+            }
+        }
+        // Another run's row, outside this run's prefix, is none of its business.
+        insert(&store, "A-other-run", 5, &"ab".repeat(32)).await;
+        let v = verify(&store, &args, seed, 3).await.expect("verify");
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
+        assert!(v.poison > 0 && valid.len() < 40, "poison was generated");
+        assert_eq!(v.total_cents, v.expected_total_cents);
+
+        // One row lost, one duplicated, one with the wrong amount.
+        sqlx::query("DELETE FROM disbursements WHERE award_id = ?")
+            .bind(&valid[0].0)
+            .execute(store.pool())
+            .await
+            .expect("delete");
+        insert(&store, &valid[5].0, valid[5].2, &valid[5].1.to_hex()).await;
+        sqlx::query("UPDATE disbursements SET amount_cents = amount_cents + 1 WHERE award_id = ?")
+            .bind(&valid[9].0)
+            .execute(store.pool())
+            .await
+            .expect("update");
+        let v = verify(&store, &args, seed, 3).await.expect("verify");
+        let all = v.problems.join("\n");
+        assert_eq!(v.problems.len(), 3, "{all}");
+        assert!(all.contains(&format!("lost: {}", valid[0].1.short())), "{all}");
+        assert!(all.contains(&format!("duplicated: {}", valid[5].1.short())), "{all}");
+        assert!(all.contains(&format!("wrong amount for {}", valid[9].1.short())), "{all}");
     }
 
     #[test]
