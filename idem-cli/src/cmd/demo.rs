@@ -651,9 +651,18 @@ mod tests {
         let v = verify(&store, &args, seed, 3).await.expect("verify");
         let all = v.problems.join("\n");
         assert_eq!(v.problems.len(), 3, "{all}");
-        assert!(all.contains(&format!("lost: {}", valid[0].1.short())), "{all}");
-        assert!(all.contains(&format!("duplicated: {}", valid[5].1.short())), "{all}");
-        assert!(all.contains(&format!("wrong amount for {}", valid[9].1.short())), "{all}");
+        assert!(
+            all.contains(&format!("lost: {}", valid[0].1.short())),
+            "{all}"
+        );
+        assert!(
+            all.contains(&format!("duplicated: {}", valid[5].1.short())),
+            "{all}"
+        );
+        assert!(
+            all.contains(&format!("wrong amount for {}", valid[9].1.short())),
+            "{all}"
+        );
     }
 
     #[test]
