@@ -301,7 +301,9 @@ async fn verify(
     let mut matched: Option<String> = None;
     let mut after = (String::new(), String::new());
     loop {
-        let page = db.ledger_page(&prefix, (&after.0, &after.1), PAGE).await?;
+        let page = db
+            .ledger_page(&prefix, (&after.0, &after.1), page_size)
+            .await?;
         let Some(last) = page.last() else { break };
         after = (last.award_id.clone(), last.key.to_hex());
         let full = page.len() == page_size;
