@@ -86,6 +86,11 @@ pub(crate) struct StoreSpec {
     pub(crate) schema: Option<String>,
     pub(crate) front_filter: Option<String>,
     pub(crate) max_connections: Option<u32>,
+    /// The layout a Postgres store is migrated to when its tables do not exist yet
+    /// (`idem migrate --layout`); an existing table keeps its own.
+    pub(crate) pg_layout: Option<idem_store_postgres::PgLayout>,
+    /// Months of partitions created before / after the current one (partitioned layout).
+    pub(crate) pg_partition_window: Option<(u32, u32)>,
 }
 
 impl StoreSpec {
@@ -113,6 +118,8 @@ impl StoreSpec {
             schema,
             front_filter,
             max_connections: None,
+            pg_layout: None,
+            pg_partition_window: None,
         })
     }
 }
@@ -155,6 +162,12 @@ pub(crate) async fn open<V: StoreVisitor>(
             let mut config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
             if let Some(n) = spec.max_connections {
                 config = config.with_max_connections(n);
+            }
+            if let Some(layout) = spec.pg_layout {
+                config = config.with_layout(layout);
+            }
+            if let Some((back, ahead)) = spec.pg_partition_window {
+                config = config.with_partition_window(back, ahead);
             }
             let store = PgStore::connect(url, config).await?;
             if migrate {

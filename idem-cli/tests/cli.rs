@@ -346,3 +346,109 @@ fn purge_respects_the_floor_counts_dry_and_deletes_in_batches() {
         "no"
     );
 }
+
+#[test]
+fn migrate_partitioned_then_demo_and_purge_by_partition() {
+    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = format!("cli_part_{}", std::process::id());
+    let o = idem(&[
+        "migrate",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--layout",
+        "partitioned",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(report_value(&stdout(&o), "layout"), "partitioned");
+    // Asking a plain table for the partitioned layout is refused.
+    let plain = format!("cli_plain_{}", std::process::id());
+    assert!(idem(&["migrate", "--store", &url, "--schema", &plain])
+        .status
+        .success());
+    let o = idem(&[
+        "migrate",
+        "--store",
+        &url,
+        "--schema",
+        &plain,
+        "--layout",
+        "partitioned",
+    ]);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("plain table"),
+        "{o:?}"
+    );
+    let o = idem(&[
+        "migrate",
+        "--store",
+        "sqlite:///tmp/x.db",
+        "--layout",
+        "partitioned",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+
+    let o = idem(&[
+        "demo",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--submissions",
+        "150",
+        "--batch-size",
+        "10",
+        "--crash-rate",
+        "0.05",
+        "--seed",
+        "8",
+    ]);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}");
+    assert!(text.ends_with("exactly-once: OK\n"), "{text}");
+    assert_eq!(report_value(&text, "processed"), "150");
+
+    let purge = |extra: &[&str]| {
+        let mut args = vec![
+            "purge",
+            "--store",
+            url.as_str(),
+            "--schema",
+            schema.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        idem(&args)
+    };
+    let o = purge(&["--older-than", "30d"]);
+    assert_eq!(o.status.code(), Some(2), "below the floor: {o:?}");
+    let o = purge(&["--older-than", "0s", "--allow-below-floor"]);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}");
+    assert_eq!(report_value(&text, "layout"), "partitioned");
+    let dropped: u64 = report_value(&text, "partitions_dropped").parse().unwrap();
+    let rows: u64 = report_value(&text, "dedup_records").parse().unwrap();
+    assert!(dropped >= 1 || rows == 150, "{text}");
+    let award = format!("A-{:016x}-{:07}", 8, 1);
+    let o = idem(&[
+        "inspect",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--award-id",
+        &award,
+    ]);
+    assert_eq!(report_value(&stdout(&o), "processed"), "no", "{o:?}");
+    for s in [&schema, &plain] {
+        let _ = std::process::Command::new("psql")
+            .args([
+                url.as_str(),
+                "-qc",
+                &format!("DROP SCHEMA IF EXISTS \"{s}\" CASCADE"),
+            ])
+            .output();
+    }
+}

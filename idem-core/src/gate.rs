@@ -55,6 +55,14 @@ pub trait Handler<Tx: Send>: Send + Sync {
         submission: &Submission<Self::Input>,
     ) -> Result<(), HandlerError>;
 
+    /// The metadata stored with `submission`'s claim. The default records the subject
+    /// only; a pipeline whose key is derived from a submission timestamp overrides it to
+    /// add [`ClaimMeta::with_submission_timestamp`], which lets a partitioned store file
+    /// the claim by the message's own month (the grant handler does).
+    fn claim_meta(&self, submission: &Submission<Self::Input>) -> ClaimMeta {
+        ClaimMeta::new(submission.subject.clone())
+    }
+
     /// Applies the effects of several claimed submissions of one batch, in one
     /// transaction. The default calls [`handle`](Handler::handle) for each; override it
     /// to write a batch in a few round trips. An `Err` rolls the whole batch back and the
@@ -644,7 +652,7 @@ where
             Ok(tx) => tx,
             Err(e) => return self.fail(delivery, Some(key), subject, e.into()).await,
         };
-        let meta = ClaimMeta::new(sub.subject.clone());
+        let meta = self.handler.claim_meta(&sub);
         let claimed = match tx.claim(&key, &meta).await {
             Ok(c) => {
                 self.timed(Stage::Claim, started);
@@ -793,7 +801,7 @@ where
         }
         let items: Vec<(IdempotencyKey, ClaimMeta)> = unique
             .iter()
-            .map(|&p| (valid[p].2.key, ClaimMeta::new(valid[p].2.subject.clone())))
+            .map(|&p| (valid[p].2.key, self.handler.claim_meta(&valid[p].2)))
             .collect();
 
         let claims = match self.try_batch(&valid, &unique, &items).await {

@@ -13,14 +13,37 @@ pub struct ClaimMeta {
     /// The business id the key was derived from (`award_id` for grants). Stored with the
     /// claim so an auditor can ask "was award X processed, and under which key".
     pub subject: String,
+    /// The submission timestamp exactly as the message carries it, when the pipeline
+    /// knows it (the grant handler does: it is part of the key's preimage, so the same
+    /// key always comes with the same timestamp). A store may derive a partition from it:
+    /// idem-store-postgres's partitioned layout files the claim under the timestamp's
+    /// month, which — being a pure function of the key's input — is the same for a message
+    /// and every redelivery of it. Stores without partitions ignore it. `None` (the
+    /// default) files the claim where timestamps that do not parse go.
+    pub submission_timestamp: Option<String>,
 }
 
 impl ClaimMeta {
-    /// Metadata for a claim on behalf of `subject`.
+    /// Metadata for a claim on behalf of `subject`, without a submission timestamp.
     pub fn new(subject: impl Into<String>) -> Self {
         Self {
             subject: subject.into(),
+            submission_timestamp: None,
         }
+    }
+
+    /// Sets [`submission_timestamp`](ClaimMeta::submission_timestamp): pass the
+    /// timestamp the key was derived from, exactly as written in the message.
+    ///
+    /// ```
+    /// use idem_core::ClaimMeta;
+    /// let meta = ClaimMeta::new("A-1").with_submission_timestamp("2026-07-01T09:00:00Z");
+    /// assert_eq!(meta.submission_timestamp.as_deref(), Some("2026-07-01T09:00:00Z"));
+    /// ```
+    #[must_use]
+    pub fn with_submission_timestamp(mut self, timestamp: impl Into<String>) -> Self {
+        self.submission_timestamp = Some(timestamp.into());
+        self
     }
 }
 

@@ -54,6 +54,51 @@ pub trait GrantDb: Send + Sync {
 
     /// The handler writing to this store's `disbursements` table.
     fn grant_handler(&self) -> GrantHandler;
+
+    /// How many `processed_messages` rows have an `award_id` starting with `prefix` (one
+    /// run's claims, among others'). The default is [`claim_rows`](GrantDb::claim_rows),
+    /// every row: right only for a store that holds one run (the in-memory store).
+    async fn claim_rows_with_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let _ = prefix;
+        self.claim_rows().await
+    }
+
+    /// `(rows, distinct keys)` of the `disbursements` whose `award_id` starts with
+    /// `prefix`, counted by the store (nothing held in memory). The default reads
+    /// [`ledger`](GrantDb::ledger).
+    async fn ledger_counts(&self, prefix: &str) -> Result<(u64, u64), StoreError> {
+        let rows: Vec<LedgerRow> = self
+            .ledger()
+            .await?
+            .into_iter()
+            .filter(|r| r.award_id.starts_with(prefix))
+            .collect();
+        let keys: std::collections::HashSet<IdempotencyKey> = rows.iter().map(|r| r.key).collect();
+        Ok((rows.len() as u64, keys.len() as u64))
+    }
+
+    /// Up to `limit` `disbursements` rows whose `award_id` starts with `prefix`, ordered
+    /// by `(award_id, idempotency_key)` (byte order) and after `after` (an `(award_id,
+    /// 64-hex key)` pair; `("", "")` for the first page): a keyset page, so a verifier can
+    /// read millions of rows in constant memory. The default sorts
+    /// [`ledger`](GrantDb::ledger).
+    async fn ledger_page(
+        &self,
+        prefix: &str,
+        after: (&str, &str),
+        limit: usize,
+    ) -> Result<Vec<LedgerRow>, StoreError> {
+        let mut rows: Vec<LedgerRow> = self
+            .ledger()
+            .await?
+            .into_iter()
+            .filter(|r| r.award_id.starts_with(prefix))
+            .filter(|r| (r.award_id.as_str(), r.key.to_hex().as_str()) > after)
+            .collect();
+        rows.sort_by(|a, b| (&a.award_id, a.key.to_hex()).cmp(&(&b.award_id, b.key.to_hex())));
+        rows.truncate(limit);
+        Ok(rows)
+    }
 }
 
 pub(crate) fn parse_key(s: &str) -> Result<IdempotencyKey, StoreError> {
@@ -191,6 +236,59 @@ mod sqlite {
                     })?;
             }
             Ok(())
+        }
+
+        async fn claim_rows_with_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM processed_messages WHERE substr(award_id, 1, length(?1)) = ?1",
+            )
+            .bind(prefix)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| err("counting claims", e))?;
+            Ok(n.unsigned_abs())
+        }
+
+        async fn ledger_counts(&self, prefix: &str) -> Result<(u64, u64), StoreError> {
+            let (n, k): (i64, i64) = sqlx::query_as(
+                "SELECT count(*), count(DISTINCT idempotency_key) FROM disbursements \
+                 WHERE substr(award_id, 1, length(?1)) = ?1",
+            )
+            .bind(prefix)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| err("counting disbursements", e))?;
+            Ok((n.unsigned_abs(), k.unsigned_abs()))
+        }
+
+        async fn ledger_page(
+            &self,
+            prefix: &str,
+            after: (&str, &str),
+            limit: usize,
+        ) -> Result<Vec<LedgerRow>, StoreError> {
+            let rows = sqlx::query(
+                "SELECT idempotency_key, award_id, amount_cents FROM disbursements \
+                 WHERE substr(award_id, 1, length(?1)) = ?1 \
+                   AND (award_id > ?2 OR (award_id = ?2 AND idempotency_key > ?3)) \
+                 ORDER BY award_id, idempotency_key LIMIT ?4",
+            )
+            .bind(prefix)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| err("reading disbursements", e))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(LedgerRow {
+                        key: parse_key(&r.get::<String, _>(0))?,
+                        award_id: r.get(1),
+                        amount_cents: r.get(2),
+                    })
+                })
+                .collect()
         }
 
         fn grant_handler(&self) -> GrantHandler {
@@ -399,6 +497,62 @@ mod postgres {
                     .map_err(|e| map_sqlx(e, &format!("checking {}", self.table(table))))?;
             }
             Ok(())
+        }
+
+        async fn claim_rows_with_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+            let n: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {} WHERE starts_with(award_id, $1)",
+                self.table("processed_messages")
+            ))
+            .bind(prefix)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| map_sqlx(e, "counting claims"))?;
+            Ok(n.unsigned_abs())
+        }
+
+        async fn ledger_counts(&self, prefix: &str) -> Result<(u64, u64), StoreError> {
+            let (n, k): (i64, i64) = sqlx::query_as(&format!(
+                "SELECT count(*), count(DISTINCT idempotency_key) FROM {} \
+                 WHERE starts_with(award_id, $1)",
+                self.table(GRANT_TABLE)
+            ))
+            .bind(prefix)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| map_sqlx(e, "counting disbursements"))?;
+            Ok((n.unsigned_abs(), k.unsigned_abs()))
+        }
+
+        async fn ledger_page(
+            &self,
+            prefix: &str,
+            after: (&str, &str),
+            limit: usize,
+        ) -> Result<Vec<LedgerRow>, StoreError> {
+            let rows = sqlx::query(&format!(
+                "SELECT idempotency_key, award_id, amount_cents FROM {} \
+                 WHERE starts_with(award_id, $1) \
+                   AND (award_id COLLATE \"C\", idempotency_key COLLATE \"C\") > ($2, $3) \
+                 ORDER BY award_id COLLATE \"C\", idempotency_key COLLATE \"C\" LIMIT $4",
+                self.table(GRANT_TABLE)
+            ))
+            .bind(prefix)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| map_sqlx(e, "reading disbursements"))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(LedgerRow {
+                        key: parse_key(&r.get::<String, _>(0))?,
+                        award_id: r.get(1),
+                        amount_cents: r.get(2),
+                    })
+                })
+                .collect()
         }
 
         fn grant_handler(&self) -> GrantHandler {

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimTx, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent, OutboxWriter,
+    ClaimMeta, ClaimTx, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent, OutboxWriter,
     RejectReason, StoreError, Submission,
 };
 
@@ -125,6 +125,13 @@ impl<T: GrantBook> Handler<T> for GrantHandler {
         _headers: &Headers,
     ) -> Result<Submission<Grant>, RejectReason> {
         parse_submission(payload, self.max_body)
+    }
+
+    /// The claim records the submission timestamp too (it is part of the key), so a
+    /// partitioned store files it by the submission's month.
+    fn claim_meta(&self, sub: &Submission<Grant>) -> ClaimMeta {
+        ClaimMeta::new(sub.subject.clone())
+            .with_submission_timestamp(sub.input.submission_timestamp.clone())
     }
 
     async fn handle(&self, tx: &mut T, sub: &Submission<Grant>) -> Result<(), HandlerError> {

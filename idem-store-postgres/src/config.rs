@@ -1,4 +1,4 @@
-//! [`PgConfig`]: the schema, the lock timeout and the pool's size.
+//! [`PgConfig`]: the schema, the table layout, the lock timeout and the pool's size.
 
 use std::time::Duration;
 
@@ -63,6 +63,70 @@ pub struct PgConfig {
     /// them those operations scan the tables. Default `true`. Setting it to `false` does
     /// not drop indexes that exist.
     pub audit_indexes: bool,
+    /// The layout [`PgStore::migrate`](crate::PgStore::migrate) creates when
+    /// `processed_messages` does not exist yet. Default [`PgLayout::Plain`] (the
+    /// reference's table, shared with consumers in other languages). A store connected
+    /// with [`PgStore::connect`](crate::PgStore::connect) uses the layout of the table it
+    /// finds, whatever this says; [`PgStore::from_pool`](crate::PgStore::from_pool) uses
+    /// this one.
+    pub layout: PgLayout,
+    /// Months of partitions created before the current one by
+    /// [`PgStore::ensure_partitions`](crate::PgStore::ensure_partitions) (partitioned
+    /// layout only). Default 12.
+    pub partition_months_back: u32,
+    /// Months of partitions created after the current one. Default 3: a consumer started
+    /// (or migrated) at least once a quarter never files a current claim in the default
+    /// partition.
+    pub partition_months_ahead: u32,
+}
+
+/// How `processed_messages` is laid out (see `docs/scale.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum PgLayout {
+    /// One plain table with `idempotency_key` as its primary key: the reference's
+    /// layout (`migrations/0001_tables.sql`). Retention deletes row by row.
+    #[default]
+    Plain,
+    /// Range-partitioned by `submission_month`, the month written in the message's own
+    /// submission timestamp (`migrations/0005_partitioned_claims.sql`): primary key
+    /// `(idempotency_key, submission_month)`, one partition per month, a default
+    /// partition for timestamps that do not parse. Retention drops whole partitions.
+    /// Dedup stays exact because the month is a pure function of the key's preimage:
+    /// a message and all its redeliveries carry the same timestamp, hence the same
+    /// month, hence meet in the same partition's unique index.
+    Partitioned,
+}
+
+impl PgLayout {
+    /// `plain` or `partitioned`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Partitioned => "partitioned",
+        }
+    }
+}
+
+impl std::fmt::Display for PgLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PgLayout {
+    type Err = PgError;
+
+    fn from_str(s: &str) -> Result<Self, PgError> {
+        match s {
+            "plain" => Ok(Self::Plain),
+            "partitioned" => Ok(Self::Partitioned),
+            other => Err(PgError::InvalidOption(format!(
+                "unknown layout {:?}: expected plain or partitioned",
+                other.chars().take(40).collect::<String>()
+            ))),
+        }
+    }
 }
 
 impl Default for PgConfig {
@@ -75,6 +139,9 @@ impl Default for PgConfig {
             notify: true,
             notify_interval: Duration::from_millis(10),
             audit_indexes: true,
+            layout: PgLayout::Plain,
+            partition_months_back: 12,
+            partition_months_ahead: 3,
         }
     }
 }
@@ -124,6 +191,22 @@ impl PgConfig {
         self
     }
 
+    /// Sets [`layout`](PgConfig::layout).
+    #[must_use]
+    pub fn with_layout(mut self, layout: PgLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// Sets [`partition_months_back`](PgConfig::partition_months_back) and
+    /// [`partition_months_ahead`](PgConfig::partition_months_ahead).
+    #[must_use]
+    pub fn with_partition_window(mut self, back: u32, ahead: u32) -> Self {
+        self.partition_months_back = back;
+        self.partition_months_ahead = ahead;
+        self
+    }
+
     /// Sets [`notify`](PgConfig::notify).
     #[must_use]
     pub fn with_notify(mut self, notify: bool) -> Self {
@@ -146,6 +229,11 @@ impl PgConfig {
         if self.lock_timeout.is_some_and(|t| t.as_millis() == 0) {
             return Err(PgError::InvalidOption(
                 "lock_timeout must be at least 1 ms (use None for no timeout)".into(),
+            ));
+        }
+        if self.partition_months_back > 1200 || self.partition_months_ahead > 1200 {
+            return Err(PgError::InvalidOption(
+                "the partition window is at most 1200 months each way".into(),
             ));
         }
         Ok(())

@@ -10,7 +10,8 @@
 //! - [`PgOutboxSource`] — the relay's source: `FOR UPDATE SKIP LOCKED` batches, per-subject
 //!   order across several relays, LISTEN/NOTIFY wake-ups with a polling fallback.
 //! - [`PgStore::purge`] — retention in bounded batches, with a three-year floor
-//!   (2 CFR §200.334) that is only crossed on purpose.
+//!   (2 CFR §200.334) that is only crossed on purpose; on the partitioned layout
+//!   ([`PgLayout::Partitioned`], [`partition`]) it drops whole monthly partitions.
 //! - [`PgStore::inspect_key`] / [`PgStore::inspect_subject`] — the audit questions.
 //! - [`PgStore::export_audit`] — the dedup records of a time window and their outbox
 //!   events, streamed in bounded pages, for a write-once archive.
@@ -52,15 +53,17 @@ pub mod error;
 pub mod identity;
 pub mod inspect;
 mod outbox;
+pub mod partition;
 pub mod retention;
 pub mod source;
 pub mod store;
 
 pub use audit::AuditSummary;
-pub use config::PgConfig;
+pub use config::{PgConfig, PgLayout};
 pub use error::PgError;
 pub use identity::{PgIdentitySession, StoreIdentity};
 pub use inspect::{ClaimRecord, OutboxRecord, Timestamp};
+pub use partition::PartitionMonth;
 pub use retention::{
     PurgeOptions, PurgeProgress, PurgeReport, PurgeTable, RetentionFloor, DEFAULT_RETENTION_FLOOR,
 };

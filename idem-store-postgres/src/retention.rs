@@ -150,6 +150,17 @@ pub struct PurgeReport {
     pub dry_run: bool,
     /// Batches (statements) run.
     pub batches: u64,
+    /// Partitioned layout: the monthly partitions of `processed_messages` dropped whole
+    /// (or that would be, in a dry run). Their rows are not in
+    /// [`dedup_records`](PurgeReport::dedup_records), which counts rows deleted one by
+    /// one (from the default partition).
+    pub partitions_dropped: Vec<String>,
+    /// Partitioned layout: old partitions kept because a row of theirs was claimed after
+    /// the cutoff (a late message with an old timestamp); a later purge drops them.
+    pub partitions_kept: Vec<String>,
+    /// The planner's estimate of the rows in the dropped partitions (`pg_class.reltuples`;
+    /// 0 for a partition never analysed): counting them exactly would read them all.
+    pub partition_rows_estimate: u64,
 }
 
 impl PgStore {
@@ -176,6 +187,14 @@ impl PgStore {
         }
     }
 
+    /// On the partitioned layout ([`PgLayout::Partitioned`](crate::PgLayout)) it first
+    /// detaches and drops each monthly partition whose month ended at least a day before
+    /// the cutoff — a catalog operation, whatever the partition's size — unless one of its
+    /// rows was claimed after the cutoff (then the partition is kept whole; see
+    /// [`PurgeReport::partitions_kept`]). Rows of the default partition (timestamps that do
+    /// not parse, months without a partition) are deleted in batches as below. The floor
+    /// is checked first, exactly as on the plain layout.
+    ///
     /// Deletes dedup records claimed before `now() - older_than` and published outbox
     /// rows created before it, `batch_size` rows per statement (each statement its own
     /// transaction: no long locks, concurrent consumers keep running). Unpublished outbox
@@ -228,14 +247,28 @@ impl PgStore {
             outbox_events: 0,
             dry_run: opts.dry_run,
             batches: 0,
+            partitions_dropped: Vec::new(),
+            partitions_kept: Vec::new(),
+            partition_rows_estimate: 0,
+        };
+        // Partitioned: whole months first; then only the default partition row by row.
+        let dedup_table = if self.layout() == crate::PgLayout::Partitioned {
+            let dropped = self.drop_old_partitions(cutoff_secs, opts.dry_run).await?;
+            report.partitions_dropped = dropped.dropped;
+            report.partitions_kept = dropped.kept;
+            report.partition_rows_estimate = dropped.rows_estimate;
+            self.table(crate::partition::DEFAULT_PARTITION)
+        } else {
+            pm.clone()
         };
         let targets = [
             (
                 PurgeTable::DedupRecords,
-                format!("SELECT count(*) FROM {pm} WHERE claimed_at < to_timestamp($1)"),
+                format!("SELECT count(*) FROM {dedup_table} WHERE claimed_at < to_timestamp($1)"),
                 format!(
-                    "DELETE FROM {pm} WHERE idempotency_key IN (SELECT idempotency_key FROM {pm} \
-                     WHERE claimed_at < to_timestamp($1) LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                    "DELETE FROM {dedup_table} WHERE idempotency_key IN (SELECT idempotency_key \
+                     FROM {dedup_table} WHERE claimed_at < to_timestamp($1) LIMIT $2 \
+                     FOR UPDATE SKIP LOCKED)"
                 ),
             ),
             (
@@ -313,6 +346,7 @@ impl PgStore {
             target: "idem::retention",
             schema = self.schema(),
             dedup_records = report.dedup_records,
+            partitions_dropped = report.partitions_dropped.len(),
             outbox_events = report.outbox_events,
             dry_run = report.dry_run,
             "purge finished"

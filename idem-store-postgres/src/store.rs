@@ -12,7 +12,7 @@ use idem_core::{
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
 
-use crate::config::{quote, PgConfig};
+use crate::config::{quote, PgConfig, PgLayout};
 use crate::error::{map_sqlx, sqlstate, LOCK_NOT_AVAILABLE};
 use crate::outbox::SUBJECT_LOCK;
 
@@ -20,6 +20,8 @@ use crate::outbox::SUBJECT_LOCK;
 const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
 /// The store's identity (see [`crate::identity`]).
 const IDENTITY: &str = include_str!("../migrations/0004_store_identity.sql");
+/// The partitioned `processed_messages` ([`PgLayout::Partitioned`]), run before [`MIGRATION`].
+const PARTITIONED: &str = include_str!("../migrations/0005_partitioned_claims.sql");
 /// The optional retention / inspection indexes ([`PgConfig::audit_indexes`]).
 const AUDIT_INDEXES: &str = include_str!("../migrations/0002_audit_indexes.sql");
 /// The optional append-only trigger on `processed_messages` ([`PgStore::migrate_append_only`]).
@@ -41,6 +43,8 @@ pub(crate) struct Sql {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) config: PgConfig,
+    /// The layout the claim statements are written for.
+    pub(crate) layout: PgLayout,
     pub(crate) qschema: String,
     pub(crate) channel: String,
     pub(crate) begin: String,
@@ -73,7 +77,7 @@ impl Shared {
                 .is_ok()
     }
 
-    fn new(config: PgConfig) -> Result<Self, StoreError> {
+    fn new(config: PgConfig, layout: PgLayout) -> Result<Self, StoreError> {
         config.validate()?;
         let qschema = quote(&config.schema);
         let pm = format!("{qschema}.\"processed_messages\"");
@@ -81,15 +85,33 @@ impl Shared {
         let notify_tail = " RETURNING 1) SELECT pg_notify($6, '') FROM ins LIMIT 1";
         let quiet_tail = " RETURNING 1) SELECT 1 FROM ins LIMIT 1";
         let sql = Sql {
-            claim: format!(
-                "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) VALUES ($1, $2, now()) \
-                 ON CONFLICT (idempotency_key) DO NOTHING"
-            ),
-            claim_batch: format!(
-                "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) \
-                 SELECT k, a, now() FROM unnest($1::text[], $2::text[]) AS t(k, a) \
-                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
-            ),
+            claim: match layout {
+                PgLayout::Plain => format!(
+                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) VALUES ($1, $2, now()) \
+                     ON CONFLICT (idempotency_key) DO NOTHING"
+                ),
+                // $3 is the submission month (crate::partition): part of the primary key,
+                // so part of the conflict target.
+                PgLayout::Partitioned => format!(
+                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_month) \
+                     VALUES ($1, $2, now(), $3::date) \
+                     ON CONFLICT (idempotency_key, submission_month) DO NOTHING"
+                ),
+            },
+            claim_batch: match layout {
+                PgLayout::Plain => format!(
+                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) \
+                     SELECT k, a, now() FROM unnest($1::text[], $2::text[]) AS t(k, a) \
+                     ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
+                ),
+                PgLayout::Partitioned => format!(
+                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_month) \
+                     SELECT k, a, now(), m::date FROM unnest($1::text[], $2::text[], $3::text[]) \
+                     AS t(k, a, m) \
+                     ON CONFLICT (idempotency_key, submission_month) DO NOTHING \
+                     RETURNING idempotency_key"
+                ),
+            },
             // Per-subject order: see crate::outbox (a transaction-scoped advisory lock per
             // subject, taken before the row's id is drawn).
             enqueue: [notify_tail, quiet_tail].map(|tail| {
@@ -126,6 +148,7 @@ impl Shared {
         channel.truncate(63);
         Ok(Self {
             config,
+            layout,
             qschema,
             channel,
             begin,
@@ -140,7 +163,9 @@ impl Shared {
 ///
 /// # Contract
 /// - A claim is `INSERT INTO processed_messages … ON CONFLICT (idempotency_key) DO
-///   NOTHING` in the caller's transaction: a concurrent claim of the same key waits on
+///   NOTHING` in the caller's transaction (on the partitioned layout, [`PgLayout`], the
+///   row also gets the month of [`ClaimMeta::submission_timestamp`] and the target is
+///   `(idempotency_key, submission_month)`): a concurrent claim of the same key waits on
 ///   the unique index until the first transaction commits (`Duplicate`) or rolls back
 ///   (`Claimed`), or answers `InProgress` after [`PgConfig::lock_timeout`].
 /// - It uses only the reference columns `idempotency_key, award_id, claimed_at` of
@@ -180,32 +205,43 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Config`] for an invalid URL or schema, [`StoreError::Unavailable`]
     /// when the server cannot be reached.
+    ///
+    /// The claim statements follow the layout of the `processed_messages` found in the
+    /// schema ([`PgLayout`]), or [`PgConfig::layout`] when there is none yet.
     pub async fn connect(url: &str, config: PgConfig) -> Result<Self, StoreError> {
-        let shared = Shared::new(config)?;
+        config.validate()?;
         let options = PgConnectOptions::from_str(url).map_err(|e| map_sqlx(e, "parse URL"))?;
         let pool = PgPoolOptions::new()
-            .max_connections(shared.config.max_connections)
-            .acquire_timeout(shared.config.acquire_timeout)
+            .max_connections(config.max_connections)
+            .acquire_timeout(config.acquire_timeout)
             // A ping per acquire would add a round trip to every claim transaction; a
             // broken connection surfaces as an Unavailable error on first use instead.
             .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(|e| map_sqlx(e, "connect to Postgres"))?;
+        let layout = crate::partition::detect_layout(&pool, &config.schema)
+            .await?
+            .unwrap_or(config.layout);
         Ok(Self {
             pool,
-            shared: Arc::new(shared),
+            shared: Arc::new(Shared::new(config, layout)?),
         })
     }
 
-    /// Wraps an existing pool.
+    /// Wraps an existing pool. Its claims are written for [`PgConfig::layout`] (nothing is
+    /// read from the database here; use [`connect`](PgStore::connect) to follow the
+    /// table's layout).
     ///
     /// # Errors
     /// [`StoreError::Config`] for an invalid schema.
     pub fn from_pool(pool: PgPool, config: PgConfig) -> Result<Self, StoreError> {
         Ok(Self {
             pool,
-            shared: Arc::new(Shared::new(config)?),
+            shared: {
+                let layout = config.layout;
+                Arc::new(Shared::new(config, layout)?)
+            },
         })
     }
 
@@ -244,19 +280,45 @@ impl PgStore {
     /// Creates the schema, `processed_messages`, `outbox` and the store's identity
     /// (`idem_store_identity`, a random id kept once created) if missing, and adds this
     /// crate's columns and indexes to an `outbox` that lacks them (plus the audit indexes
-    /// of [`PgConfig::audit_indexes`] when on). Idempotent, and safe
+    /// of [`PgConfig::audit_indexes`] when on). On the partitioned layout
+    /// ([`PgConfig::layout`], or a partitioned table already there) it creates the
+    /// partitioned `processed_messages` (`migrations/0005_partitioned_claims.sql`) and
+    /// then [`ensure_partitions`](PgStore::ensure_partitions). Idempotent, and safe
     /// to run from several processes at once (an advisory lock serialises them). Business
     /// tables (`disbursements`, …) are their owners' to create.
     ///
     /// # Errors
     /// [`StoreError`] from the database.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut sql = MIGRATION.replace("{schema}", &self.shared.qschema);
+        let found = crate::partition::detect_layout(&self.pool, self.schema()).await?;
+        if self.shared.config.layout == PgLayout::Partitioned && found == Some(PgLayout::Plain) {
+            return Err(StoreError::Config(format!(
+                "processed_messages in schema {:?} is a plain table: the partitioned layout is \
+                 created in a new schema, not converted in place (docs/scale.md)",
+                self.schema()
+            )));
+        }
+        if found.is_some_and(|f| f != self.layout()) {
+            return Err(StoreError::Config(format!(
+                "processed_messages in schema {:?} is {}, but this store writes claims for the \
+                 {} layout: reconnect",
+                self.schema(),
+                found.map_or("missing", PgLayout::as_str),
+                self.layout()
+            )));
+        }
+        let mut sql = String::new();
+        if self.layout() == PgLayout::Partitioned {
+            sql.push_str(&PARTITIONED.replace("{schema}", &self.shared.qschema));
+        }
+        sql.push_str(&MIGRATION.replace("{schema}", &self.shared.qschema));
         sql.push_str(&IDENTITY.replace("{schema}", &self.shared.qschema));
         if self.shared.config.audit_indexes {
             sql.push_str(&AUDIT_INDEXES.replace("{schema}", &self.shared.qschema));
         }
-        self.run_script(&sql).await
+        self.run_script(&sql).await?;
+        self.ensure_partitions().await?;
+        Ok(())
     }
 
     /// Makes `processed_messages` append-only evidence (`migrations/0003_append_only.sql`):
@@ -369,11 +431,15 @@ impl ClaimTx for PgTx {
         key: &IdempotencyKey,
         meta: &ClaimMeta,
     ) -> Result<ClaimOutcome, StoreError> {
-        let res = sqlx::query(&self.shared.sql.claim)
+        let mut query = sqlx::query(&self.shared.sql.claim)
             .bind(key.to_hex())
-            .bind(meta.subject.as_str())
-            .execute(&mut *self.tx)
-            .await;
+            .bind(meta.subject.as_str());
+        if self.shared.layout == PgLayout::Partitioned {
+            query = query.bind(crate::partition::month_value(
+                meta.submission_timestamp.as_deref(),
+            ));
+        }
+        let res = query.execute(&mut *self.tx).await;
         match res {
             Ok(r) if r.rows_affected() == 1 => {
                 self.claimed = true;
@@ -407,11 +473,17 @@ impl ClaimTx for PgTx {
         order.dedup_by(|a, b| items[*a].0 == items[*b].0);
         let keys: Vec<String> = order.iter().map(|&i| items[i].0.to_hex()).collect();
         let subjects: Vec<&str> = order.iter().map(|&i| items[i].1.subject.as_str()).collect();
-        let res: Result<Vec<(String,)>, sqlx::Error> = sqlx::query_as(&self.shared.sql.claim_batch)
+        let mut query = sqlx::query_as(&self.shared.sql.claim_batch)
             .bind(&keys)
-            .bind(&subjects)
-            .fetch_all(&mut *self.tx)
-            .await;
+            .bind(&subjects);
+        if self.shared.layout == PgLayout::Partitioned {
+            let months: Vec<String> = order
+                .iter()
+                .map(|&i| crate::partition::month_value(items[i].1.submission_timestamp.as_deref()))
+                .collect();
+            query = query.bind(months);
+        }
+        let res: Result<Vec<(String,)>, sqlx::Error> = query.fetch_all(&mut *self.tx).await;
         let inserted: HashSet<String> = match res {
             Ok(rows) => rows.into_iter().map(|(k,)| k).collect(),
             Err(e) => {

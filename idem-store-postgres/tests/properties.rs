@@ -45,4 +45,30 @@ proptest! {
         });
         prop_assert!(result.is_ok(), "{}", result.unwrap_err());
     }
+
+    /// The same property on the partitioned layout (claims filed by submission month).
+    #[test]
+    fn any_schedule_is_exactly_once_on_partitioned_postgres(case in strategies::case()) {
+        static QUIET: std::sync::Once = std::sync::Once::new();
+        QUIET.call_once(idem_testkit::fault::quiet_injected_crashes);
+        let result = runtime().block_on(async {
+            let store = common::fresh_partitioned_store().await;
+            let result = check_exactly_once(store.clone(), &case).await;
+            if result.is_ok() {
+                // Every claim was filed under a month partition, none in the default one.
+                let in_default: i64 = sqlx::query_scalar(&format!(
+                    "SELECT count(*) FROM {}",
+                    store.0.table("processed_messages_default")
+                ))
+                .fetch_one(store.0.pool())
+                .await
+                .expect("count the default partition");
+                assert_eq!(in_default, 0, "claims fell into the default partition");
+                common::drop_schema(&store.0).await;
+            }
+            store.0.pool().close().await;
+            result
+        });
+        prop_assert!(result.is_ok(), "{}", result.unwrap_err());
+    }
 }

@@ -26,8 +26,10 @@ fn key(n: &str) -> IdempotencyKey {
     IdempotencyKey::derive(n, "2026-07-01T09:00:00Z", n.as_bytes()).expect("valid identity")
 }
 
+/// The claims carry the timestamp their keys are derived from, so a partitioned store
+/// files them under a real month (July 2026), not its catch-all partition.
 fn meta(n: &str) -> ClaimMeta {
-    ClaimMeta::new(n)
+    ClaimMeta::new(n).with_submission_timestamp("2026-07-01T09:00:00Z")
 }
 
 /// The key is a pure function of identity and payload.

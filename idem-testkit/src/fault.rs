@@ -431,6 +431,10 @@ where
         self.inner.identify(payload, headers)
     }
 
+    fn claim_meta(&self, sub: &Submission<H::Input>) -> ClaimMeta {
+        self.inner.claim_meta(sub)
+    }
+
     async fn handle(
         &self,
         tx: &mut FaultyTx<T>,

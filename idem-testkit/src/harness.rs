@@ -2,8 +2,8 @@
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimStore, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent, RejectReason,
-    StoreError, Submission,
+    ClaimMeta, ClaimStore, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent,
+    RejectReason, StoreError, Submission,
 };
 
 use crate::memory::{MemoryStore, MemoryTx, Row};
@@ -111,6 +111,9 @@ pub struct EffectInput {
     pub amount: i64,
     /// Whether to make the outbox insert fail (the store refuses it).
     pub refuse_outbox: bool,
+    /// The submission timestamp, as written (passed to the claim as
+    /// [`ClaimMeta::submission_timestamp`](idem_core::ClaimMeta)).
+    pub timestamp: String,
 }
 
 /// A handler for any [`TestStore`]: writes one effect row and one outbox event per
@@ -145,6 +148,7 @@ impl EffectHandler {
             input: EffectInput {
                 amount,
                 refuse_outbox: parts.get(3) == Some(&"refuse-outbox"),
+                timestamp: parts[1].to_owned(),
             },
         })
     }
@@ -160,6 +164,10 @@ impl<S: TestStore> Handler<S::Tx> for EffectHandlerFor<S> {
         _headers: &Headers,
     ) -> Result<Submission<EffectInput>, RejectReason> {
         EffectHandler::parse(payload)
+    }
+
+    fn claim_meta(&self, sub: &Submission<EffectInput>) -> ClaimMeta {
+        ClaimMeta::new(sub.subject.clone()).with_submission_timestamp(sub.input.timestamp.clone())
     }
 
     async fn handle(

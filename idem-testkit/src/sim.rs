@@ -83,11 +83,34 @@ where
     S: ClaimStore + 'static,
     H: Handler<S::Tx> + 'static,
 {
+    drive_fed(gate, broker, plan, config, |_| {}, observe).await
+}
+
+/// Like [`drive`], with `feed` called before each round of receives so that it can
+/// publish more messages: a run of millions of messages then holds only what `feed`
+/// keeps ready (for example: publish while [`SimBroker::ready_len`] is below a window).
+/// The run ends when nothing is in flight and nothing is ready after a `feed`.
+///
+/// # Errors
+/// When the run passes `config.max_deliveries` without settling.
+pub async fn drive_fed<S, H>(
+    gate: Arc<Gate<S, H>>,
+    broker: &SimBroker,
+    plan: &Arc<FaultPlan>,
+    config: &SimConfig,
+    mut feed: impl FnMut(&SimBroker),
+    observe: impl Fn(&Outcome),
+) -> Result<SimReport, String>
+where
+    S: ClaimStore + 'static,
+    H: Handler<S::Tx> + 'static,
+{
     let mut report = SimReport::default();
     let mut tasks: JoinSet<Vec<Outcome>> = JoinSet::new();
     let concurrency = config.concurrency.max(1);
     let batch_size = config.batch_size.max(1);
     loop {
+        feed(broker);
         while tasks.len() < concurrency {
             let batch: Vec<Delivery<FaultyAcker<SimAcker>>> = broker
                 .receive_many(batch_size)

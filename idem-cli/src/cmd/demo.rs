@@ -2,15 +2,17 @@
 //! redeliveries, injected crashes and poison messages, then a verdict read back from the
 //! database.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use idem_core::{ClaimStore, Gate, Handler, OutcomeKind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use idem_core::{ClaimStore, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, Stage};
 use idem_grant::{parse_submission, GrantDb, GrantHandler, DEFAULT_MAX_BODY};
 use idem_testkit::fault::{quiet_injected_crashes, FaultPlan, FaultyHandler, FaultyStore};
-use idem_testkit::sim::{drive, SimConfig};
-use idem_testkit::{Effect, Ledger, SimBroker};
+use idem_testkit::sim::{drive_fed, SimConfig};
+use idem_testkit::SimBroker;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -53,6 +55,93 @@ pub(crate) struct Args {
     seed: Option<u64>,
 }
 
+/// The process's peak resident memory in MiB (`VmHWM` of /proc/self/status), where the
+/// system reports it (Linux).
+fn max_rss_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib.div_ceil(1024))
+}
+
+/// Claim-stage latencies (begin + claim, once per batch) in a fixed log-linear
+/// histogram: 32 sub-buckets per power of two of microseconds (about 3 % resolution), so
+/// its memory does not grow with the run.
+struct ClaimLatency {
+    buckets: Vec<AtomicU64>,
+}
+
+impl ClaimLatency {
+    const SUB: u32 = 32;
+
+    fn new() -> Self {
+        Self {
+            buckets: (0..Self::SUB as usize * 40)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    fn index(micros: u64) -> usize {
+        let sub = u64::from(Self::SUB);
+        if micros < sub {
+            return usize::try_from(micros).unwrap_or(0);
+        }
+        let exp = 63 - micros.leading_zeros(); // >= 5
+        let frac = (micros >> (exp - 5)) & (sub - 1);
+        usize::try_from(u64::from(exp - 4) * sub + frac).unwrap_or(usize::MAX)
+    }
+
+    /// The lower bound, in microseconds, of bucket `i`.
+    fn lower(i: usize) -> u64 {
+        let sub = Self::SUB as usize;
+        if i < sub {
+            return i as u64;
+        }
+        let exp = (i / sub) as u32 + 4;
+        let frac = (i % sub) as u64;
+        (u64::from(Self::SUB) + frac) << (exp - 5)
+    }
+
+    /// The `q` quantile (0..=1) in milliseconds, `None` before any sample.
+    fn quantile_ms(&self, q: f64) -> Option<f64> {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(Self::lower(i) as f64 / 1000.0);
+            }
+        }
+        None
+    }
+}
+
+impl GateObserver for ClaimLatency {
+    fn stage(&self, stage: Stage, elapsed: Duration) {
+        if stage == Stage::Claim {
+            let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+            let i = Self::index(micros).min(self.buckets.len() - 1);
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 fn fraction(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if (0.0..=1.0).contains(&v) {
@@ -64,7 +153,13 @@ fn fraction(s: &str) -> Result<f64, String> {
 
 /// One generated message.
 enum Message {
-    Valid(Vec<u8>),
+    /// A valid submission: its body, key, award id and amount.
+    Valid {
+        body: Vec<u8>,
+        key: IdempotencyKey,
+        award_id: String,
+        amount: i64,
+    },
     Poison(Vec<u8>),
 }
 
@@ -90,30 +185,175 @@ fn poison(kind: u64, i: u64) -> Vec<u8> {
     }
 }
 
-fn generate(args: &Args, seed: u64) -> (Vec<Message>, Ledger, String) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let prefix = format!("A-{seed:016x}-");
-    let mut ledger = Ledger::new();
-    let mut out = Vec::with_capacity(usize::try_from(args.submissions).unwrap_or(0));
-    for i in 0..args.submissions {
-        if args.poison_rate > 0.0 && rng.gen_bool(args.poison_rate) {
-            out.push(Message::Poison(poison(rng.gen(), i)));
-            continue;
+/// The run's messages, generated one at a time from the seed: the same seed gives the
+/// same sequence, so the verdict regenerates it instead of keeping it (memory does not
+/// grow with `--submissions`). Award ids are `{prefix}{i}` with `i` zero-padded to one
+/// width, so their byte order is the generation order.
+struct Generator {
+    rng: StdRng,
+    next: u64,
+    submissions: u64,
+    poison_rate: f64,
+    prefix: String,
+    width: usize,
+}
+
+impl Generator {
+    fn new(args: &Args, seed: u64) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(seed),
+            next: 0,
+            submissions: args.submissions,
+            poison_rate: args.poison_rate,
+            prefix: format!("A-{seed:016x}-"),
+            width: args.submissions.saturating_sub(1).to_string().len().max(7),
         }
-        let amount: i64 = rng.gen_range(1..=500_000);
+    }
+}
+
+impl Iterator for Generator {
+    type Item = Message;
+
+    fn next(&mut self) -> Option<Message> {
+        if self.next >= self.submissions {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        if self.poison_rate > 0.0 && self.rng.gen_bool(self.poison_rate) {
+            return Some(Message::Poison(poison(self.rng.gen(), i)));
+        }
+        let amount: i64 = self.rng.gen_range(1..=500_000);
+        let award_id = format!("{}{i:0width$}", self.prefix, width = self.width);
         let body = format!(
-            r#"{{"award_id":"{prefix}{i:07}","submission_timestamp":"2026-07-01T{:02}:{:02}:{:02}Z","amount_cents":{amount},"program":"demo"}}"#,
+            r#"{{"award_id":"{award_id}","submission_timestamp":"2026-07-01T{:02}:{:02}:{:02}Z","amount_cents":{amount},"program":"demo"}}"#,
             (i / 3600) % 24,
             (i / 60) % 60,
             i % 60
         )
         .into_bytes();
-        if let Ok(sub) = parse_submission(&body, DEFAULT_MAX_BODY) {
-            ledger.expect(sub.key, sub.subject, amount);
+        match parse_submission(&body, DEFAULT_MAX_BODY) {
+            Ok(sub) => Some(Message::Valid {
+                body,
+                key: sub.key,
+                award_id,
+                amount,
+            }),
+            // Not reached: the generated body is valid. Kept as poison so that the
+            // verdict would see it rather than a silent gap.
+            Err(_) => Some(Message::Poison(body)),
         }
-        out.push(Message::Valid(body));
     }
-    (out, ledger, prefix)
+}
+
+/// What the verdict found, at most `MAX_SHOWN` problems spelled out.
+#[derive(Default)]
+struct Verdict {
+    problems: Vec<String>,
+    more: u64,
+    total_cents: i64,
+    expected_total_cents: i64,
+    poison: u64,
+}
+
+impl Verdict {
+    const MAX_SHOWN: usize = 5;
+
+    fn problem(&mut self, p: String) {
+        if self.problems.len() < Self::MAX_SHOWN {
+            self.problems.push(p);
+        } else {
+            self.more += 1;
+        }
+    }
+}
+
+/// Compares the run's `disbursements` rows with the regenerated messages, both in award
+/// id order, a page at a time: every valid submission has exactly one row with its key
+/// and amount, and there is no other row of this run.
+async fn verify(
+    db: &dyn GrantDb,
+    args: &Args,
+    seed: u64,
+    page_size: usize,
+) -> Result<Verdict, CliError> {
+    let page_size = page_size.max(1);
+    let mut verdict = Verdict::default();
+    let mut expected = Generator::new(args, seed).filter_map(|m| match m {
+        Message::Valid {
+            key,
+            award_id,
+            amount,
+            ..
+        } => Some((award_id, key, amount)),
+        Message::Poison(_) => None,
+    });
+    // Poison count and expected total: a first pass over the regenerated sequence.
+    for m in Generator::new(args, seed) {
+        match m {
+            Message::Valid { amount, .. } => verdict.expected_total_cents += amount,
+            Message::Poison(_) => verdict.poison += 1,
+        }
+    }
+    let prefix = Generator::new(args, seed).prefix;
+    let mut current = expected.next();
+    // The award id of the last row matched, to name a second row of it a duplicate.
+    let mut matched: Option<String> = None;
+    let mut after = (String::new(), String::new());
+    loop {
+        let page = db
+            .ledger_page(&prefix, (&after.0, &after.1), page_size)
+            .await?;
+        let Some(last) = page.last() else { break };
+        after = (last.award_id.clone(), last.key.to_hex());
+        let full = page.len() == page_size;
+        for row in page {
+            verdict.total_cents += row.amount_cents;
+            // Expected submissions before this row's award id have no row: lost.
+            while let Some((award, key, _)) = &current {
+                if award.as_bytes() >= row.award_id.as_bytes() {
+                    break;
+                }
+                if matched.as_deref() != Some(award.as_str()) {
+                    verdict.problem(format!("lost: {} has no effect", key.short()));
+                }
+                current = expected.next();
+            }
+            match &current {
+                Some((award, key, amount)) if *award == row.award_id => {
+                    if matched.as_deref() == Some(award.as_str()) {
+                        verdict
+                            .problem(format!("duplicated: {} took effect again", row.key.short()));
+                    } else if row.key != *key {
+                        verdict.problem(format!("unexpected effect {}", row.key.short()));
+                    } else if row.amount_cents != *amount {
+                        verdict.problem(format!(
+                            "wrong amount for {}: expected {amount}, got {}",
+                            key.short(),
+                            row.amount_cents
+                        ));
+                        matched = Some(award.clone());
+                    } else {
+                        matched = Some(award.clone());
+                    }
+                }
+                _ if matched.as_deref() == Some(row.award_id.as_str()) => {
+                    verdict.problem(format!("duplicated: {} took effect again", row.key.short()));
+                }
+                _ => verdict.problem(format!("unexpected effect {}", row.key.short())),
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    while let Some((award, key, _)) = current {
+        if matched.as_deref() != Some(award.as_str()) {
+            verdict.problem(format!("lost: {} has no effect", key.short()));
+        }
+        current = expected.next();
+    }
+    Ok(verdict)
 }
 
 struct Demo {
@@ -135,24 +375,25 @@ impl StoreVisitor for Demo {
         GrantHandler: Handler<S::Tx>,
     {
         let Demo { args, seed } = self;
-        let (messages, ledger, prefix) = generate(&args, seed);
-        let poison_count = messages
-            .iter()
-            .filter(|m| matches!(m, Message::Poison(_)))
-            .count();
         let broker = SimBroker::with_redelivery_rate(seed, args.redeliveries);
-        for m in messages {
-            match m {
-                Message::Valid(b) | Message::Poison(b) => broker.publish(b),
-            };
-        }
+        // Messages are published as the run drains them, a window at a time, so the
+        // broker never holds the whole run.
+        let mut messages = Generator::new(&args, seed);
+        let window = usize::try_from(args.batch_size.saturating_mul(args.concurrency))
+            .unwrap_or(usize::MAX)
+            .saturating_mul(4)
+            .max(1024);
         quiet_injected_crashes();
         let plan = FaultPlan::random(args.crash_rate, seed ^ 0x5eed);
         let handler = db.grant_handler();
-        let gate = Arc::new(Gate::new(
-            FaultyStore::new(store, plan.clone()),
-            FaultyHandler::new(handler, plan.clone()),
-        ));
+        let latency = Arc::new(ClaimLatency::new());
+        let gate = Arc::new(
+            Gate::new(
+                FaultyStore::new(store, plan.clone()),
+                FaultyHandler::new(handler, plan.clone()),
+            )
+            .with_observer(latency.clone()),
+        );
         let config = SimConfig {
             concurrency: usize::try_from(args.concurrency).unwrap_or(4),
             batch_size: usize::try_from(args.batch_size).unwrap_or(1),
@@ -166,43 +407,55 @@ impl StoreVisitor for Demo {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         let started = Instant::now();
-        let report = drive(gate, &broker, &plan, &config, |o| {
-            if matches!(o.kind(), OutcomeKind::Processed | OutcomeKind::Rejected) {
-                bar.inc(1);
-            }
-        })
+        let report = drive_fed(
+            gate,
+            &broker,
+            &plan,
+            &config,
+            |b| {
+                while b.ready_len() < window {
+                    match messages.next() {
+                        Some(Message::Valid { body, .. } | Message::Poison(body)) => {
+                            b.publish(body);
+                        }
+                        None => break,
+                    }
+                }
+            },
+            |o| {
+                if matches!(o.kind(), OutcomeKind::Processed | OutcomeKind::Rejected) {
+                    bar.inc(1);
+                }
+            },
+        )
         .await
         .map_err(CliError::failed)?;
         let seconds = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
 
-        // The verdict comes from the database, read back — not from counters kept beside it.
-        let rows = db.ledger().await?;
+        // The verdict comes from the database, read back — not from counters kept beside
+        // it — a page at a time against the regenerated messages.
+        let prefix = Generator::new(&args, seed).prefix;
+        // The tables' totals (other runs' rows included, as the report always gave them),
+        // and this run's own claims and rows, which must agree one to one.
         let claims = db.claim_rows().await?;
+        let (rows, distinct_rows) = db.ledger_counts("").await?;
+        let our_claims = db.claim_rows_with_prefix(&prefix).await?;
+        let (our_rows, our_distinct) = db.ledger_counts(&prefix).await?;
         let outbox = db.outbox_rows().await?;
-        let ours: Vec<Effect> = rows
-            .iter()
-            .filter(|r| r.award_id.starts_with(&prefix))
-            .map(|r| Effect {
-                key: r.key,
-                subject: r.award_id.clone(),
-                amount: r.amount_cents,
-            })
-            .collect();
-        let violations = ledger.violations(&ours);
-        let total: i64 = ours.iter().map(|e| e.amount).sum();
+        let verdict = verify(db.as_ref(), &args, seed, 10_000).await?;
+        let total = verdict.total_cents;
         let dead = broker.dead_letters();
         let stats = broker.stats();
-        let distinct_rows: HashSet<_> = rows.iter().map(|r| r.key).collect();
 
         println!("deliveries: {}", stats.deliveries);
         println!("processed: {claims}");
         println!("duplicates: {}", report.count(OutcomeKind::Duplicate));
         println!("crashes: {}", report.total_crashes());
         println!("rejected: {}", dead.len());
-        println!("disbursements: {}", rows.len());
+        println!("disbursements: {rows}");
         println!("ledger_total_cents: {total}");
-        println!("expected_total_cents: {}", ledger.expected_total());
+        println!("expected_total_cents: {}", verdict.expected_total_cents);
         println!("outbox_rows: {outbox}");
         if let Some(f) = &extras.filter_stats {
             println!("front_filter_hits: {}", f.hits());
@@ -214,26 +467,38 @@ impl StoreVisitor for Demo {
             "throughput_msgs_per_s: {:.0}",
             args.submissions as f64 / seconds.max(1e-9)
         );
-
-        let mut problems: Vec<String> =
-            violations.iter().take(5).map(ToString::to_string).collect();
-        if violations.len() > 5 {
-            problems.push(format!("… {} more", violations.len() - 5));
+        // Per claim transaction start + claim statement (per batch with --batch-size).
+        if let (Some(p50), Some(p99)) = (latency.quantile_ms(0.5), latency.quantile_ms(0.99)) {
+            println!("claim_p50_ms: {p50:.3}");
+            println!("claim_p99_ms: {p99:.3}");
         }
-        if claims != rows.len() as u64 || distinct_rows.len() != rows.len() {
+        if let Some(mib) = max_rss_mib() {
+            println!("max_rss_mib: {mib}");
+        }
+
+        let poison_count = verdict.poison;
+        let mut problems = verdict.problems;
+        if verdict.more > 0 {
+            problems.push(format!("… {} more", verdict.more));
+        }
+        if our_claims != our_rows || our_distinct != our_rows {
             problems.push(format!(
-                "{claims} processed_messages rows but {} disbursements ({} distinct keys)",
-                rows.len(),
-                distinct_rows.len()
+                "{our_claims} processed_messages rows of this run but {our_rows} disbursements \
+                 ({our_distinct} distinct keys)"
             ));
         }
-        if total != ledger.expected_total() {
+        if distinct_rows != rows {
+            problems.push(format!(
+                "{rows} disbursements but {distinct_rows} distinct keys"
+            ));
+        }
+        if total != verdict.expected_total_cents {
             problems.push(format!(
                 "ledger total {total} != expected {}",
-                ledger.expected_total()
+                verdict.expected_total_cents
             ));
         }
-        if dead.len() != poison_count {
+        if dead.len() as u64 != poison_count {
             problems.push(format!(
                 "{} dead letters for {poison_count} poison messages",
                 dead.len()
@@ -289,5 +554,123 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         Ok(())
     } else {
         Err(CliError::failed("exactly-once violated"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_latency_buckets_are_within_a_few_percent() {
+        for micros in [
+            0_u64, 1, 31, 32, 33, 100, 999, 1_000, 12_345, 1_000_000, 60_000_000,
+        ] {
+            let lower = ClaimLatency::lower(ClaimLatency::index(micros));
+            assert!(lower <= micros, "{micros}: lower bound {lower}");
+            assert!(
+                micros - lower <= micros / 32 + 1,
+                "{micros}: lower bound {lower}"
+            );
+        }
+        let h = ClaimLatency::new();
+        assert_eq!(h.quantile_ms(0.5), None);
+        for ms in 1..=100_u64 {
+            h.stage(Stage::Claim, Duration::from_millis(ms));
+            h.stage(Stage::Commit, Duration::from_secs(9));
+        }
+        let p50 = h.quantile_ms(0.5).expect("p50");
+        let p99 = h.quantile_ms(0.99).expect("p99");
+        assert!((48.0..=50.0).contains(&p50), "p50 {p50}");
+        assert!((96.0..=99.0).contains(&p99), "p99 {p99}");
+    }
+
+    async fn insert(store: &idem_store_sqlite::SqliteStore, award: &str, amount: i64, key: &str) {
+        sqlx::query(
+            "INSERT INTO disbursements (award_id, amount_cents, idempotency_key) VALUES (?, ?, ?)",
+        )
+        .bind(award)
+        .bind(amount)
+        .bind(key)
+        .execute(store.pool())
+        .await
+        .expect("insert");
+    }
+
+    #[tokio::test]
+    async fn the_verdict_reads_pages_and_names_lost_duplicated_and_wrong_rows() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("verdict.db").display().to_string();
+        let store = idem_store_sqlite::SqliteStore::open(&path, Default::default())
+            .await
+            .expect("open");
+        store.migrate_grants().await.expect("migrate");
+        let args = Args {
+            store: None,
+            schema: None,
+            submissions: 40,
+            redeliveries: 0.0,
+            crash_rate: 0.0,
+            poison_rate: 0.2,
+            batch_size: 1,
+            concurrency: 1,
+            front_filter: None,
+            seed: None,
+        };
+        let seed = 42;
+        let mut valid = Vec::new();
+        for m in Generator::new(&args, seed) {
+            if let Message::Valid {
+                key,
+                award_id,
+                amount,
+                ..
+            } = m
+            {
+                insert(&store, &award_id, amount, &key.to_hex()).await;
+                valid.push((award_id, key, amount));
+            }
+        }
+        // Another run's row, outside this run's prefix, is none of its business.
+        insert(&store, "A-other-run", 5, &"ab".repeat(32)).await;
+        let v = verify(&store, &args, seed, 3).await.expect("verify");
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
+        assert!(v.poison > 0 && valid.len() < 40, "poison was generated");
+        assert_eq!(v.total_cents, v.expected_total_cents);
+
+        // One row lost, one duplicated, one with the wrong amount.
+        sqlx::query("DELETE FROM disbursements WHERE award_id = ?")
+            .bind(&valid[0].0)
+            .execute(store.pool())
+            .await
+            .expect("delete");
+        insert(&store, &valid[5].0, valid[5].2, &valid[5].1.to_hex()).await;
+        sqlx::query("UPDATE disbursements SET amount_cents = amount_cents + 1 WHERE award_id = ?")
+            .bind(&valid[9].0)
+            .execute(store.pool())
+            .await
+            .expect("update");
+        let v = verify(&store, &args, seed, 3).await.expect("verify");
+        let all = v.problems.join("\n");
+        assert_eq!(v.problems.len(), 3, "{all}");
+        assert!(
+            all.contains(&format!("lost: {}", valid[0].1.short())),
+            "{all}"
+        );
+        assert!(
+            all.contains(&format!("duplicated: {}", valid[5].1.short())),
+            "{all}"
+        );
+        assert!(
+            all.contains(&format!("wrong amount for {}", valid[9].1.short())),
+            "{all}"
+        );
+    }
+
+    #[test]
+    fn peak_memory_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(max_rss_mib().is_some_and(|m| m > 0));
+        }
     }
 }

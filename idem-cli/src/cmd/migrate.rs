@@ -27,6 +27,25 @@ pub(crate) struct Args {
     /// identity, restores and clones"), before any consumer starts on it.
     #[arg(long)]
     rotate_store_identity: bool,
+    /// The layout of processed_messages (Postgres only), used when it does not exist yet:
+    /// `plain` (the reference's table, shared with consumers in other languages) or
+    /// `partitioned` (by the submission month: old months are purged by dropping their
+    /// partition; docs/scale.md). An existing table keeps its layout; asking for
+    /// `partitioned` over a plain one is an error.
+    #[arg(long, value_parser = parse_layout)]
+    layout: Option<idem_store_postgres::PgLayout>,
+    /// Partitioned layout: months of partitions to create before the current one (for
+    /// history about to be loaded; older months go to the default partition).
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(0..=1200))]
+    partition_months_back: u32,
+    /// Partitioned layout: months of partitions to create after the current one.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=1200))]
+    partition_months_ahead: u32,
+}
+
+fn parse_layout(s: &str) -> Result<idem_store_postgres::PgLayout, String> {
+    s.parse()
+        .map_err(|e: idem_store_postgres::PgError| e.to_string())
 }
 
 struct Done;
@@ -49,7 +68,18 @@ impl StoreVisitor for Done {
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    let spec = StoreSpec::new(&args.store, args.schema, None)?;
+    let mut spec = StoreSpec::new(&args.store, args.schema, None)?;
+    if let Some(layout) = args.layout {
+        if !matches!(spec.url, stores::StoreUrl::Postgres(_)) {
+            return Err(CliError::usage(
+                "--layout applies to postgres:// stores only",
+            ));
+        }
+        spec.pg_layout = Some(layout);
+    }
+    if matches!(spec.url, stores::StoreUrl::Postgres(_)) {
+        spec.pg_partition_window = Some((args.partition_months_back, args.partition_months_ahead));
+    }
     let pg_url = match (&spec.url, args.append_only) {
         (stores::StoreUrl::Postgres(url), true) => Some(url.clone()),
         (_, true) => {
@@ -95,6 +125,20 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         let store = idem_store_postgres::PgStore::connect(&url, config).await?;
         store.migrate_append_only().await?;
         println!("append-only: processed_messages");
+    }
+    if let stores::StoreUrl::Postgres(url) = &url {
+        let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
+        let config = idem_store_postgres::PgConfig::new(schema)
+            .map_err(|e| CliError::usage(e.to_string()))?
+            .with_max_connections(1);
+        let store = idem_store_postgres::PgStore::connect(url, config).await?;
+        println!("layout: {}", store.layout());
+        if store.layout() == idem_store_postgres::PgLayout::Partitioned {
+            let months = store.partitions().await?;
+            if let (Some(first), Some(last)) = (months.first(), months.last()) {
+                println!("partitions: {} ({first} .. {last}) + default", months.len());
+            }
+        }
     }
     println!("migrated: {}", stores::redact(&args.store));
     Ok(())

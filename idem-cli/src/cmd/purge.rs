@@ -1,5 +1,6 @@
 //! `idem purge`: delete dedup records and published outbox rows older than a cutoff, in
-//! bounded batches, never below the retention floor unless told to.
+//! bounded batches (on the partitioned layout: drop whole monthly partitions), never below
+//! the retention floor unless told to.
 
 use std::time::Duration;
 
@@ -108,6 +109,28 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         })?;
     println!("cutoff: {}", report.cutoff);
     println!("dry_run: {}", report.dry_run);
+    println!("layout: {}", store.layout());
+    if store.layout() == idem_store_postgres::PgLayout::Partitioned {
+        for name in &report.partitions_dropped {
+            eprintln!(
+                "purge: partition {name} {}",
+                if report.dry_run {
+                    "would be dropped"
+                } else {
+                    "dropped"
+                }
+            );
+        }
+        for name in &report.partitions_kept {
+            eprintln!("purge: partition {name} kept: it holds claims made after the cutoff");
+        }
+        println!("partitions_dropped: {}", report.partitions_dropped.len());
+        println!("partitions_kept: {}", report.partitions_kept.len());
+        println!(
+            "partition_rows_estimate: {}",
+            report.partition_rows_estimate
+        );
+    }
     println!("dedup_records: {}", report.dedup_records);
     println!("outbox_events: {}", report.outbox_events);
     println!("batches: {}", report.batches);

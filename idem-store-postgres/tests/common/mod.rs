@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use idem_core::{Capabilities, ClaimStore, IdempotencyKey, OutboxEvent, OutboxWriter, StoreError};
 use idem_store_postgres::error::map_sqlx;
-use idem_store_postgres::{PgConfig, PgStore, PgTx};
+use idem_store_postgres::{PartitionMonth, PgConfig, PgLayout, PgStore, PgTx};
 use idem_testkit::{Effect, TestStore};
 use rand::Rng;
 use sqlx::Row;
@@ -84,6 +84,28 @@ pub async fn fresh_pg_with(config: impl FnOnce(PgConfig) -> PgConfig) -> PgStore
     store.migrate().await.expect("migrate");
     create_effects(&store).await;
     store
+}
+
+/// A migrated store on a new schema in the partitioned layout, with the monthly
+/// partitions of 2026 (the test timestamps' year) besides the default window, and the
+/// test `effects` table.
+pub async fn fresh_partitioned_pg() -> PgStore {
+    let store = fresh_pg_with(|c| c.with_layout(PgLayout::Partitioned)).await;
+    assert_eq!(store.layout(), PgLayout::Partitioned);
+    let (first, last) = (
+        PartitionMonth::new(2026, 1).expect("month"),
+        PartitionMonth::new(2026, 12).expect("month"),
+    );
+    store
+        .create_partitions(first, last)
+        .await
+        .expect("create the partitions of 2026");
+    store
+}
+
+/// A fresh partitioned [`TestPg`].
+pub async fn fresh_partitioned_store() -> TestPg {
+    TestPg(fresh_partitioned_pg().await)
 }
 
 /// Creates the `effects` table the [`TestStore`] writes.
