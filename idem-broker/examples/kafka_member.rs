@@ -62,9 +62,17 @@ async fn main() {
     let store = PgStore::connect(&pg, config)
         .await
         .unwrap_or_else(|e| fail("Postgres", e));
-    let deliveries = AnyConsumer::connect(&url, &topic, 4)
-        .await
-        .unwrap_or_else(|e| fail("connect", e));
+    // A group that is rebalancing after a member died can take tansu longer than one join
+    // timeout to hand out partitions: try three times.
+    let mut tries = 0;
+    let deliveries = loop {
+        tries += 1;
+        match AnyConsumer::connect(&url, &topic, 4).await {
+            Ok(d) => break d,
+            Err(e) if tries < 3 => eprintln!("kafka_member: connect (try {tries} of 3): {e}"),
+            Err(e) => fail("connect", e),
+        }
+    };
     println!("joined");
     let deliveries = Box::pin(deliveries.then(move |d| async move {
         tokio::time::sleep(delay).await;
