@@ -118,6 +118,19 @@ mod sqlite {
     use idem_store_sqlite::{SqliteStore, SqliteTx};
     use sqlx::Row as _;
 
+    /// `(idempotency_key, award_id, amount_cents)` rows as ledger rows.
+    fn ledger_rows(rows: &[sqlx::sqlite::SqliteRow]) -> Result<Vec<LedgerRow>, StoreError> {
+        rows.iter()
+            .map(|r| {
+                Ok(LedgerRow {
+                    key: parse_key(&r.get::<String, _>(0))?,
+                    award_id: r.get(1),
+                    amount_cents: r.get(2),
+                })
+            })
+            .collect()
+    }
+
     fn err(what: &str, e: sqlx::Error) -> StoreError {
         StoreError::Other {
             message: what.to_owned(),
@@ -197,15 +210,7 @@ mod sqlite {
                     .fetch_all(self.pool())
                     .await
                     .map_err(|e| err("reading disbursements", e))?;
-            rows.iter()
-                .map(|r| {
-                    Ok(LedgerRow {
-                        key: parse_key(&r.get::<String, _>(0))?,
-                        award_id: r.get(1),
-                        amount_cents: r.get(2),
-                    })
-                })
-                .collect()
+            ledger_rows(&rows)
         }
 
         async fn claim_rows(&self) -> Result<u64, StoreError> {
@@ -280,15 +285,7 @@ mod sqlite {
             .fetch_all(self.pool())
             .await
             .map_err(|e| err("reading disbursements", e))?;
-            rows.iter()
-                .map(|r| {
-                    Ok(LedgerRow {
-                        key: parse_key(&r.get::<String, _>(0))?,
-                        award_id: r.get(1),
-                        amount_cents: r.get(2),
-                    })
-                })
-                .collect()
+            ledger_rows(&rows)
         }
 
         fn grant_handler(&self) -> GrantHandler {
@@ -375,6 +372,19 @@ mod postgres {
     use idem_store_postgres::error::map_sqlx;
     use idem_store_postgres::{PgStore, PgTx};
     use sqlx::Row as _;
+
+    /// `(idempotency_key, award_id, amount_cents)` rows as ledger rows.
+    fn ledger_rows(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<LedgerRow>, StoreError> {
+        rows.iter()
+            .map(|r| {
+                Ok(LedgerRow {
+                    key: parse_key(&r.get::<String, _>(0))?,
+                    award_id: r.get(1),
+                    amount_cents: r.get(2),
+                })
+            })
+            .collect()
+    }
 
     #[async_trait]
     impl GrantBook for PgTx {
@@ -466,15 +476,7 @@ mod postgres {
             .fetch_all(self.pool())
             .await
             .map_err(|e| map_sqlx(e, "reading disbursements"))?;
-            rows.iter()
-                .map(|r| {
-                    Ok(LedgerRow {
-                        key: parse_key(&r.get::<String, _>(0))?,
-                        award_id: r.get(1),
-                        amount_cents: r.get(2),
-                    })
-                })
-                .collect()
+            ledger_rows(&rows)
         }
 
         async fn claim_rows(&self) -> Result<u64, StoreError> {
@@ -544,15 +546,7 @@ mod postgres {
             .fetch_all(self.pool())
             .await
             .map_err(|e| map_sqlx(e, "reading disbursements"))?;
-            rows.iter()
-                .map(|r| {
-                    Ok(LedgerRow {
-                        key: parse_key(&r.get::<String, _>(0))?,
-                        award_id: r.get(1),
-                        amount_cents: r.get(2),
-                    })
-                })
-                .collect()
+            ledger_rows(&rows)
         }
 
         fn grant_handler(&self) -> GrantHandler {
