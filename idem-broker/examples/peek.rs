@@ -2,7 +2,11 @@
 //! (`scripts/chaos`): `peek BROKER_URL NAME HEADER` prints one line per message — the
 //! value of HEADER (or `-`), a tab, the SHA-256 of the body in hex. It stops once nothing
 //! arrived for 3 s; the unsettled messages go back to the broker when it disconnects.
+//! A connection that fails is tried three times (a Kafka group may be rebalancing).
 //! Exit status 2 on bad arguments, 1 when the broker cannot be reached.
+//!
+//! For Kafka, give peek a `group` of its own: joining the consumers' group would take
+//! part in their rebalances.
 
 use std::time::Duration;
 
@@ -24,11 +28,19 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let consumer = match AnyConsumer::connect(&url, name, 65_535).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("peek: {e}");
-            std::process::exit(1);
+    let mut tries = 0;
+    let consumer = loop {
+        tries += 1;
+        match AnyConsumer::connect(&url, name, 65_535).await {
+            Ok(c) => break c,
+            Err(e) if tries < 3 && e.is_retryable() => {
+                eprintln!("peek: {} (trying again)", chain(&e));
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Err(e) => {
+                eprintln!("peek: {}", chain(&e));
+                std::process::exit(1);
+            }
         }
     };
     let mut held = Vec::new();
@@ -41,9 +53,21 @@ async fn main() {
                 held.push(d);
             }
             Err(e) => {
-                eprintln!("peek: {e}");
+                eprintln!("peek: {}", chain(&e));
                 std::process::exit(1);
             }
         }
     }
+}
+
+/// The error and its sources, `: `-separated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
 }
