@@ -55,8 +55,9 @@ pub struct KafkaConfig {
     /// The rebalance strategy (default [`Assignment::CooperativeSticky`]).
     pub assignment: Assignment,
     /// `max.poll.interval.ms` (default 5 min). The consumer polls librdkafka from a task
-    /// of its own, pausing its partitions while `prefetch` deliveries wait, so a slow
-    /// handler never makes the member miss this interval and leave the group.
+    /// of its own, pausing its partitions once `prefetch` deliveries have waited a tenth
+    /// of it (at most 1 s), so a slow handler never makes the member miss this interval
+    /// and leave the group.
     pub max_poll_interval: Duration,
     /// The most deliveries waiting in the consumer, fetched and not yet taken (also
     /// librdkafka's `queued.min.messages`, floored at 1000); default 100.

@@ -352,10 +352,10 @@ async fn committer(
 /// to it before the offset was committed, counts again).
 ///
 /// A task of its own polls librdkafka and keeps up to
-/// [`prefetch`](KafkaConfig::prefetch) deliveries waiting; when they are not taken it
-/// pauses the assigned partitions and keeps polling (so the member stays in the group
-/// however slow the handler: `max.poll.interval.ms` is met), and resumes them once
-/// there is room.
+/// [`prefetch`](KafkaConfig::prefetch) deliveries waiting; when they are not taken for
+/// a while (a tenth of `max.poll.interval.ms`, at most 1 s) it pauses the assigned
+/// partitions and keeps polling (so the member stays in the group however slow the
+/// handler: `max.poll.interval.ms` is met), and resumes them once there is room.
 pub struct KafkaConsumer {
     inner: BoxStream<'static, Result<Delivery<KafkaAcker>, BrokerError>>,
     name: String,

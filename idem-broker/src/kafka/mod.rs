@@ -30,9 +30,11 @@
 //! - **Prefetch and liveness**: a task of its own polls librdkafka, keeping at most
 //!   [`KafkaConfig::prefetch`] deliveries waiting (and librdkafka's own queue bounded by
 //!   `queued.min.messages` and [`KafkaConfig::queued_kbytes`]); when they are not taken
-//!   it pauses the partitions and keeps polling, so however slow the handler the member
-//!   meets `max.poll.interval.ms` ([`KafkaConfig::max_poll_interval`]) and stays in the
-//!   group.
+//!   for a while (a tenth of `max.poll.interval.ms`, at most 1 s) it pauses the
+//!   partitions and keeps polling, so however slow the handler the member meets
+//!   `max.poll.interval.ms` ([`KafkaConfig::max_poll_interval`]) and stays in the group.
+//!   A consumer that merely takes one delivery at a time never pauses (a pause and
+//!   resume costs a fetch round trip).
 //! - **Publishing** ([`KafkaPublisher`]): the idempotent producer (`enable.idempotence`,
 //!   `acks=all`), the subject (award id) as the message key (order per award), the event
 //!   id and type in headers.
