@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
-use idem_core::{ClaimStore, ConsumerConfig, Gate, GateConfig, Handler};
+use idem_core::{ClaimStore, ConflictPolicy, ConsumerConfig, Gate, GateConfig, Handler};
 use idem_grant::{GrantDb, GrantHandler};
 use idem_runtime::{supervise::supervise, supervise::SupervisorConfig, Backoff};
 
@@ -42,6 +42,13 @@ pub(crate) struct Args {
     /// error (`attempts_exhausted`); an unreachable store never counts.
     #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one_u32)]
     max_attempts: u32,
+    /// What a conflicting resubmission leads to - the same award id and submission
+    /// timestamp as one already claimed, but another payload (an amount changed, fields
+    /// reordered, a space added): `dead-letter` rolls it back and dead-letters it with
+    /// reason `conflict`, naming both keys; `process` disburses it again (the reference
+    /// behaviour).
+    #[arg(long, value_name = "POLICY", default_value_t = ConflictPolicy::DeadLetter)]
+    on_conflict: ConflictPolicy,
     /// A Redis front filter (redis://…) before the durable store.
     #[arg(long, value_name = "URL")]
     front_filter: Option<String>,
@@ -130,7 +137,9 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         broker,
         source: args.source,
         config,
-        gate: GateConfig::default().with_max_attempts(args.max_attempts),
+        gate: GateConfig::default()
+            .with_max_attempts(args.max_attempts)
+            .with_on_conflict(args.on_conflict),
         metrics,
     };
     let run = super::open_with_retry(&spec, migrate, visitor, &visited, timeout).await?;
