@@ -220,7 +220,7 @@ pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<S
     let broker = SimBroker::with_redelivery_rate(case.seed, case.redelivery_rate)
         .with_expiry_rate(case.expiry_rate);
     let mut ledger = Ledger::new();
-    let policy = if case.seed % 2 == 0 {
+    let policy = if case.seed.is_multiple_of(2) {
         ConflictPolicy::DeadLetter
     } else {
         ConflictPolicy::Process
