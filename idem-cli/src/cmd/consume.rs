@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
 use idem_core::{ClaimStore, ConflictPolicy, ConsumerConfig, Gate, GateConfig, Handler};
-use idem_grant::{GrantDb, GrantHandler};
+use idem_grant::{GrantDb, GrantHandler, KeyDerivation};
 use idem_runtime::{supervise::supervise, supervise::SupervisorConfig, Backoff};
 
 use crate::cmd::{at_least_one, at_least_one_u32, broker_error, gave_up, parse_secs};
@@ -49,6 +49,12 @@ pub(crate) struct Args {
     /// behaviour).
     #[arg(long, value_name = "POLICY", default_value_t = ConflictPolicy::DeadLetter)]
     on_conflict: ConflictPolicy,
+    /// How keys are derived: `reference` hashes the body's bytes (byte-identical to the
+    /// reference consumer: keep it for a table shared with it); `canonical-json` hashes its
+    /// RFC 8785 canonical form, so a body resent with other spacing or field order is a
+    /// duplicate, not a conflict.
+    #[arg(long, value_name = "DERIVATION", default_value_t = KeyDerivation::Reference)]
+    key_derivation: KeyDerivation,
     /// A Redis front filter (redis://…) before the durable store.
     #[arg(long, value_name = "URL")]
     front_filter: Option<String>,
@@ -75,6 +81,7 @@ struct Consume {
     source: String,
     config: SupervisorConfig,
     gate: GateConfig,
+    key_derivation: KeyDerivation,
     metrics: Arc<crate::metrics::ConsumeMetrics>,
 }
 
@@ -107,8 +114,9 @@ impl StoreVisitor for Consume {
             .map_err(|e| gave_up(&what, e))?;
         let (kind, size, n) = (broker.kind(), c.batch_size, c.concurrency);
         eprintln!("idem consume: {kind} {source} → store; batch size {size}, concurrency {n}");
-        let gate = Gate::with_config(store, db.grant_handler(), self.gate)
-            .with_observer(self.metrics.stages());
+        let handler = db.grant_handler().with_key_derivation(self.key_derivation);
+        let gate =
+            Gate::with_config(store, handler, self.gate).with_observer(self.metrics.stages());
         let metrics = Arc::clone(&self.metrics);
         let observe = move |o: &idem_core::Outcome| metrics.record(o);
         let shutdown = crate::cmd::shutdown_signal();
@@ -137,6 +145,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         broker,
         source: args.source,
         config,
+        key_derivation: args.key_derivation,
         gate: GateConfig::default()
             .with_max_attempts(args.max_attempts)
             .with_on_conflict(args.on_conflict),
