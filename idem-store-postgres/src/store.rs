@@ -40,9 +40,6 @@ pub(crate) struct Sql {
     /// With the identity column: `ON CONFLICT DO NOTHING` on any unique index (the key's
     /// and the identity's).
     pub(crate) claim_identity: String,
-    /// [`Sql::claim_identity`] with the row that would refuse it read in the same
-    /// statement (from the statement's snapshot): `(inserted, key, o)`.
-    pub(crate) claim_identity_lookup: String,
     pub(crate) claim_batch_identity: String,
     /// After an identity claim inserted nothing: the key's own row (`o = 0`: duplicate),
     /// else the identity's (`o = 1`: conflict), per item.
@@ -143,36 +140,6 @@ impl Shared {
                      (idempotency_key, award_id, claimed_at, submission_month, submission_timestamp) \
                      VALUES ($1, $2, now(), $4::date, $3) ON CONFLICT DO NOTHING"
                 ),
-            },
-            claim_identity_lookup: {
-                let month = match layout {
-                    PgLayout::Plain => "",
-                    PgLayout::Partitioned => " AND p.submission_month = $4::date",
-                };
-                let insert = match layout {
-                    PgLayout::Plain => format!(
-                        "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
-                         VALUES ($1, $2, now(), $3)"
-                    ),
-                    PgLayout::Partitioned => format!(
-                        "INSERT INTO {pm} \
-                         (idempotency_key, award_id, claimed_at, submission_month, submission_timestamp) \
-                         VALUES ($1, $2, now(), $4::date, $3)"
-                    ),
-                };
-                format!(
-                    "WITH ins AS ({insert} ON CONFLICT DO NOTHING RETURNING 1) \
-                     SELECT (SELECT count(*) FROM ins), f.idempotency_key, f.o \
-                     FROM (SELECT 1) AS one LEFT JOIN LATERAL ( \
-                       SELECT p.idempotency_key, 0 AS o FROM {pm} p \
-                       WHERE p.idempotency_key = $1{month} \
-                       UNION ALL \
-                       (SELECT p.idempotency_key, 1 AS o FROM {pm} p \
-                        WHERE p.award_id = $2 AND p.submission_timestamp = $3 \
-                        AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL{month} \
-                        LIMIT 1) \
-                       ORDER BY o LIMIT 1) f ON true"
-                )
             },
             claim_batch_identity: match layout {
                 PgLayout::Plain => format!(
@@ -610,55 +577,6 @@ impl PgTx {
             .collect())
     }
 
-    /// A claim with an identity, in one round trip in the common cases: inserted →
-    /// `Claimed`; refused by a row committed before the statement began (a redelivery, a
-    /// resubmission) → read in the same statement; refused by a row committed while the
-    /// insert waited for it (invisible to the statement's snapshot) → [`classify`](Self::classify).
-    async fn claim_with_lookup(
-        &mut self,
-        key: &IdempotencyKey,
-        meta: &ClaimMeta,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let stamp = meta.identity().map(|(_, ts)| ts);
-        let mut query = sqlx::query_as(&self.shared.sql.claim_identity_lookup)
-            .bind(key.to_hex())
-            .bind(meta.subject.as_str())
-            .bind(stamp);
-        if self.shared.layout == PgLayout::Partitioned {
-            query = query.bind(Self::month(meta));
-        }
-        let row: Result<(i64, Option<String>, Option<i32>), sqlx::Error> =
-            query.fetch_one(&mut *self.tx).await;
-        match row {
-            Ok((1, _, _)) => {
-                self.claimed = true;
-                Ok(ClaimOutcome::Claimed)
-            }
-            Ok((_, Some(_), Some(0))) => Ok(ClaimOutcome::Duplicate),
-            Ok((_, Some(existing), Some(_))) => Ok(ClaimOutcome::Conflict {
-                existing: existing.parse().map_err(|_| {
-                    StoreError::other(
-                        format!("processed_messages holds a malformed key {existing:?}"),
-                        false,
-                    )
-                })?,
-            }),
-            Ok(_) => Ok(self
-                .classify(&[(key, meta)])
-                .await?
-                .pop()
-                .unwrap_or(ClaimOutcome::InProgress)),
-            Err(e) => {
-                self.aborted = true;
-                if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
-                    Ok(ClaimOutcome::InProgress)
-                } else {
-                    Err(map_sqlx(e, "claim"))
-                }
-            }
-        }
-    }
-
     /// [`ClaimTx::claim_batch`] on a table with the identity column.
     async fn claim_batch_identity(
         &mut self,
@@ -731,9 +649,6 @@ impl ClaimTx for PgTx {
         key: &IdempotencyKey,
         meta: &ClaimMeta,
     ) -> Result<ClaimOutcome, StoreError> {
-        if self.shared.has_identity() && meta.identity().is_some() {
-            return self.claim_with_lookup(key, meta).await;
-        }
         if self.shared.has_identity() {
             let stamp = meta.identity().map(|(_, ts)| ts);
             let mut query = sqlx::query(&self.shared.sql.claim_identity)
