@@ -420,6 +420,10 @@ impl GateConfig {
 /// 3. `Claimed` → run the handler in the transaction → commit → ack
 ///    ([`Outcome::Processed`]); `Duplicate` → roll back → ack ([`Outcome::Duplicate`]);
 ///    `InProgress` → roll back → nack with a delay ([`Outcome::Deferred`]);
+///    `Conflict` (the same identity claimed under another key) → by
+///    [`GateConfig::on_conflict`]: roll back → dead-letter naming both keys
+///    ([`Outcome::Conflict`]), or claim the key again without its identity and go on as
+///    `Claimed` ([`ConflictPolicy::Process`]);
 /// 4. any error → roll back, then by its [`ErrorClass`]: transient → nack with a growing
 ///    delay ([`Outcome::Failed`]), or dead-letter once the attempts reach
 ///    [`GateConfig::max_attempts`]; permanent (the store or the handler refuses this
