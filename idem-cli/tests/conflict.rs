@@ -90,6 +90,8 @@ struct Run {
     amounts: Vec<u64>,
     dead: Vec<(Vec<u8>, String)>,
     stdout: String,
+    /// The `idem::audit` lines about conflicts.
+    audit: Vec<String>,
     bodies: [(String, IdempotencyKey); 2],
 }
 
@@ -150,7 +152,18 @@ fn run(extra: &[&str]) -> Run {
         "3",
     ];
     args.extend_from_slice(extra);
-    let stdout = ok(&idem(&args), "consume");
+    // The audit trail on stderr (off by default).
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(&args)
+        .env("RUST_LOG", "warn,idem::audit=info")
+        .output()
+        .expect("run idem consume");
+    let stdout = ok(&out, "consume");
+    let audit: Vec<String> = text(&out.stderr)
+        .lines()
+        .filter(|l| l.contains("idem::audit") && l.contains("conflict"))
+        .map(str::to_owned)
+        .collect();
 
     let amounts = psql(&format!(
         "SELECT coalesce(string_agg(amount_cents::text, ',' ORDER BY amount_cents), '') \
@@ -174,6 +187,7 @@ fn run(extra: &[&str]) -> Run {
         amounts,
         dead,
         stdout,
+        audit,
         bodies,
     }
 }
@@ -223,10 +237,26 @@ fn a_conflicting_resubmission_is_dead_lettered_naming_both_keys_or_processed_by_
         );
     }
     assert_eq!(report_value(&r.stdout, "conflicts"), 2, "{}", r.stdout);
+    // Audited: each names both key prefixes and the policy.
+    assert_eq!(r.audit.len(), 2, "{:?}", r.audit);
+    for line in &r.audit {
+        assert!(
+            line.contains(&loser_key.short())
+                && line.contains(&winner_key.short())
+                && line.contains("dead-letter"),
+            "{line}"
+        );
+    }
 
     // `process`: the reference behaviour, two disbursements and no dead letter.
     let r = run(&["--on-conflict", "process"]);
     assert_eq!(r.amounts, [100, 250], "{}", r.stdout);
     assert!(r.dead.is_empty(), "{:?}", r.dead);
     assert_eq!(report_value(&r.stdout, "conflicts"), 0, "{}", r.stdout);
+    // Audited all the same, with the policy that let it through.
+    assert!(
+        !r.audit.is_empty() && r.audit.iter().all(|l| l.contains("process")),
+        "{:?}",
+        r.audit
+    );
 }
