@@ -1055,10 +1055,11 @@ where
     /// Under [`ConflictPolicy::Process`], claims the batch's conflicting keys again
     /// without their identity (in the same transaction); otherwise returns `claims` as
     /// they are.
-    async fn reclaim_conflicts(
+    async fn reclaim_conflicts<A: Acker>(
         &self,
         tx: &mut S::Tx,
-        subjects: &[&str],
+        valid: &[Identified<A, H::Input>],
+        unique: &[usize],
         items: &[(IdempotencyKey, ClaimMeta)],
         mut claims: Vec<ClaimOutcome>,
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
@@ -1069,12 +1070,8 @@ where
         let mut again = Vec::new();
         for (pos, c) in claims.iter().enumerate() {
             if let ClaimOutcome::Conflict { existing } = c {
-                audit::conflict(
-                    &items[pos].0,
-                    existing,
-                    subjects[pos],
-                    ConflictPolicy::Process,
-                );
+                let subject = valid[unique[pos]].2.subject.as_str();
+                audit::conflict(&items[pos].0, existing, subject, ConflictPolicy::Process);
                 positions.push(pos);
                 again.push((items[pos].0, items[pos].1.clone().without_identity()));
             }
@@ -1106,7 +1103,7 @@ where
         let claims = match tx.claim_batch(items).await {
             Ok(c) if c.len() == items.len() => {
                 let c = match self
-                    .reclaim_conflicts(&mut tx, &valid_subjects(valid, unique), items, c)
+                    .reclaim_conflicts(&mut tx, valid, unique, items, c)
                     .await
                 {
                     Ok(c) => c,
@@ -1162,14 +1159,6 @@ where
 
 /// A delivery of a batch with its position and its identification.
 type Identified<A, I> = (usize, Delivery<A>, Submission<I>);
-
-/// The subjects of the batch's unique positions, in claim order.
-fn valid_subjects<'a, A, I>(valid: &'a [Identified<A, I>], unique: &[usize]) -> Vec<&'a str> {
-    unique
-        .iter()
-        .map(|&p| valid[p].2.subject.as_str())
-        .collect()
-}
 
 enum BatchFailure {
     /// The store is misconfigured: every delivery is handed back.
