@@ -227,7 +227,7 @@ impl RelayCounters {
 /// and the outbox backlog.
 #[derive(Default)]
 pub(crate) struct ConsumeMetrics {
-    by_kind: [AtomicU64; 5],
+    by_kind: [AtomicU64; 6],
     settle_failures: AtomicU64,
     stages: Arc<StageMetrics>,
     opened: OnceLock<Opened>,
@@ -236,12 +236,13 @@ pub(crate) struct ConsumeMetrics {
 /// The opened store and its front filter's counters.
 type Opened = (Arc<dyn GrantDb>, Option<Arc<FilterStats>>);
 
-const KINDS: [OutcomeKind; 5] = [
+const KINDS: [OutcomeKind; 6] = [
     OutcomeKind::Processed,
     OutcomeKind::Duplicate,
     OutcomeKind::Deferred,
     OutcomeKind::Rejected,
     OutcomeKind::Failed,
+    OutcomeKind::Conflict,
 ];
 
 impl ConsumeMetrics {

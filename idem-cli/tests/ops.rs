@@ -288,6 +288,6 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "ops/check failed:\n{text}");
-    assert!(text.contains("SUCCESS: 7 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 8 rules found"), "{text}");
     assert!(text.contains("SUCCESS"), "{text}");
 }

@@ -1,6 +1,8 @@
 //! Audit events: the retained evidence trail.
 //!
-//! Every processed submission, every suppressed duplicate and every rejection emits one
+//! Every processed submission, every suppressed duplicate, every conflict (the same
+//! submission with another payload: `outcome = "conflict"`, with the other key's prefix in
+//! `existing` and the pipeline's `policy`) and every rejection emits one
 //! structured `tracing` event with target [`AUDIT_TARGET`] and the fields `key` (the
 //! 12-character prefix), `subject` (the business id) and `outcome`. Payloads are never
 //! logged. Route the target to durable storage with your subscriber, for example
@@ -21,4 +23,13 @@ pub(crate) fn duplicate(key: &IdempotencyKey, subject: &str) {
 
 pub(crate) fn rejected(subject: Option<&str>, code: &str) {
     tracing::info!(target: "idem::audit", subject = subject.unwrap_or(""), outcome = "rejected", reason = code);
+}
+
+pub(crate) fn conflict(
+    key: &IdempotencyKey,
+    existing: &IdempotencyKey,
+    subject: &str,
+    policy: crate::gate::ConflictPolicy,
+) {
+    tracing::info!(target: "idem::audit", key = %key.short(), existing = %existing.short(), subject, outcome = "conflict", policy = policy.as_str());
 }

@@ -68,12 +68,20 @@ pub struct ConsumerStats {
     pub failed: u64,
     /// Settlements that failed (an ack after a commit, a nack, a dead-letter).
     pub settle_failures: u64,
+    /// Dead-lettered as conflicts: the same submission (identity) already claimed with
+    /// another payload ([`Outcome::Conflict`]). Not counted in `rejected`.
+    pub conflicts: u64,
 }
 
 impl ConsumerStats {
     /// All deliveries seen.
     pub fn deliveries(&self) -> u64 {
-        self.processed + self.duplicates + self.deferred + self.rejected + self.failed
+        self.processed
+            + self.duplicates
+            + self.deferred
+            + self.rejected
+            + self.failed
+            + self.conflicts
     }
 
     /// Every count by its name (`deliveries` first, then each field), for a report or a
@@ -84,7 +92,7 @@ impl ConsumerStats {
     /// assert_eq!(s.counts()[0], ("deliveries", 4));
     /// assert_eq!(s.counts()[1], ("processed", 3));
     /// ```
-    pub fn counts(&self) -> [(&'static str, u64); 7] {
+    pub fn counts(&self) -> [(&'static str, u64); 8] {
         [
             ("deliveries", self.deliveries()),
             ("processed", self.processed),
@@ -93,12 +101,13 @@ impl ConsumerStats {
             ("rejected", self.rejected),
             ("failed", self.failed),
             ("settle_failures", self.settle_failures),
+            ("conflicts", self.conflicts),
         ]
     }
 }
 
 #[derive(Default)]
-struct Counters([AtomicU64; 6]);
+struct Counters([AtomicU64; 7]);
 
 impl Counters {
     fn record(&self, o: &Outcome) {
@@ -108,6 +117,7 @@ impl Counters {
             OutcomeKind::Deferred => 2,
             OutcomeKind::Rejected => 3,
             OutcomeKind::Failed => 4,
+            OutcomeKind::Conflict => 6,
         };
         self.0[i].fetch_add(1, Ordering::Relaxed);
         if o.settle_error().is_some() {
@@ -124,6 +134,7 @@ impl Counters {
             rejected: g(3),
             failed: g(4),
             settle_failures: g(5),
+            conflicts: g(6),
         }
     }
 }

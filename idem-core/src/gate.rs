@@ -92,6 +92,8 @@ pub enum OutcomeKind {
     Rejected,
     /// Rolled back and nacked for redelivery.
     Failed,
+    /// The same submission (identity) with another payload: rolled back and dead-lettered.
+    Conflict,
 }
 
 impl OutcomeKind {
@@ -103,6 +105,7 @@ impl OutcomeKind {
             Self::Deferred => "deferred",
             Self::Rejected => "rejected",
             Self::Failed => "failed",
+            Self::Conflict => "conflict",
         }
     }
 }
@@ -150,6 +153,20 @@ pub enum Outcome {
         /// The nack's result.
         settle: Result<(), AckError>,
     },
+    /// The submission's identity (subject + submission timestamp) was already claimed
+    /// under another key — the same submission sent again with a different payload — and
+    /// the pipeline's policy is [`ConflictPolicy::DeadLetter`]: rolled back and
+    /// dead-lettered with a reason ([`CONFLICT`]) naming both keys.
+    Conflict {
+        /// This delivery's key.
+        key: IdempotencyKey,
+        /// The key that claimed the identity first.
+        existing: IdempotencyKey,
+        /// The reason it was dead-lettered with.
+        reason: RejectReason,
+        /// The dead-letter's result (on `Err` the delivery stays in the source).
+        settle: Result<(), AckError>,
+    },
 }
 
 impl Outcome {
@@ -161,6 +178,7 @@ impl Outcome {
             Self::Deferred { .. } => OutcomeKind::Deferred,
             Self::Rejected { .. } => OutcomeKind::Rejected,
             Self::Failed { .. } => OutcomeKind::Failed,
+            Self::Conflict { .. } => OutcomeKind::Conflict,
         }
     }
 
@@ -169,7 +187,8 @@ impl Outcome {
         match self {
             Self::Processed { key, .. }
             | Self::Duplicate { key, .. }
-            | Self::Deferred { key, .. } => Some(key),
+            | Self::Deferred { key, .. }
+            | Self::Conflict { key, .. } => Some(key),
             Self::Failed { key, .. } => key.as_ref(),
             Self::Rejected { .. } => None,
         }
@@ -182,7 +201,8 @@ impl Outcome {
             | Self::Duplicate { settle, .. }
             | Self::Deferred { settle, .. }
             | Self::Rejected { settle, .. }
-            | Self::Failed { settle, .. } => settle.as_ref().err(),
+            | Self::Failed { settle, .. }
+            | Self::Conflict { settle, .. } => settle.as_ref().err(),
         }
     }
 }
@@ -282,6 +302,9 @@ pub struct GateConfig {
     /// An unreachable store never counts against it: that is the store's fault, not the
     /// message's, and the consumer's reconnect deadline decides. Default 10.
     pub max_attempts: u32,
+    /// What a [`ClaimOutcome::Conflict`] (the same submission with another payload)
+    /// leads to. Default [`ConflictPolicy::DeadLetter`].
+    pub on_conflict: ConflictPolicy,
 }
 
 impl Default for GateConfig {
@@ -290,6 +313,65 @@ impl Default for GateConfig {
             defer_delay: Duration::from_secs(1),
             retry: RetryPolicy::default(),
             max_attempts: 10,
+            on_conflict: ConflictPolicy::DeadLetter,
+        }
+    }
+}
+
+/// What the gate does with a submission whose identity (subject + submission timestamp,
+/// [`ClaimMeta::identity`]) is already claimed under another key: the same submission
+/// sent again with a different payload (an amount changed, fields reordered, a space
+/// added), which the seed-compatible key derivation turns into a new key.
+///
+/// Either way an audit event (`outcome = "conflict"`) names both key prefixes and the
+/// policy. Only stores that [detect conflicts](crate::Capabilities::detects_conflicts)
+/// report them; with any other store both policies process the submission.
+///
+/// ```
+/// use idem_core::gate::ConflictPolicy;
+/// assert_eq!("process".parse::<ConflictPolicy>(), Ok(ConflictPolicy::Process));
+/// assert_eq!(ConflictPolicy::default().as_str(), "dead-letter");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ConflictPolicy {
+    /// Roll back and dead-letter the delivery with a reason ([`CONFLICT`]) naming both
+    /// keys: [`Outcome::Conflict`]. Nothing of it is written; its redeliveries conflict
+    /// again. The default.
+    #[default]
+    DeadLetter,
+    /// The reference behaviour: process it as a submission of its own (a second effect).
+    /// The gate re-claims the key in the same transaction without the identity
+    /// ([`ClaimMeta::without_identity`]), so the key's own unique index still makes its
+    /// redeliveries duplicates; the outcome is `Processed` (or `Duplicate`).
+    Process,
+}
+
+impl ConflictPolicy {
+    /// `dead-letter` or `process`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DeadLetter => "dead-letter",
+            Self::Process => "process",
+        }
+    }
+}
+
+impl std::fmt::Display for ConflictPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ConflictPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "dead-letter" => Ok(Self::DeadLetter),
+            "process" => Ok(Self::Process),
+            other => Err(format!(
+                "unknown conflict policy {other:?}: expected dead-letter or process"
+            )),
         }
     }
 }
@@ -322,6 +404,13 @@ impl GateConfig {
         self.max_attempts = n.max(1);
         self
     }
+
+    /// Sets the [`ConflictPolicy`].
+    #[must_use]
+    pub fn with_on_conflict(mut self, policy: ConflictPolicy) -> Self {
+        self.on_conflict = policy;
+        self
+    }
 }
 /// The claim → commit → ack state machine.
 ///
@@ -331,6 +420,10 @@ impl GateConfig {
 /// 3. `Claimed` → run the handler in the transaction → commit → ack
 ///    ([`Outcome::Processed`]); `Duplicate` → roll back → ack ([`Outcome::Duplicate`]);
 ///    `InProgress` → roll back → nack with a delay ([`Outcome::Deferred`]);
+///    `Conflict` (the same identity claimed under another key) → by
+///    [`GateConfig::on_conflict`]: roll back → dead-letter naming both keys
+///    ([`Outcome::Conflict`]), or claim the key again without its identity and go on as
+///    `Claimed` ([`ConflictPolicy::Process`]);
 /// 4. any error → roll back, then by its [`ErrorClass`]: transient → nack with a growing
 ///    delay ([`Outcome::Failed`]), or dead-letter once the attempts reach
 ///    [`GateConfig::max_attempts`]; permanent (the store or the handler refuses this
@@ -423,6 +516,30 @@ pub const ATTEMPTS_EXHAUSTED: &str = "attempts_exhausted";
 pub const STORE_REJECTED: &str = "store_rejected";
 /// The reason code of a delivery dead-lettered because of another permanent failure.
 pub const PERMANENT_FAILURE: &str = "permanent_failure";
+/// The reason code of a delivery dead-lettered because its identity was already claimed
+/// under another key ([`Outcome::Conflict`]).
+pub const CONFLICT: &str = "conflict";
+
+/// The dead-letter reason of a conflict: it names both keys in full (the subject and the
+/// timestamp are in the payload; the payload itself never is).
+///
+/// ```
+/// # use idem_core::{IdempotencyKey, gate::conflict_reason};
+/// let a = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{\"amount\":1}").unwrap();
+/// let b = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{\"amount\":2}").unwrap();
+/// let r = conflict_reason(&b, &a);
+/// assert_eq!(r.code, "conflict");
+/// assert!(r.detail.contains(&a.to_hex()) && r.detail.contains(&b.to_hex()));
+/// ```
+pub fn conflict_reason(key: &IdempotencyKey, existing: &IdempotencyKey) -> RejectReason {
+    RejectReason::new(
+        CONFLICT,
+        format!(
+            "key {key} conflicts with key {existing}: the same identity (subject and \
+             submission timestamp) was already claimed with a different payload"
+        ),
+    )
+}
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
@@ -529,6 +646,37 @@ where
         } = delivery;
         let settle = acker.dead_letter(&payload, &headers, &reason).await;
         Outcome::Rejected { reason, settle }
+    }
+
+    /// Dead-letters a conflicting delivery (its transaction already rolled back).
+    async fn conflict<A: Acker>(
+        &self,
+        delivery: Delivery<A>,
+        key: IdempotencyKey,
+        existing: IdempotencyKey,
+        subject: &str,
+    ) -> Outcome {
+        audit::conflict(&key, &existing, subject, ConflictPolicy::DeadLetter);
+        tracing::warn!(
+            target: "idem::gate",
+            key = %key.short(),
+            existing = %existing.short(),
+            "the same submission was already claimed with another payload; dead-lettered"
+        );
+        let reason = conflict_reason(&key, &existing);
+        let Delivery {
+            payload,
+            headers,
+            acker,
+            ..
+        } = delivery;
+        let settle = acker.dead_letter(&payload, &headers, &reason).await;
+        Outcome::Conflict {
+            key,
+            existing,
+            reason,
+            settle,
+        }
     }
 
     /// The attempt number of a failed delivery: the broker's count, else the gate's own.
@@ -653,7 +801,17 @@ where
             Err(e) => return self.fail(delivery, Some(key), subject, e.into()).await,
         };
         let meta = self.handler.claim_meta(&sub);
-        let claimed = match tx.claim(&key, &meta).await {
+        let mut claimed = tx.claim(&key, &meta).await;
+        if let Ok(ClaimOutcome::Conflict { existing }) = claimed {
+            if self.config.on_conflict == ConflictPolicy::Process {
+                // The reference behaviour: a submission of its own. Claimed again without
+                // the identity, in the same transaction: the key's unique index still
+                // serialises its redeliveries.
+                audit::conflict(&key, &existing, &sub.subject, ConflictPolicy::Process);
+                claimed = tx.claim(&key, &meta.clone().without_identity()).await;
+            }
+        }
+        let claimed = match claimed {
             Ok(c) => {
                 self.timed(Stage::Claim, started);
                 c
@@ -664,6 +822,11 @@ where
             }
         };
         match claimed {
+            ClaimOutcome::Conflict { existing } => {
+                let _ = tx.rollback().await;
+                self.forget_attempts(&key);
+                self.conflict(delivery, key, existing, &sub.subject).await
+            }
             ClaimOutcome::Duplicate => {
                 // Roll back first: nothing of this delivery may remain. A failed rollback
                 // is harmless (nothing was written), so the duplicate is still acked.
@@ -832,6 +995,8 @@ where
 
         let mut to_ack: Vec<(usize, IdempotencyKey, bool, A)> = Vec::new();
         let mut to_nack: Vec<(usize, IdempotencyKey, A)> = Vec::new();
+        let mut conflicts: Vec<(usize, Delivery<A>, IdempotencyKey, IdempotencyKey, String)> =
+            Vec::new();
         for (pos, (i, d, sub)) in valid.into_iter().enumerate() {
             let is_first = first.get(&sub.key) == Some(&pos);
             match by_key
@@ -850,6 +1015,11 @@ where
                     to_ack.push((i, sub.key, false, d.acker));
                 }
                 ClaimOutcome::InProgress => to_nack.push((i, sub.key, d.acker)),
+                // Nothing was claimed for it: the batch committed without it.
+                ClaimOutcome::Conflict { existing } => {
+                    self.forget_attempts(&sub.key);
+                    conflicts.push((i, d, sub.key, existing, sub.subject));
+                }
             }
         }
         let mut meta = Vec::with_capacity(to_ack.len());
@@ -877,6 +1047,49 @@ where
             let settle = acker.nack(Some(self.config.defer_delay)).await;
             outcomes[i] = Some(Outcome::Deferred { key, settle });
         }
+        for (i, d, key, existing, subject) in conflicts {
+            outcomes[i] = Some(self.conflict(d, key, existing, &subject).await);
+        }
+    }
+
+    /// Under [`ConflictPolicy::Process`], claims the batch's conflicting keys again
+    /// without their identity (in the same transaction); otherwise returns `claims` as
+    /// they are.
+    async fn reclaim_conflicts<A: Acker>(
+        &self,
+        tx: &mut S::Tx,
+        valid: &[Identified<A, H::Input>],
+        unique: &[usize],
+        items: &[(IdempotencyKey, ClaimMeta)],
+        mut claims: Vec<ClaimOutcome>,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        if self.config.on_conflict != ConflictPolicy::Process {
+            return Ok(claims);
+        }
+        let mut positions = Vec::new();
+        let mut again = Vec::new();
+        for (pos, c) in claims.iter().enumerate() {
+            if let ClaimOutcome::Conflict { existing } = c {
+                let subject = valid[unique[pos]].2.subject.as_str();
+                audit::conflict(&items[pos].0, existing, subject, ConflictPolicy::Process);
+                positions.push(pos);
+                again.push((items[pos].0, items[pos].1.clone().without_identity()));
+            }
+        }
+        if again.is_empty() {
+            return Ok(claims);
+        }
+        let redone = tx.claim_batch(&again).await?;
+        if redone.len() != again.len() {
+            return Err(StoreError::other(
+                "claim_batch returned a different number of outcomes",
+                true,
+            ));
+        }
+        for (pos, c) in positions.into_iter().zip(redone) {
+            claims[pos] = c;
+        }
+        Ok(claims)
     }
 
     async fn try_batch<A: Acker>(
@@ -889,6 +1102,16 @@ where
         let mut tx = self.store.begin().await.map_err(BatchFailure::from_store)?;
         let claims = match tx.claim_batch(items).await {
             Ok(c) if c.len() == items.len() => {
+                let c = match self
+                    .reclaim_conflicts(&mut tx, valid, unique, items, c)
+                    .await
+                {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.rollback().await;
+                        return Err(BatchFailure::from_store(e));
+                    }
+                };
                 self.timed(Stage::Claim, started);
                 c
             }

@@ -12,6 +12,12 @@
 //!    acks;
 //! 5. a [`Relay`] that publishes the outbox at least once with deterministic [`EventId`]s.
 //!
+//! The claim also records the submission's identity (subject + submission timestamp,
+//! [`ClaimMeta::identity`]): the same submission resent with another payload — another
+//! key — is a [`ClaimOutcome::Conflict`], which the gate dead-letters naming both keys
+//! ([`Outcome::Conflict`]) or processes as the reference does, by the pipeline's
+//! [`ConflictPolicy`].
+//!
 //! The [`Gate`] runs that state machine for one delivery or one batch; [`consumer::run`]
 //! drives a gate over a stream of deliveries with bounded concurrency and graceful
 //! shutdown. Stores (`idem-store-sqlite`, `idem-store-postgres`, `idem-store-redis`) and
@@ -48,8 +54,8 @@ pub use error::{
 };
 pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx, BREAKER_COOL_DOWN};
 pub use gate::{
-    Gate, GateConfig, GateObserver, Handler, HandlerPanic, Outcome, OutcomeKind, RetryPolicy,
-    Stage, Submission,
+    ConflictPolicy, Gate, GateConfig, GateObserver, Handler, HandlerPanic, Outcome, OutcomeKind,
+    RetryPolicy, Stage, Submission,
 };
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{

@@ -20,7 +20,21 @@ pub struct ClaimMeta {
     /// month, which — being a pure function of the key's input — is the same for a message
     /// and every redelivery of it. Stores without partitions ignore it. `None` (the
     /// default) files the claim where timestamps that do not parse go.
+    ///
+    /// With [`record_identity`](ClaimMeta::record_identity), the subject and this
+    /// timestamp are the submission's *identity*: a store that
+    /// [detects conflicts](Capabilities::detects_conflicts) answers
+    /// [`ClaimOutcome::Conflict`] when another key already claimed the same identity (the
+    /// same submission with a different payload).
     pub submission_timestamp: Option<String>,
+    /// Whether the claim records the identity (subject + submission timestamp) and checks
+    /// it for conflicts. True by default; it has an effect only with a
+    /// [`submission_timestamp`](ClaimMeta::submission_timestamp). The gate's
+    /// [`ConflictPolicy::Process`](crate::gate::ConflictPolicy::Process) re-claims a
+    /// conflicting submission with it cleared ([`ClaimMeta::without_identity`]): the
+    /// claim is then recorded like a reference consumer's (identity columns left NULL),
+    /// while a partitioned store still files it by its timestamp.
+    pub record_identity: bool,
 }
 
 impl ClaimMeta {
@@ -29,6 +43,32 @@ impl ClaimMeta {
         Self {
             subject: subject.into(),
             submission_timestamp: None,
+            record_identity: true,
+        }
+    }
+
+    /// The same metadata without the identity check ([`record_identity`](ClaimMeta::record_identity)
+    /// cleared); the submission timestamp is kept (a partitioned store files the claim by it).
+    ///
+    /// ```
+    /// use idem_core::ClaimMeta;
+    /// let meta = ClaimMeta::new("A-1").with_submission_timestamp("2026-07-01T09:00:00Z");
+    /// assert_eq!(meta.identity(), Some(("A-1", "2026-07-01T09:00:00Z")));
+    /// assert_eq!(meta.without_identity().identity(), None);
+    /// ```
+    #[must_use]
+    pub fn without_identity(mut self) -> Self {
+        self.record_identity = false;
+        self
+    }
+
+    /// The identity this claim records and checks, `(subject, submission timestamp)`:
+    /// `None` without a timestamp or with [`record_identity`](ClaimMeta::record_identity)
+    /// cleared.
+    pub fn identity(&self) -> Option<(&str, &str)> {
+        match (&self.submission_timestamp, self.record_identity) {
+            (Some(ts), true) => Some((self.subject.as_str(), ts.as_str())),
+            _ => None,
         }
     }
 
@@ -47,7 +87,7 @@ impl ClaimMeta {
     }
 }
 
-/// The answer to a claim. A duplicate is an *outcome*, not an error.
+/// The answer to a claim. A duplicate (or a conflict) is an *outcome*, not an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClaimOutcome {
     /// This transaction owns the key: do the work and commit.
@@ -57,6 +97,14 @@ pub enum ClaimOutcome {
     /// Someone else holds the key and has not finished (a live lease, or a lock that did
     /// not clear within the store's lock timeout): defer the delivery, never ack it.
     InProgress,
+    /// The key is new, but its identity ([`ClaimMeta::identity`]: the same subject and
+    /// submission timestamp) is already claimed under another key, `existing`: the same
+    /// submission sent again with a different payload. Nothing was claimed; the gate
+    /// applies the pipeline's [`ConflictPolicy`](crate::gate::ConflictPolicy).
+    Conflict {
+        /// The key that claimed the identity first.
+        existing: IdempotencyKey,
+    },
 }
 
 /// What a store can do, so callers (and the conformance suite) know which guarantees hold.
@@ -70,23 +118,38 @@ pub struct Capabilities {
     pub native_batch_claims: bool,
     /// A committed claim survives a restart of the store (it is audit evidence).
     pub durable: bool,
+    /// Claims record the submission's identity and answer [`ClaimOutcome::Conflict`] for
+    /// a second key of one identity ([`ClaimMeta::identity`]). A store without it never
+    /// answers `Conflict`: a resubmission with a different payload is processed again.
+    pub detects_conflicts: bool,
 }
 
 impl Capabilities {
-    /// A transactional, durable store with batch claims (Postgres, SQLite).
+    /// A transactional, durable store with batch claims that detects conflicts
+    /// (Postgres, SQLite).
     pub const TRANSACTIONAL: Self = Self {
         transactional_writes: true,
         native_batch_claims: true,
         durable: true,
+        detects_conflicts: true,
     };
 
-    /// Builds a capability set.
+    /// Builds a capability set that does not detect conflicts (see
+    /// [`with_conflict_detection`](Capabilities::with_conflict_detection)).
     pub const fn new(transactional_writes: bool, native_batch_claims: bool, durable: bool) -> Self {
         Self {
             transactional_writes,
             native_batch_claims,
             durable,
+            detects_conflicts: false,
         }
+    }
+
+    /// Sets [`detects_conflicts`](Capabilities::detects_conflicts).
+    #[must_use]
+    pub const fn with_conflict_detection(mut self, detects: bool) -> Self {
+        self.detects_conflicts = detects;
+        self
     }
 }
 
@@ -125,6 +188,14 @@ pub trait ClaimStore: Send + Sync {
 ///   transaction: `Duplicate` if it commits, `Claimed` if it rolls back. A store with a
 ///   lock timeout or a lease may answer [`ClaimOutcome::InProgress`] instead of waiting.
 /// - Claiming the same key twice in one transaction returns `Duplicate` the second time.
+/// - A store that [detects conflicts](Capabilities::detects_conflicts): claiming a new key
+///   whose [`ClaimMeta::identity`] is already claimed under another key returns
+///   [`ClaimOutcome::Conflict`] with that key and claims nothing (a committed identity, or
+///   one claimed earlier in this transaction; an identity held by another open
+///   transaction is waited for like a key). A key already claimed is `Duplicate`, whatever
+///   its identity. Two concurrent claims of one identity under different keys never both
+///   succeed. Claims with no identity (no timestamp, or
+///   [`ClaimMeta::without_identity`]) are never in conflict.
 /// - [`commit`](ClaimTx::commit) makes the claim and every write made through the
 ///   transaction durable at once. If it returns `Err`, the outcome may be unknown (the
 ///   connection died mid-commit): callers must not ack, and the redelivery will find out.
@@ -144,7 +215,9 @@ pub trait ClaimTx: Send {
     /// Claims several keys, returning one outcome per input, in input order.
     ///
     /// The same rules as [`claim`](ClaimTx::claim) apply to each key; a key repeated in
-    /// `items` is `Claimed` at its first position and `Duplicate` after. Stores that can
+    /// `items` is `Claimed` at its first position and `Duplicate` after, and of two keys
+    /// of one identity in `items` one is `Claimed` and the other a `Conflict` naming it.
+    /// Stores that can
     /// do it in one round trip override this default, which claims one by one.
     async fn claim_batch(
         &mut self,

@@ -6,7 +6,8 @@ use idem_core::{
     RejectReason, StoreError, Submission,
 };
 
-use crate::submission::{parse_submission, Grant, DEFAULT_MAX_BODY};
+use crate::canonical::KeyDerivation;
+use crate::submission::{parse_submission_with, Grant, DEFAULT_MAX_BODY};
 
 /// The type of the outbox event each disbursement writes.
 pub const EVENT_DISBURSEMENT_RECORDED: &str = "disbursement.recorded";
@@ -52,6 +53,7 @@ pub trait GrantBook: ClaimTx + OutboxWriter {
 pub struct GrantHandler {
     table: String,
     max_body: usize,
+    derivation: KeyDerivation,
 }
 
 impl Default for GrantHandler {
@@ -59,6 +61,7 @@ impl Default for GrantHandler {
         Self {
             table: crate::GRANT_TABLE.to_owned(),
             max_body: DEFAULT_MAX_BODY,
+            derivation: KeyDerivation::Reference,
         }
     }
 }
@@ -103,6 +106,14 @@ impl GrantHandler {
         self
     }
 
+    /// Derives keys as `derivation` says (default [`KeyDerivation::Reference`], the
+    /// reference consumer's key: keep it for a table shared with it).
+    #[must_use]
+    pub fn with_key_derivation(mut self, derivation: KeyDerivation) -> Self {
+        self.derivation = derivation;
+        self
+    }
+
     /// The event a disbursement writes.
     pub fn event(key: &IdempotencyKey, grant: &Grant) -> OutboxEvent {
         let payload = serde_json::json!({ "award_id": grant.award_id }).to_string();
@@ -124,7 +135,7 @@ impl<T: GrantBook> Handler<T> for GrantHandler {
         payload: &[u8],
         _headers: &Headers,
     ) -> Result<Submission<Grant>, RejectReason> {
-        parse_submission(payload, self.max_body)
+        parse_submission_with(payload, self.max_body, self.derivation)
     }
 
     /// The claim records the submission timestamp too (it is part of the key), so a

@@ -22,14 +22,17 @@
 //! assert_eq!(bad.unwrap_err().code, "invalid_identity");
 //! ```
 
+mod canonical;
 mod db;
 mod handler;
 mod submission;
 
+pub use canonical::{canonical_json, KeyDerivation};
 pub use db::{GrantDb, LedgerRow, GRANT_TABLE};
 pub use handler::{GrantBook, GrantHandler, EVENT_DISBURSEMENT_RECORDED};
 pub use submission::{
-    parse_submission, Grant, DEFAULT_MAX_BODY, MAX_AWARD_ID_BYTES, MAX_TIMESTAMP_BYTES,
+    parse_submission, parse_submission_with, Grant, DEFAULT_MAX_BODY, MAX_AWARD_ID_BYTES,
+    MAX_TIMESTAMP_BYTES,
 };
 
 pub use idem_core::{IdempotencyKey, RejectReason};

@@ -1,5 +1,6 @@
 //! The submission wire format.
 
+use crate::canonical::{canonical_json, KeyDerivation};
 use idem_core::{IdempotencyKey, RejectReason, Submission};
 use serde_json::Value;
 
@@ -83,6 +84,30 @@ fn storable(name: &str, value: &str, max: usize) -> Result<(), RejectReason> {
 /// [`MAX_AWARD_ID_BYTES`] or a timestamp over [`MAX_TIMESTAMP_BYTES`]). The detail never
 /// quotes the payload.
 pub fn parse_submission(body: &[u8], max_body: usize) -> Result<Submission<Grant>, RejectReason> {
+    parse_submission_with(body, max_body, KeyDerivation::Reference)
+}
+
+/// [`parse_submission`] with the key derived as `derivation` says: from the body's bytes
+/// ([`KeyDerivation::Reference`], the reference consumer's key) or from its RFC 8785
+/// canonical form ([`KeyDerivation::CanonicalJson`]: the same JSON value, whatever its
+/// spacing or field order, has one key).
+///
+/// ```
+/// use idem_grant::{parse_submission_with, KeyDerivation::*};
+/// let a = br#"{"award_id":"A-1","submission_timestamp":"2026-07-01T09:00:00Z","amount_cents":100}"#;
+/// let b = br#"{ "amount_cents": 100, "submission_timestamp": "2026-07-01T09:00:00Z", "award_id": "A-1" }"#;
+/// let key = |body: &[u8], d| parse_submission_with(body, 1 << 20, d).unwrap().key;
+/// assert_ne!(key(a, Reference), key(b, Reference));
+/// assert_eq!(key(a, CanonicalJson), key(b, CanonicalJson));
+/// ```
+///
+/// # Errors
+/// As [`parse_submission`].
+pub fn parse_submission_with(
+    body: &[u8],
+    max_body: usize,
+    derivation: KeyDerivation,
+) -> Result<Submission<Grant>, RejectReason> {
     if body.is_empty() {
         return Err(RejectReason::new("empty_body", "the body is empty"));
     }
@@ -111,14 +136,14 @@ pub fn parse_submission(body: &[u8], max_body: usize) -> Result<Submission<Grant
             ),
         )
     })?;
-    let Value::Object(obj) = value else {
+    let Value::Object(obj) = &value else {
         return Err(RejectReason::new(
             "not_object",
             "the body is not a JSON object",
         ));
     };
-    let award_id = field(&obj, "award_id")?;
-    let timestamp = field(&obj, "submission_timestamp")?;
+    let award_id = field(obj, "award_id")?;
+    let timestamp = field(obj, "submission_timestamp")?;
     storable("award_id", award_id, MAX_AWARD_ID_BYTES)?;
     storable("submission_timestamp", timestamp, MAX_TIMESTAMP_BYTES)?;
     let amount_cents = match obj.get("amount_cents") {
@@ -156,7 +181,15 @@ pub fn parse_submission(body: &[u8], max_body: usize) -> Result<Submission<Grant
             ))
         }
     };
-    let key = IdempotencyKey::derive(award_id, timestamp, body)?;
+    let key = match derivation {
+        KeyDerivation::Reference => IdempotencyKey::derive(award_id, timestamp, body)?,
+        KeyDerivation::CanonicalJson => {
+            let canonical = canonical_json(text).ok_or_else(|| {
+                RejectReason::new("not_json", "the body has no RFC 8785 canonical form")
+            })?;
+            IdempotencyKey::derive(award_id, timestamp, canonical.as_bytes())?
+        }
+    };
     Ok(Submission {
         key,
         subject: award_id.to_owned(),

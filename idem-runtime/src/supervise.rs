@@ -107,17 +107,18 @@ pub enum SuperviseError<E: std::error::Error + 'static> {
 /// Counts by outcome across connections, and the first and last settle time.
 #[derive(Default)]
 struct Counts {
-    by_kind: [AtomicU64; 5],
+    by_kind: [AtomicU64; 6],
     settle_failures: AtomicU64,
     first_last: Mutex<Option<(Instant, Instant)>>,
 }
 
-const KINDS: [OutcomeKind; 5] = [
+const KINDS: [OutcomeKind; 6] = [
     OutcomeKind::Processed,
     OutcomeKind::Duplicate,
     OutcomeKind::Deferred,
     OutcomeKind::Rejected,
     OutcomeKind::Failed,
+    OutcomeKind::Conflict,
 ];
 
 impl Counts {
@@ -146,6 +147,7 @@ impl Counts {
         s.deferred = get(2);
         s.rejected = get(3);
         s.failed = get(4);
+        s.conflicts = get(5);
         s.settle_failures = self.settle_failures.load(Ordering::Relaxed);
         s
     }

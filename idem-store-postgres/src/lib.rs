@@ -23,7 +23,11 @@
 //! Tables are the reference's (`processed_messages(idempotency_key, award_id,
 //! claimed_at)`, `outbox(event_type, payload, created_at, …)`), in a configurable
 //! schema; a `processed_messages` created by another program with only those three
-//! columns is used unchanged.
+//! columns is used unchanged (without conflict detection). `migrate` adds one nullable
+//! column, `submission_timestamp`, and a unique partial index on `(award_id,
+//! submission_timestamp)` (`migrations/0006_claim_identity.sql`): a second payload of one
+//! submission is then [`idem_core::ClaimOutcome::Conflict`], and the other program,
+//! which never fills the column, still shares the table.
 //!
 //! Errors on the claim path are [`idem_core::StoreError`]s chosen by SQLSTATE
 //! ([`error::map_sqlx`]); the crate's own operations return [`PgError`].
@@ -42,7 +46,11 @@
 //!         tx.enqueue(&OutboxEvent::new(key, "disbursement.recorded", "A-1", r#"{"award_id":"A-1"}"#)).await?;
 //!         tx.commit().await?;
 //!     }
-//!     ClaimOutcome::Duplicate | ClaimOutcome::InProgress => tx.rollback().await?,
+//!     // A conflict (the same award and timestamp with another payload) needs a decision:
+//!     // the gate's ConflictPolicy makes it; here it is left alone.
+//!     ClaimOutcome::Duplicate | ClaimOutcome::InProgress | ClaimOutcome::Conflict { .. } => {
+//!         tx.rollback().await?
+//!     }
 //! }
 //! # Ok(()) }
 //! ```

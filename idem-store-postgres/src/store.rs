@@ -1,7 +1,7 @@
 //! [`PgStore`] and its transaction [`PgTx`]: the claim, the business writes and the
 //! outbox rows in one Postgres transaction.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -24,6 +24,8 @@ const IDENTITY: &str = include_str!("../migrations/0004_store_identity.sql");
 const PARTITIONED: &str = include_str!("../migrations/0005_partitioned_claims.sql");
 /// The optional retention / inspection indexes ([`PgConfig::audit_indexes`]).
 const AUDIT_INDEXES: &str = include_str!("../migrations/0002_audit_indexes.sql");
+/// The identity column and its unique partial index (conflict detection), both layouts.
+const CLAIM_IDENTITY: &str = include_str!("../migrations/0006_claim_identity.sql");
 /// The optional append-only trigger on `processed_messages` ([`PgStore::migrate_append_only`]).
 const APPEND_ONLY: &str = include_str!("../migrations/0003_append_only.sql");
 /// The SQLSTATE the append-only trigger raises.
@@ -32,8 +34,16 @@ pub const APPEND_ONLY_SQLSTATE: &str = "IDEM1";
 /// Statements built once per store from the validated schema name.
 #[derive(Debug)]
 pub(crate) struct Sql {
+    /// Without the identity column (a table not migrated to 0006).
     pub(crate) claim: String,
     pub(crate) claim_batch: String,
+    /// With the identity column: `ON CONFLICT DO NOTHING` on any unique index (the key's
+    /// and the identity's).
+    pub(crate) claim_identity: String,
+    pub(crate) claim_batch_identity: String,
+    /// After an identity claim inserted nothing: the key's own row (`o = 0`: duplicate),
+    /// else the identity's (`o = 1`: conflict), per item.
+    pub(crate) classify: String,
     /// `[with pg_notify, without]`.
     pub(crate) enqueue: [String; 2],
     /// `[with pg_notify, without]`.
@@ -49,12 +59,20 @@ pub(crate) struct Shared {
     pub(crate) channel: String,
     pub(crate) begin: String,
     pub(crate) sql: Sql,
+    /// Whether `processed_messages` has the identity column (migration 0006): claims then
+    /// record the identity and detect conflicts. Found at connect, set by `migrate`.
+    pub(crate) identity: std::sync::atomic::AtomicBool,
     /// When the last notifying insert was sent, in microseconds since `epoch`.
     last_notify: std::sync::atomic::AtomicU64,
     epoch: std::time::Instant,
 }
 
 impl Shared {
+    /// Whether claims record the identity (the table has its column).
+    pub(crate) fn has_identity(&self) -> bool {
+        self.identity.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether this outbox insert should carry a `pg_notify` (see
     /// [`PgConfig::notify_interval`]).
     pub(crate) fn take_notify(&self) -> bool {
@@ -77,7 +95,7 @@ impl Shared {
                 .is_ok()
     }
 
-    fn new(config: PgConfig, layout: PgLayout) -> Result<Self, StoreError> {
+    fn new(config: PgConfig, layout: PgLayout, identity: bool) -> Result<Self, StoreError> {
         config.validate()?;
         let qschema = quote(&config.schema);
         let pm = format!("{qschema}.\"processed_messages\"");
@@ -111,6 +129,60 @@ impl Shared {
                      ON CONFLICT (idempotency_key, submission_month) DO NOTHING \
                      RETURNING idempotency_key"
                 ),
+            },
+            claim_identity: match layout {
+                PgLayout::Plain => format!(
+                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
+                     VALUES ($1, $2, now(), $3) ON CONFLICT DO NOTHING"
+                ),
+                PgLayout::Partitioned => format!(
+                    "INSERT INTO {pm} \
+                     (idempotency_key, award_id, claimed_at, submission_month, submission_timestamp) \
+                     VALUES ($1, $2, now(), $4::date, $3) ON CONFLICT DO NOTHING"
+                ),
+            },
+            claim_batch_identity: match layout {
+                PgLayout::Plain => format!(
+                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
+                     SELECT k, a, now(), ts FROM unnest($1::text[], $2::text[], $3::text[]) \
+                     WITH ORDINALITY AS u(k, a, ts, n) ORDER BY n \
+                     ON CONFLICT DO NOTHING RETURNING idempotency_key"
+                ),
+                PgLayout::Partitioned => format!(
+                    "INSERT INTO {pm} \
+                     (idempotency_key, award_id, claimed_at, submission_month, submission_timestamp) \
+                     SELECT k, a, now(), m::date, ts \
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) \
+                     WITH ORDINALITY AS u(k, a, ts, m, n) ORDER BY n \
+                     ON CONFLICT DO NOTHING RETURNING idempotency_key"
+                ),
+            },
+            classify: {
+                let month = match layout {
+                    PgLayout::Plain => "",
+                    PgLayout::Partitioned => " AND p.submission_month = u.m::date",
+                };
+                let months = match layout {
+                    PgLayout::Plain => "",
+                    PgLayout::Partitioned => ", $4::text[]",
+                };
+                let m = match layout {
+                    PgLayout::Plain => "",
+                    PgLayout::Partitioned => ", m",
+                };
+                format!(
+                    "SELECT u.k, f.idempotency_key, f.o \
+                     FROM unnest($1::text[], $2::text[], $3::text[]{months}) AS u(k, a, ts{m}) \
+                     LEFT JOIN LATERAL ( \
+                       SELECT p.idempotency_key, 0 AS o FROM {pm} p \
+                       WHERE p.idempotency_key = u.k{month} \
+                       UNION ALL \
+                       (SELECT p.idempotency_key, 1 AS o FROM {pm} p \
+                        WHERE p.award_id = u.a AND p.submission_timestamp = u.ts \
+                        AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL{month} \
+                        LIMIT 1) \
+                       ORDER BY o LIMIT 1) f ON true"
+                )
             },
             // Per-subject order: see crate::outbox (a transaction-scoped advisory lock per
             // subject, taken before the row's id is drawn).
@@ -153,6 +225,7 @@ impl Shared {
             channel,
             begin,
             sql,
+            identity: std::sync::atomic::AtomicBool::new(identity),
             last_notify: std::sync::atomic::AtomicU64::new(0),
             epoch: std::time::Instant::now(),
         })
@@ -168,9 +241,20 @@ impl Shared {
 ///   `(idempotency_key, submission_month)`): a concurrent claim of the same key waits on
 ///   the unique index until the first transaction commits (`Duplicate`) or rolls back
 ///   (`Claimed`), or answers `InProgress` after [`PgConfig::lock_timeout`].
-/// - It uses only the reference columns `idempotency_key, award_id, claimed_at` of
-///   `processed_messages`, so a table created by another program works unchanged (it
-///   needs a primary key or unique index on `idempotency_key`).
+/// - Conflicts: [`migrate`](PgStore::migrate) adds a nullable `submission_timestamp`
+///   column and a unique partial index on `(award_id, submission_timestamp)` where both
+///   are set (`migrations/0006_claim_identity.sql`; on the partitioned layout the index
+///   also holds `submission_month`, a function of the timestamp). A claim then records
+///   [`ClaimMeta::identity`] and its conflict target is any unique index: a new key of an
+///   identity already claimed inserts nothing, and a second statement finds the row that
+///   refused it — the key's (`Duplicate`) or the identity's ([`ClaimOutcome::Conflict`]).
+///   A concurrent claim of the same identity waits on that index like one of the same
+///   key. [`Capabilities::detects_conflicts`] says whether the column is there.
+/// - Without that migration it uses only the reference columns `idempotency_key,
+///   award_id, claimed_at` of `processed_messages`, so a table created by another program
+///   works unchanged (it needs a primary key or unique index on `idempotency_key`), without
+///   conflict detection. After the migration the reference program still works: it never
+///   fills the new column, and its rows are never in conflict.
 /// - [`ClaimTx::claim_batch`] is one round trip.
 ///
 /// ```no_run
@@ -223,15 +307,17 @@ impl PgStore {
         let layout = crate::partition::detect_layout(&pool, &config.schema)
             .await?
             .unwrap_or(config.layout);
+        let identity = detect_identity(&pool, &config.schema).await?;
         Ok(Self {
             pool,
-            shared: Arc::new(Shared::new(config, layout)?),
+            shared: Arc::new(Shared::new(config, layout, identity)?),
         })
     }
 
-    /// Wraps an existing pool. Its claims are written for [`PgConfig::layout`] (nothing is
-    /// read from the database here; use [`connect`](PgStore::connect) to follow the
-    /// table's layout).
+    /// Wraps an existing pool. Its claims are written for [`PgConfig::layout`] and for a
+    /// migrated table (with the identity column of `migrations/0006_claim_identity.sql`):
+    /// nothing is read from the database here; use [`connect`](PgStore::connect) to
+    /// follow the table's layout and columns.
     ///
     /// # Errors
     /// [`StoreError::Config`] for an invalid schema.
@@ -240,7 +326,7 @@ impl PgStore {
             pool,
             shared: {
                 let layout = config.layout;
-                Arc::new(Shared::new(config, layout)?)
+                Arc::new(Shared::new(config, layout, true)?)
             },
         })
     }
@@ -312,11 +398,23 @@ impl PgStore {
             sql.push_str(&PARTITIONED.replace("{schema}", &self.shared.qschema));
         }
         sql.push_str(&MIGRATION.replace("{schema}", &self.shared.qschema));
+        let partition_key = match self.layout() {
+            PgLayout::Plain => "",
+            PgLayout::Partitioned => ", submission_month",
+        };
+        sql.push_str(
+            &CLAIM_IDENTITY
+                .replace("{schema}", &self.shared.qschema)
+                .replace("{partition_key}", partition_key),
+        );
         sql.push_str(&IDENTITY.replace("{schema}", &self.shared.qschema));
         if self.shared.config.audit_indexes {
             sql.push_str(&AUDIT_INDEXES.replace("{schema}", &self.shared.qschema));
         }
         self.run_script(&sql).await?;
+        self.shared
+            .identity
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.ensure_partitions().await?;
         Ok(())
     }
@@ -374,8 +472,10 @@ impl ClaimStore for PgStore {
         })
     }
 
+    /// Conflicts are detected once `processed_messages` has the identity column
+    /// (`migrate`); on a reference table that was never migrated they are not.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::TRANSACTIONAL
+        Capabilities::TRANSACTIONAL.with_conflict_detection(self.shared.has_identity())
     }
 }
 
@@ -420,17 +520,165 @@ impl PgTx {
     pub(crate) fn mark_aborted(&mut self) {
         self.aborted = true;
     }
+
+    /// The month parameter of a claim on the partitioned layout.
+    fn month(meta: &ClaimMeta) -> String {
+        crate::partition::month_value(meta.submission_timestamp.as_deref())
+    }
+
+    /// Classifies identity claims that inserted nothing: the key's own row → `Duplicate`,
+    /// else the identity's row → `Conflict`, else (both gone since, a purge) `InProgress`.
+    /// One round trip for all of `items`.
+    async fn classify(
+        &mut self,
+        items: &[(&IdempotencyKey, &ClaimMeta)],
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let keys: Vec<String> = items.iter().map(|(k, _)| k.to_hex()).collect();
+        let subjects: Vec<&str> = items.iter().map(|(_, m)| m.subject.as_str()).collect();
+        let stamps: Vec<Option<&str>> = items
+            .iter()
+            .map(|(_, m)| m.identity().map(|(_, ts)| ts))
+            .collect();
+        let mut query = sqlx::query_as(&self.shared.sql.classify)
+            .bind(&keys)
+            .bind(&subjects)
+            .bind(&stamps);
+        if self.shared.layout == PgLayout::Partitioned {
+            let months: Vec<String> = items.iter().map(|(_, m)| Self::month(m)).collect();
+            query = query.bind(months);
+        }
+        let rows: Vec<(String, Option<String>, Option<i32>)> =
+            match query.fetch_all(&mut *self.tx).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    self.aborted = true;
+                    return Err(map_sqlx(e, "classify claims"));
+                }
+            };
+        let mut found: HashMap<String, ClaimOutcome> = HashMap::with_capacity(rows.len());
+        for (k, existing, o) in rows {
+            let out = match (existing, o) {
+                (Some(_), Some(0)) => ClaimOutcome::Duplicate,
+                (Some(existing), Some(_)) => ClaimOutcome::Conflict {
+                    existing: existing.parse().map_err(|_| {
+                        StoreError::other(
+                            format!("processed_messages holds a malformed key {existing:?}"),
+                            false,
+                        )
+                    })?,
+                },
+                _ => ClaimOutcome::InProgress,
+            };
+            found.insert(k, out);
+        }
+        Ok(keys
+            .iter()
+            .map(|k| found.get(k).copied().unwrap_or(ClaimOutcome::InProgress))
+            .collect())
+    }
+
+    /// [`ClaimTx::claim_batch`] on a table with the identity column.
+    async fn claim_batch_identity(
+        &mut self,
+        items: &[(IdempotencyKey, ClaimMeta)],
+        order: &[usize],
+    ) -> Result<HashMap<IdempotencyKey, ClaimOutcome>, StoreError> {
+        let keys: Vec<String> = order.iter().map(|&i| items[i].0.to_hex()).collect();
+        let subjects: Vec<&str> = order.iter().map(|&i| items[i].1.subject.as_str()).collect();
+        let stamps: Vec<Option<&str>> = order
+            .iter()
+            .map(|&i| items[i].1.identity().map(|(_, ts)| ts))
+            .collect();
+        let mut query = sqlx::query_as(&self.shared.sql.claim_batch_identity)
+            .bind(&keys)
+            .bind(&subjects)
+            .bind(&stamps);
+        if self.shared.layout == PgLayout::Partitioned {
+            let months: Vec<String> = order.iter().map(|&i| Self::month(&items[i].1)).collect();
+            query = query.bind(months);
+        }
+        let res: Result<Vec<(String,)>, sqlx::Error> = query.fetch_all(&mut *self.tx).await;
+        let inserted: HashSet<String> = match res {
+            Ok(rows) => rows.into_iter().map(|(k,)| k).collect(),
+            Err(e) => {
+                self.aborted = true;
+                if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
+                    return Ok(order
+                        .iter()
+                        .map(|&i| (items[i].0, ClaimOutcome::InProgress))
+                        .collect());
+                }
+                return Err(map_sqlx(e, "claim batch"));
+            }
+        };
+        if !inserted.is_empty() {
+            self.claimed = true;
+        }
+        let mut out = HashMap::with_capacity(order.len());
+        let mut unsure: Vec<(&IdempotencyKey, &ClaimMeta)> = Vec::new();
+        for (&i, hex) in order.iter().zip(&keys) {
+            let (key, meta) = (&items[i].0, &items[i].1);
+            if inserted.contains(hex) {
+                out.insert(*key, ClaimOutcome::Claimed);
+            } else if meta.identity().is_none() {
+                // Only the key's own unique index can have refused it.
+                out.insert(*key, ClaimOutcome::Duplicate);
+            } else {
+                unsure.push((key, meta));
+            }
+        }
+        if !unsure.is_empty() {
+            let classified = self.classify(&unsure).await?;
+            for ((key, _), c) in unsure.into_iter().zip(classified) {
+                out.insert(*key, c);
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[async_trait]
 impl ClaimTx for PgTx {
     /// One `INSERT … ON CONFLICT DO NOTHING`: one row inserted → `Claimed`, none →
-    /// `Duplicate`; a `lock_timeout` (SQLSTATE 55P03) → `InProgress`.
+    /// `Duplicate`; a `lock_timeout` (SQLSTATE 55P03) → `InProgress`. With the identity
+    /// column (migrated), the insert records [`ClaimMeta::identity`] and yields to the
+    /// identity's unique index too; when it inserts nothing, a second statement reads
+    /// which row refused it: the key's (`Duplicate`) or the identity's (`Conflict`).
     async fn claim(
         &mut self,
         key: &IdempotencyKey,
         meta: &ClaimMeta,
     ) -> Result<ClaimOutcome, StoreError> {
+        if self.shared.has_identity() {
+            let stamp = meta.identity().map(|(_, ts)| ts);
+            let mut query = sqlx::query(&self.shared.sql.claim_identity)
+                .bind(key.to_hex())
+                .bind(meta.subject.as_str())
+                .bind(stamp);
+            if self.shared.layout == PgLayout::Partitioned {
+                query = query.bind(Self::month(meta));
+            }
+            return match query.execute(&mut *self.tx).await {
+                Ok(r) if r.rows_affected() == 1 => {
+                    self.claimed = true;
+                    Ok(ClaimOutcome::Claimed)
+                }
+                Ok(_) if stamp.is_none() => Ok(ClaimOutcome::Duplicate),
+                Ok(_) => Ok(self
+                    .classify(&[(key, meta)])
+                    .await?
+                    .pop()
+                    .unwrap_or(ClaimOutcome::InProgress)),
+                Err(e) => {
+                    self.aborted = true;
+                    if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
+                        Ok(ClaimOutcome::InProgress)
+                    } else {
+                        Err(map_sqlx(e, "claim"))
+                    }
+                }
+            };
+        }
         let mut query = sqlx::query(&self.shared.sql.claim)
             .bind(key.to_hex())
             .bind(meta.subject.as_str());
@@ -471,6 +719,23 @@ impl ClaimTx for PgTx {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by(|&a, &b| items[a].0.as_bytes().cmp(items[b].0.as_bytes()));
         order.dedup_by(|a, b| items[*a].0 == items[*b].0);
+        if self.shared.has_identity() {
+            let by_key = self.claim_batch_identity(items, &order).await?;
+            // In input order: a repeated key is a duplicate of its own claim (or the same
+            // conflict again).
+            let mut seen: HashSet<&IdempotencyKey> = HashSet::with_capacity(items.len());
+            return Ok(items
+                .iter()
+                .map(|(k, _)| {
+                    let out = by_key.get(k).copied().unwrap_or(ClaimOutcome::InProgress);
+                    if !seen.insert(k) && out == ClaimOutcome::Claimed {
+                        ClaimOutcome::Duplicate
+                    } else {
+                        out
+                    }
+                })
+                .collect());
+        }
         let keys: Vec<String> = order.iter().map(|&i| items[i].0.to_hex()).collect();
         let subjects: Vec<&str> = order.iter().map(|&i| items[i].1.subject.as_str()).collect();
         let mut query = sqlx::query_as(&self.shared.sql.claim_batch)
@@ -539,4 +804,19 @@ impl ClaimTx for PgTx {
             .await
             .map_err(|e| map_sqlx(e, "rollback"))
     }
+}
+
+/// Whether `schema.processed_messages` has the identity column of
+/// `migrations/0006_claim_identity.sql` (false when the table does not exist yet).
+async fn detect_identity(pool: &PgPool, schema: &str) -> Result<bool, StoreError> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute a \
+         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = 'processed_messages' \
+         AND a.attname = 'submission_timestamp' AND NOT a.attisdropped)",
+    )
+    .bind(schema)
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx(e, "read the columns of processed_messages"))
 }

@@ -119,9 +119,28 @@ async fn migrate_keeps_a_reference_table_and_upgrades_a_reference_outbox() {
     store.migrate().await.expect("migrate is idempotent");
     assert_eq!(
         columns(&store, "processed_messages").await,
-        ["idempotency_key", "award_id", "claimed_at"],
-        "migrate altered the reference dedup table"
+        [
+            "idempotency_key",
+            "award_id",
+            "claimed_at",
+            "submission_timestamp"
+        ],
+        "migrate keeps the reference columns and adds only the nullable identity column"
     );
+    // The reference consumer's own claim still works on the migrated table, twice over
+    // for one identity (it records none, so it is never in conflict).
+    for n in ["ref-1", "ref-2"] {
+        let inserted = sqlx::query(&format!(
+            "INSERT INTO {} (idempotency_key, award_id) VALUES ($1, 'A-9') \
+             ON CONFLICT (idempotency_key) DO NOTHING",
+            store.table("processed_messages")
+        ))
+        .bind(key(n).to_hex())
+        .execute(store.pool())
+        .await
+        .expect("the reference claim");
+        assert_eq!(inserted.rows_affected(), 1);
+    }
 
     let k = key("after-migrate");
     let mut tx = store.begin().await.expect("begin");

@@ -17,7 +17,14 @@
 //! - **no audit evidence**: Redis may lose a done-mark (a failover, a restart without
 //!   persistence, eviction, or the end of [`RedisConfig::retention`]), after which a
 //!   redelivery runs again. [`Capabilities`] says so: `transactional_writes` and
-//!   `durable` are false.
+//!   `durable` are false;
+//! - **no conflict detection**: a lease is keyed by the idempotency key alone, so the same
+//!   submission resent with another payload (a new key, the same
+//!   [`ClaimMeta::identity`](idem_core::ClaimMeta::identity)) is claimed and processed
+//!   again; this store never answers [`ClaimOutcome::Conflict`] and
+//!   `Capabilities::detects_conflicts` is false. (A second lease on the identity could not
+//!   be made to commit atomically with the key's done-mark and the business write, so it is
+//!   not faked.) Use a transactional store for that guarantee.
 //!
 //! For exactly-once *effect*, put the claim in the business database (a transactional
 //! store) and, for speed, Redis in front of it as a [`RedisFilter`](crate::RedisFilter).

@@ -16,6 +16,8 @@ use crate::error::map;
 const MIGRATION: &str = include_str!("../migrations/0001_init.sql");
 /// The store's identity (see [`crate::identity`]).
 const IDENTITY: &str = include_str!("../migrations/0002_store_identity.sql");
+/// The claim's identity column and its unique partial index (conflict detection).
+const CLAIM_IDENTITY: &str = include_str!("../migrations/0003_claim_identity.sql");
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -109,7 +111,33 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map("creating the store identity", e))?;
+        self.migrate_claim_identity().await?;
         crate::outbox::migrate(&self.pool).await
+    }
+
+    /// Adds the identity column and index (`migrations/0003_claim_identity.sql`) unless
+    /// the column is there already, in one transaction.
+    async fn migrate_claim_identity(&self) -> Result<(), StoreError> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| map("migrating the claim identity", e))?;
+        let present: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pragma_table_info('processed_messages') \
+             WHERE name = 'submission_timestamp'",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| map("migrating the claim identity", e))?;
+        if present == 0 {
+            sqlx::Executor::execute(&mut *tx, CLAIM_IDENTITY)
+                .await
+                .map_err(|e| map("migrating the claim identity", e))?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| map("migrating the claim identity", e))
     }
 
     /// The committed claim of `key`.
@@ -214,6 +242,43 @@ impl SqliteTx {
     pub fn conn(&mut self) -> &mut SqliteConnection {
         &mut self.tx
     }
+
+    /// Why a claim inserted nothing: the key's own row (`Duplicate`), else the identity's
+    /// (`Conflict`). Writers are serialised (`BEGIN IMMEDIATE`), so the row that refused
+    /// the insert is still there.
+    async fn refused(
+        &mut self,
+        key: &IdempotencyKey,
+        meta: &ClaimMeta,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let Some((subject, stamp)) = meta.identity() else {
+            return Ok(ClaimOutcome::Duplicate);
+        };
+        let row: Option<(String, i64)> = sqlx::query_as(
+            "SELECT idempotency_key, 0 FROM processed_messages WHERE idempotency_key = ?1 \
+             UNION ALL \
+             SELECT * FROM (SELECT idempotency_key, 1 FROM processed_messages \
+               WHERE award_id = ?2 AND submission_timestamp = ?3 LIMIT 1) \
+             ORDER BY 2 LIMIT 1",
+        )
+        .bind(key.to_hex())
+        .bind(subject)
+        .bind(stamp)
+        .fetch_optional(&mut *self.tx)
+        .await
+        .map_err(|e| map("classifying a claim", e))?;
+        match row {
+            Some((existing, 1)) => Ok(ClaimOutcome::Conflict {
+                existing: existing.parse().map_err(|_| {
+                    StoreError::other(
+                        format!("processed_messages holds a malformed key {existing:?}"),
+                        false,
+                    )
+                })?,
+            }),
+            _ => Ok(ClaimOutcome::Duplicate),
+        }
+    }
 }
 
 #[async_trait]
@@ -241,20 +306,22 @@ impl ClaimTx for SqliteTx {
         key: &IdempotencyKey,
         meta: &ClaimMeta,
     ) -> Result<ClaimOutcome, StoreError> {
+        let stamp = meta.identity().map(|(_, ts)| ts);
         let done = sqlx::query(&format!(
-            "INSERT INTO processed_messages (idempotency_key, award_id, claimed_at) VALUES (?, ?, {NOW}) \
-             ON CONFLICT (idempotency_key) DO NOTHING"
+            "INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp) \
+             VALUES (?, ?, {NOW}, ?) ON CONFLICT DO NOTHING"
         ))
         .bind(key.to_hex())
         .bind(&meta.subject)
+        .bind(stamp)
         .execute(&mut *self.tx)
         .await
         .map_err(|e| map("claiming a key", e))?;
-        Ok(if done.rows_affected() == 1 {
-            ClaimOutcome::Claimed
+        if done.rows_affected() == 1 {
+            Ok(ClaimOutcome::Claimed)
         } else {
-            ClaimOutcome::Duplicate
-        })
+            self.refused(key, meta).await
+        }
     }
 
     async fn claim_batch(
@@ -262,10 +329,11 @@ impl ClaimTx for SqliteTx {
         items: &[(IdempotencyKey, ClaimMeta)],
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
         let mut out = Vec::with_capacity(items.len());
-        // SQLite allows 32766 bound variables; 2 per row, so chunk well below that.
+        // SQLite allows 32766 bound variables; 3 per row, so chunk well below that.
         for chunk in items.chunks(4000) {
             let mut sql = String::from(
-                "INSERT INTO processed_messages (idempotency_key, award_id, claimed_at) VALUES ",
+                "INSERT INTO processed_messages \
+                 (idempotency_key, award_id, claimed_at, submission_timestamp) VALUES ",
             );
             for i in 0..chunk.len() {
                 if i > 0 {
@@ -273,12 +341,17 @@ impl ClaimTx for SqliteTx {
                 }
                 sql.push_str("(?, ?, ");
                 sql.push_str(NOW);
-                sql.push(')');
+                sql.push_str(", ?)");
             }
-            sql.push_str(" ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key");
+            // Any unique index: the key's, and the identity's (a row of this statement
+            // included, so two payloads of one identity in one batch conflict too).
+            sql.push_str(" ON CONFLICT DO NOTHING RETURNING idempotency_key");
             let mut q = sqlx::query(&sql);
             for (key, meta) in chunk {
-                q = q.bind(key.to_hex()).bind(meta.subject.clone());
+                q = q
+                    .bind(key.to_hex())
+                    .bind(meta.subject.clone())
+                    .bind(meta.identity().map(|(_, ts)| ts.to_owned()));
             }
             let rows = q
                 .fetch_all(&mut *self.tx)
@@ -286,12 +359,12 @@ impl ClaimTx for SqliteTx {
                 .map_err(|e| map("claiming a batch", e))?;
             let mut claimed: std::collections::HashSet<String> =
                 rows.iter().map(|r| r.get::<String, _>(0)).collect();
-            for (key, _) in chunk {
+            for (key, meta) in chunk {
                 // The first occurrence of a returned key is the claim; repeats are duplicates.
                 out.push(if claimed.remove(&key.to_hex()) {
                     ClaimOutcome::Claimed
                 } else {
-                    ClaimOutcome::Duplicate
+                    self.refused(key, meta).await?
                 });
             }
         }

@@ -29,6 +29,12 @@ pub struct ClaimRecord {
 struct State {
     claims: HashMap<IdempotencyKey, ClaimRecord>,
     pending: HashMap<IdempotencyKey, u64>,
+    /// Committed identities (subject, submission timestamp) → the key that claimed it.
+    identities: HashMap<(String, String), IdempotencyKey>,
+    /// Identities claimed by open transactions → (transaction, key).
+    pending_identities: HashMap<(String, String), (u64, IdempotencyKey)>,
+    /// Transaction → the transaction it waits for (a key or an identity it holds).
+    waits_for: HashMap<u64, u64>,
     tables: BTreeMap<String, Vec<Row>>,
     /// Sequence number, event, published, committed at.
     outbox: Vec<(u64, OutboxEvent, bool, Instant)>,
@@ -59,7 +65,12 @@ impl Shared {
 ///
 /// Claims behave as Postgres's unique index does: a second claim of a key held by an open
 /// transaction waits until that transaction commits (→ `Duplicate`) or rolls back
-/// (→ `Claimed`), or answers `InProgress` after the optional lock timeout.
+/// (→ `Claimed`), or answers `InProgress` after the optional lock timeout. Identities
+/// ([`ClaimMeta::identity`]) behave as Postgres's partial unique index on them does: a new
+/// key of an identity claimed under another key is a `Conflict`, and one held by an open
+/// transaction is waited for. Waits that would close a cycle fail at once with a
+/// retryable [`StoreError::Conflict`], as Postgres's deadlock detector does (claims in key
+/// order cannot deadlock on keys alone, but an identity links two keys).
 ///
 /// ```
 /// # tokio_test();
@@ -144,6 +155,7 @@ pub struct MemoryTx {
     shared: Arc<Shared>,
     id: u64,
     claimed: Vec<(IdempotencyKey, String)>,
+    identities: Vec<(String, String)>,
     rows: Vec<(String, Row)>,
     outbox: Vec<OutboxEvent>,
     finished: bool,
@@ -161,9 +173,15 @@ impl MemoryTx {
         }
         self.finished = true;
         let mut st = self.shared.lock();
+        st.waits_for.remove(&self.id);
         for (k, _) in &self.claimed {
             if st.pending.get(k) == Some(&self.id) {
                 st.pending.remove(k);
+            }
+        }
+        for ident in &self.identities {
+            if st.pending_identities.get(ident).map(|(tx, _)| *tx) == Some(self.id) {
+                st.pending_identities.remove(ident);
             }
         }
         drop(st);
@@ -186,6 +204,7 @@ impl ClaimStore for MemoryStore {
             shared: self.shared.clone(),
             id: self.shared.next_tx.fetch_add(1, Ordering::Relaxed) + 1,
             claimed: Vec::new(),
+            identities: Vec::new(),
             rows: Vec::new(),
             outbox: Vec::new(),
             finished: false,
@@ -198,31 +217,80 @@ impl ClaimStore for MemoryStore {
 }
 
 impl MemoryTx {
-    fn try_claim(&mut self, key: &IdempotencyKey, meta: &ClaimMeta) -> Option<ClaimOutcome> {
+    /// `Ok(Some(outcome))`, or `Ok(None)` to wait for another transaction, or `Err` when
+    /// that wait would be a deadlock.
+    fn try_claim(
+        &mut self,
+        key: &IdempotencyKey,
+        meta: &ClaimMeta,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
         let mut st = self.shared.lock();
+        st.waits_for.remove(&self.id);
+        let blocked = |st: &mut State, owner: u64, id: u64| {
+            // Follow the chain of waits from the owner: reaching us is a cycle.
+            let mut cur = owner;
+            for _ in 0..=st.waits_for.len() {
+                if cur == id {
+                    return Err(StoreError::Conflict {
+                        message: "deadlock detected (in-memory store): a key and an identity \
+                                  claimed in opposite orders"
+                            .into(),
+                        source: None,
+                    });
+                }
+                match st.waits_for.get(&cur) {
+                    Some(&next) => cur = next,
+                    None => break,
+                }
+            }
+            st.waits_for.insert(id, owner);
+            Ok(None)
+        };
         if st.claims.contains_key(key) {
-            return Some(ClaimOutcome::Duplicate);
+            return Ok(Some(ClaimOutcome::Duplicate));
         }
         match st.pending.get(key) {
-            Some(&owner) if owner == self.id => Some(ClaimOutcome::Duplicate),
-            Some(_) => None,
-            None => {
-                st.pending.insert(*key, self.id);
-                drop(st);
-                self.claimed.push((*key, meta.subject.clone()));
-                Some(ClaimOutcome::Claimed)
+            Some(&owner) if owner == self.id => return Ok(Some(ClaimOutcome::Duplicate)),
+            Some(&owner) => return blocked(&mut st, owner, self.id),
+            None => {}
+        }
+        let ident = meta.identity().map(|(s, t)| (s.to_owned(), t.to_owned()));
+        if let Some(ident) = &ident {
+            if let Some(existing) = st.identities.get(ident) {
+                return Ok(Some(ClaimOutcome::Conflict {
+                    existing: *existing,
+                }));
+            }
+            match st.pending_identities.get(ident) {
+                Some(&(owner, existing)) if owner == self.id => {
+                    return Ok(Some(ClaimOutcome::Conflict { existing }));
+                }
+                Some(&(owner, _)) => return blocked(&mut st, owner, self.id),
+                None => {}
             }
         }
+        st.pending.insert(*key, self.id);
+        if let Some(ident) = ident {
+            st.pending_identities.insert(ident.clone(), (self.id, *key));
+            self.identities.push(ident);
+        }
+        drop(st);
+        self.claimed.push((*key, meta.subject.clone()));
+        Ok(Some(ClaimOutcome::Claimed))
     }
 
-    async fn claim_waiting(&mut self, key: &IdempotencyKey, meta: &ClaimMeta) -> ClaimOutcome {
+    async fn claim_waiting(
+        &mut self,
+        key: &IdempotencyKey,
+        meta: &ClaimMeta,
+    ) -> Result<ClaimOutcome, StoreError> {
         let shared = self.shared.clone();
         loop {
             let notified = shared.released.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(out) = self.try_claim(key, meta) {
-                return out;
+            if let Some(out) = self.try_claim(key, meta)? {
+                return Ok(out);
             }
             notified.await;
         }
@@ -241,10 +309,13 @@ impl ClaimTx for MemoryTx {
         }
         let timeout = self.shared.lock_timeout.lock().ok().and_then(|t| *t);
         match timeout {
-            None => Ok(self.claim_waiting(key, meta).await),
+            None => self.claim_waiting(key, meta).await,
             Some(t) => match tokio::time::timeout(t, self.claim_waiting(key, meta)).await {
-                Ok(out) => Ok(out),
-                Err(_) => Ok(ClaimOutcome::InProgress),
+                Ok(out) => out,
+                Err(_) => {
+                    self.shared.lock().waits_for.remove(&self.id);
+                    Ok(ClaimOutcome::InProgress)
+                }
             },
         }
     }
@@ -266,6 +337,11 @@ impl ClaimTx for MemoryTx {
                         committed_seq: seq,
                     },
                 );
+            }
+            for ident in self.identities.drain(..) {
+                if let Some((_, key)) = st.pending_identities.remove(&ident) {
+                    st.identities.insert(ident, key);
+                }
             }
             for (table, row) in self.rows.drain(..) {
                 st.tables.entry(table).or_default().push(row);

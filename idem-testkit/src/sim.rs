@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use idem_core::{ClaimStore, Delivery, Gate, Handler, Outcome, OutcomeKind};
+use idem_core::{
+    ClaimStore, ConflictPolicy, Delivery, Gate, GateConfig, Handler, IdempotencyKey, Outcome,
+    OutcomeKind,
+};
 use tokio::task::JoinSet;
 
 use crate::broker::{BrokerStats, SimAcker, SimBroker};
@@ -203,8 +206,13 @@ pub struct Case {
     pub seed: u64,
 }
 
-/// Runs `case` against `store` and checks the property: every distinct valid submission
-/// has exactly one effect, every poison message is dead-lettered, every delivery settled.
+/// Runs `case` against `store` and checks the property: every delivery settled, every
+/// poison message dead-lettered, and
+/// - under [`ConflictPolicy::Process`] (odd seeds): every distinct valid submission has
+///   exactly one effect;
+/// - under [`ConflictPolicy::DeadLetter`] (even seeds): every identity (subject +
+///   timestamp) has exactly one effect, of one of its payloads, and every message with
+///   another payload of that identity is dead-lettered (a conflict), none lost.
 ///
 /// # Errors
 /// A description of what was violated.
@@ -212,11 +220,19 @@ pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<S
     let broker = SimBroker::with_redelivery_rate(case.seed, case.redelivery_rate)
         .with_expiry_rate(case.expiry_rate);
     let mut ledger = Ledger::new();
+    let policy = if case.seed.is_multiple_of(2) {
+        ConflictPolicy::DeadLetter
+    } else {
+        ConflictPolicy::Process
+    };
+    // Per published submission: its identity and key.
+    let mut published: Vec<((String, String), IdempotencyKey)> = Vec::new();
     for (i, (subject, ts, amount)) in case.submissions.iter().enumerate() {
         let body = encode_submission(subject, ts, *amount);
         let sub = EffectHandler::parse(&body)
             .map_err(|e| format!("case generator made bad input: {e}"))?;
         ledger.expect(sub.key, subject.clone(), *amount);
+        published.push(((subject.clone(), ts.clone()), sub.key));
         broker.publish(body);
         if i % 3 == 0 && i / 3 < case.poison {
             broker.publish(format!("poison-{i}").into_bytes());
@@ -228,9 +244,10 @@ pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<S
         case.errors.iter().copied(),
         case.seed,
     );
-    let gate = Arc::new(Gate::new(
+    let gate = Arc::new(Gate::with_config(
         FaultyStore::new(store.clone(), plan.clone()),
         FaultyHandler::new(EffectHandlerFor::<S>::new(), plan.clone()),
+        GateConfig::default().with_on_conflict(policy),
     ));
     let config = SimConfig {
         concurrency: case.concurrency,
@@ -253,9 +270,17 @@ pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<S
         .map(|(m, _)| m.id)
         .collect::<std::collections::BTreeSet<_>>()
         .len();
-    if dead != poison_published {
+    let effects = store.effects().await.map_err(|e| e.to_string())?;
+    let conflicts =
+        if policy == ConflictPolicy::DeadLetter && store.capabilities().detects_conflicts {
+            conflicting_messages(&published, &effects)?
+        } else {
+            0
+        };
+    if dead != poison_published + conflicts {
         return Err(format!(
-            "{dead} dead letters for {poison_published} poison messages"
+            "{dead} dead letters for {poison_published} poison messages and {conflicts} \
+             conflicting ones ({policy})"
         ));
     }
     if report.broker.foreign_proofs > 0 {
@@ -264,7 +289,11 @@ pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<S
             report.broker.foreign_proofs
         ));
     }
-    let effects = store.effects().await.map_err(|e| e.to_string())?;
+    if conflicts > 0
+        || (policy == ConflictPolicy::DeadLetter && store.capabilities().detects_conflicts)
+    {
+        return Ok(report);
+    }
     let violations = ledger.violations(&effects);
     if !violations.is_empty() {
         return Err(format!(
@@ -277,4 +306,55 @@ pub async fn check_exactly_once<S: TestStore>(store: S, case: &Case) -> Result<S
         ));
     }
     Ok(report)
+}
+
+/// Under [`ConflictPolicy::DeadLetter`]: checks that each identity has exactly one effect,
+/// of one of its keys, and returns how many published messages carry another key of their
+/// identity (each must have been dead-lettered as a conflict).
+fn conflicting_messages(
+    published: &[((String, String), IdempotencyKey)],
+    effects: &[crate::harness::Effect],
+) -> Result<usize, String> {
+    let mut per_key: BTreeMap<IdempotencyKey, usize> = BTreeMap::new();
+    for e in effects {
+        *per_key.entry(e.key).or_insert(0) += 1;
+    }
+    let mut winners: BTreeMap<&(String, String), IdempotencyKey> = BTreeMap::new();
+    let mut keys: BTreeMap<&(String, String), std::collections::BTreeSet<IdempotencyKey>> =
+        BTreeMap::new();
+    for (ident, key) in published {
+        keys.entry(ident).or_default().insert(*key);
+    }
+    let known: std::collections::BTreeSet<IdempotencyKey> =
+        published.iter().map(|(_, k)| *k).collect();
+    if let Some(k) = per_key.keys().find(|k| !known.contains(k)) {
+        return Err(format!(
+            "an effect for a key never published: {}",
+            k.short()
+        ));
+    }
+    for (ident, ks) in keys {
+        let with_effects: Vec<(IdempotencyKey, usize)> = ks
+            .iter()
+            .filter_map(|k| per_key.get(k).map(|n| (*k, *n)))
+            .collect();
+        match with_effects.as_slice() {
+            [(k, 1)] => {
+                winners.insert(ident, *k);
+            }
+            other => {
+                return Err(format!(
+                    "identity {ident:?} (dead-letter policy) has effects {:?}, not one",
+                    other
+                        .iter()
+                        .map(|(k, n)| (k.short(), *n))
+                        .collect::<Vec<_>>()
+                ))
+            }
+        }
+    }
+    Ok(published
+        .iter()
+        .filter(|(ident, key)| winners.get(ident) != Some(key))
+        .count())
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
-use idem_core::{ClaimStore, ConsumerConfig, Gate, GateConfig, Handler};
-use idem_grant::{GrantDb, GrantHandler};
+use idem_core::{ClaimStore, ConflictPolicy, ConsumerConfig, Gate, GateConfig, Handler};
+use idem_grant::{GrantDb, GrantHandler, KeyDerivation};
 use idem_runtime::{supervise::supervise, supervise::SupervisorConfig, Backoff};
 
 use crate::cmd::{at_least_one, at_least_one_u32, broker_error, gave_up, parse_secs};
@@ -42,6 +42,19 @@ pub(crate) struct Args {
     /// error (`attempts_exhausted`); an unreachable store never counts.
     #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one_u32)]
     max_attempts: u32,
+    /// What a conflicting resubmission leads to - the same award id and submission
+    /// timestamp as one already claimed, but another payload (an amount changed, fields
+    /// reordered, a space added): `dead-letter` rolls it back and dead-letters it with
+    /// reason `conflict`, naming both keys; `process` disburses it again (the reference
+    /// behaviour).
+    #[arg(long, value_name = "POLICY", default_value_t = ConflictPolicy::DeadLetter)]
+    on_conflict: ConflictPolicy,
+    /// How keys are derived: `reference` hashes the body's bytes (byte-identical to the
+    /// reference consumer: keep it for a table shared with it); `canonical-json` hashes its
+    /// RFC 8785 canonical form, so a body resent with other spacing or field order is a
+    /// duplicate, not a conflict.
+    #[arg(long, value_name = "DERIVATION", default_value_t = KeyDerivation::Reference)]
+    key_derivation: KeyDerivation,
     /// A Redis front filter (redis://…) before the durable store.
     #[arg(long, value_name = "URL")]
     front_filter: Option<String>,
@@ -68,6 +81,7 @@ struct Consume {
     source: String,
     config: SupervisorConfig,
     gate: GateConfig,
+    key_derivation: KeyDerivation,
     metrics: Arc<crate::metrics::ConsumeMetrics>,
 }
 
@@ -100,8 +114,9 @@ impl StoreVisitor for Consume {
             .map_err(|e| gave_up(&what, e))?;
         let (kind, size, n) = (broker.kind(), c.batch_size, c.concurrency);
         eprintln!("idem consume: {kind} {source} → store; batch size {size}, concurrency {n}");
-        let gate = Gate::with_config(store, db.grant_handler(), self.gate)
-            .with_observer(self.metrics.stages());
+        let handler = db.grant_handler().with_key_derivation(self.key_derivation);
+        let gate =
+            Gate::with_config(store, handler, self.gate).with_observer(self.metrics.stages());
         let metrics = Arc::clone(&self.metrics);
         let observe = move |o: &idem_core::Outcome| metrics.record(o);
         let shutdown = crate::cmd::shutdown_signal();
@@ -130,7 +145,10 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         broker,
         source: args.source,
         config,
-        gate: GateConfig::default().with_max_attempts(args.max_attempts),
+        key_derivation: args.key_derivation,
+        gate: GateConfig::default()
+            .with_max_attempts(args.max_attempts)
+            .with_on_conflict(args.on_conflict),
         metrics,
     };
     let run = super::open_with_retry(&spec, migrate, visitor, &visited, timeout).await?;

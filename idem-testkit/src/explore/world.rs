@@ -387,8 +387,10 @@ impl ClaimStore for ExStore {
         })
     }
 
+    /// The explored world models keys only (its submissions carry no timestamp, so no
+    /// identity): it does not detect conflicts.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::TRANSACTIONAL
+        Capabilities::TRANSACTIONAL.with_conflict_detection(false)
     }
 }
 
