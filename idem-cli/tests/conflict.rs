@@ -7,83 +7,13 @@
 //! RabbitMQ at `IDEM_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
 //! Postgres at `IDEM_TEST_POSTGRES_URL`; a missing service fails the test.
 
-use std::process::{Command, Output};
-use std::time::Duration;
+use std::process::Command;
 
-use futures::StreamExt as _;
-use idem_broker::any::{pending_count, AnyConsumer, BrokerUrl};
-use idem_broker::{until_idle, DEAD_LETTER_REASON_HEADER};
+use idem_broker::any::{pending_count, BrokerUrl};
 use idem_core::IdempotencyKey;
 
-fn amqp_url() -> String {
-    std::env::var("IDEM_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-fn pg_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn idem<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem")
-}
-
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-fn psql(sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([pg_url().as_str(), "-v", "ON_ERROR_STOP=1", "-qAtc", sql])
-        .output()
-        .expect("run psql");
-    assert!(out.status.success(), "psql: {}", text(&out.stderr));
-    text(&out.stdout).trim().to_owned()
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
-/// The messages waiting in `name`, with their dead-letter reasons, read without settling.
-fn read_queue(url: &str, name: &str) -> Vec<(Vec<u8>, String)> {
-    rt().block_on(async {
-        let url = BrokerUrl::parse(url).expect("broker URL");
-        let consumer = AnyConsumer::connect(&url, name, 1000)
-            .await
-            .expect("connect to RabbitMQ");
-        let mut held = Vec::new();
-        let mut out = Vec::new();
-        let mut stream = std::pin::pin!(until_idle(consumer, Duration::from_secs(3)));
-        while let Some(item) = stream.next().await {
-            let d = item.expect("delivery");
-            out.push((
-                d.payload.clone(),
-                d.header(DEAD_LETTER_REASON_HEADER).unwrap_or("").to_owned(),
-            ));
-            held.push(d);
-        }
-        out
-    })
-}
+mod common;
+use common::{amqp_url, idem, ok, pg_url, psql, read_queue, rt, tag, text};
 
 /// What one run left: the disbursed amounts (sorted), the dead letters, consume's report.
 struct Run {
@@ -98,7 +28,7 @@ struct Run {
 /// Publishes the two conflicting bodies (and a redelivery of each) to a queue of its own
 /// and consumes them into a schema of its own with `extra` options.
 fn run(extra: &[&str]) -> Run {
-    let tag = format!("{}_{:08x}", std::process::id(), rand::random::<u32>());
+    let tag = tag();
     let queue = format!("idem-conflict-{tag}");
     let schema = format!("conflict_{tag}");
     let (amqp, store) = (amqp_url(), pg_url());

@@ -11,76 +11,32 @@
 //! Postgres at `IDEM_TEST_POSTGRES_URL`; a missing service fails the test.
 
 use std::collections::HashMap;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
-use idem_broker::any::{pending_count, AnyConsumer, BrokerUrl};
-use idem_broker::{until_idle, DEAD_LETTER_REASON_HEADER};
+use idem_broker::any::{pending_count, BrokerUrl};
 
-fn amqp_url() -> String {
-    std::env::var("IDEM_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-fn pg_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn idem<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem")
-}
-
-fn ok(out: &Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
-fn psql(url: &str, sql: &str) -> Output {
-    Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql])
-        .output()
-        .expect("run psql")
-}
+mod common;
+use common::{amqp_url, idem, ok, pg_url, psql_at, read_queue, rt, tag, text};
 
 /// A LATIN1 database beside the test database (created once; kept for later runs).
 fn latin1_url() -> String {
     let base = pg_url();
     let (server, _) = base.rsplit_once('/').expect("a database in the URL");
     let url = format!("{server}/idem_test_latin1");
-    let exists = psql(
+    let exists = psql_at(
         &base,
         "SELECT 1 FROM pg_database WHERE datname = 'idem_test_latin1'",
     );
     if text(&exists.stdout).trim() != "1" {
         // A concurrent creator may win: then this fails with duplicate_database, fine.
-        let _ = psql(
+        let _ = psql_at(
             &base,
             "CREATE DATABASE idem_test_latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' \
              TEMPLATE template0",
         );
     }
-    let enc = psql(&url, "SHOW server_encoding");
+    let enc = psql_at(&url, "SHOW server_encoding");
     assert_eq!(text(&enc.stdout).trim(), "LATIN1", "{}", text(&enc.stderr));
     url
 }
@@ -90,31 +46,9 @@ fn line(award_id: &str, ts: &str, amount: u64) -> String {
         .to_string()
 }
 
-/// The messages waiting in `name`, with their dead-letter reasons, read without settling.
-fn read_queue(url: &str, name: &str) -> Vec<(Vec<u8>, String)> {
-    rt().block_on(async {
-        let url = BrokerUrl::parse(url).expect("broker URL");
-        let consumer = AnyConsumer::connect(&url, name, 1000)
-            .await
-            .expect("connect to RabbitMQ");
-        let mut held = Vec::new();
-        let mut out = Vec::new();
-        let mut stream = std::pin::pin!(until_idle(consumer, Duration::from_secs(3)));
-        while let Some(item) = stream.next().await {
-            let d = item.expect("delivery");
-            out.push((
-                d.payload.clone(),
-                d.header(DEAD_LETTER_REASON_HEADER).unwrap_or("").to_owned(),
-            ));
-            held.push(d);
-        }
-        out
-    })
-}
-
 #[test]
 fn bodies_no_store_can_hold_are_dead_lettered_with_their_reason_and_consume_exits() {
-    let tag = format!("{}_{:08x}", std::process::id(), rand::random::<u32>());
+    let tag = tag();
     let queue = format!("idem-refused-{tag}");
     let schema = format!("refused_{tag}");
     let store = latin1_url();
@@ -225,7 +159,7 @@ fn bodies_no_store_can_hold_are_dead_lettered_with_their_reason_and_consume_exit
     );
 
     // The valid ones, exactly once each.
-    let rows = psql(
+    let rows = psql_at(
         &store,
         &format!(
             "SELECT count(*), count(DISTINCT idempotency_key), coalesce(sum(amount_cents), 0) \
@@ -279,7 +213,7 @@ fn bodies_no_store_can_hold_are_dead_lettered_with_their_reason_and_consume_exit
         "the source queue is not empty\nconsume stderr: {stderr}"
     );
 
-    let _ = psql(
+    let _ = psql_at(
         &store,
         &format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
     );

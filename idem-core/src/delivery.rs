@@ -53,6 +53,20 @@ impl<A> Delivery<A> {
         self
     }
 
+    /// Dead-letters this delivery (its own payload and headers) with `reason`.
+    pub(crate) async fn dead_letter(self, reason: &RejectReason) -> Result<(), AckError>
+    where
+        A: Acker,
+    {
+        let Delivery {
+            payload,
+            headers,
+            acker,
+            ..
+        } = self;
+        acker.dead_letter(&payload, &headers, reason).await
+    }
+
     /// The first header named `name` (ASCII case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers

@@ -101,6 +101,25 @@ pub trait GrantDb: Send + Sync {
     }
 }
 
+/// `(idempotency_key, award_id, amount_cents)` rows, as every SQL store reads them, as
+/// ledger rows.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) type LedgerTuple = (String, String, i64);
+
+/// [`LedgerTuple`]s as ledger rows (a malformed key is an error, not skipped).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn ledger_rows(rows: Vec<LedgerTuple>) -> Result<Vec<LedgerRow>, StoreError> {
+    rows.into_iter()
+        .map(|(key, award_id, amount_cents)| {
+            Ok(LedgerRow {
+                key: parse_key(&key)?,
+                award_id,
+                amount_cents,
+            })
+        })
+        .collect()
+}
+
 pub(crate) fn parse_key(s: &str) -> Result<IdempotencyKey, StoreError> {
     s.parse().map_err(|e| {
         StoreError::other(
@@ -116,20 +135,6 @@ mod sqlite {
     use crate::handler::GrantBook;
     use crate::submission::Grant;
     use idem_store_sqlite::{SqliteStore, SqliteTx};
-    use sqlx::Row as _;
-
-    /// `(idempotency_key, award_id, amount_cents)` rows as ledger rows.
-    fn ledger_rows(rows: &[sqlx::sqlite::SqliteRow]) -> Result<Vec<LedgerRow>, StoreError> {
-        rows.iter()
-            .map(|r| {
-                Ok(LedgerRow {
-                    key: parse_key(&r.get::<String, _>(0))?,
-                    award_id: r.get(1),
-                    amount_cents: r.get(2),
-                })
-            })
-            .collect()
-    }
 
     fn err(what: &str, e: sqlx::Error) -> StoreError {
         StoreError::Other {
@@ -205,12 +210,13 @@ mod sqlite {
         }
 
         async fn ledger(&self) -> Result<Vec<LedgerRow>, StoreError> {
-            let rows =
-                sqlx::query("SELECT idempotency_key, award_id, amount_cents FROM disbursements")
-                    .fetch_all(self.pool())
-                    .await
-                    .map_err(|e| err("reading disbursements", e))?;
-            ledger_rows(&rows)
+            let rows = sqlx::query_as::<_, LedgerTuple>(
+                "SELECT idempotency_key, award_id, amount_cents FROM disbursements",
+            )
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| err("reading disbursements", e))?;
+            ledger_rows(rows)
         }
 
         async fn claim_rows(&self) -> Result<u64, StoreError> {
@@ -272,7 +278,7 @@ mod sqlite {
             after: (&str, &str),
             limit: usize,
         ) -> Result<Vec<LedgerRow>, StoreError> {
-            let rows = sqlx::query(
+            let rows = sqlx::query_as::<_, LedgerTuple>(
                 "SELECT idempotency_key, award_id, amount_cents FROM disbursements \
                  WHERE substr(award_id, 1, length(?1)) = ?1 \
                    AND (award_id > ?2 OR (award_id = ?2 AND idempotency_key > ?3)) \
@@ -285,7 +291,7 @@ mod sqlite {
             .fetch_all(self.pool())
             .await
             .map_err(|e| err("reading disbursements", e))?;
-            ledger_rows(&rows)
+            ledger_rows(rows)
         }
 
         fn grant_handler(&self) -> GrantHandler {
@@ -371,20 +377,6 @@ mod postgres {
     use idem_core::OutboxEvent;
     use idem_store_postgres::error::map_sqlx;
     use idem_store_postgres::{PgStore, PgTx};
-    use sqlx::Row as _;
-
-    /// `(idempotency_key, award_id, amount_cents)` rows as ledger rows.
-    fn ledger_rows(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<LedgerRow>, StoreError> {
-        rows.iter()
-            .map(|r| {
-                Ok(LedgerRow {
-                    key: parse_key(&r.get::<String, _>(0))?,
-                    award_id: r.get(1),
-                    amount_cents: r.get(2),
-                })
-            })
-            .collect()
-    }
 
     #[async_trait]
     impl GrantBook for PgTx {
@@ -469,14 +461,14 @@ mod postgres {
         }
 
         async fn ledger(&self) -> Result<Vec<LedgerRow>, StoreError> {
-            let rows = sqlx::query(&format!(
+            let rows = sqlx::query_as::<_, LedgerTuple>(&format!(
                 "SELECT idempotency_key, award_id, amount_cents FROM {}",
                 self.table(GRANT_TABLE)
             ))
             .fetch_all(self.pool())
             .await
             .map_err(|e| map_sqlx(e, "reading disbursements"))?;
-            ledger_rows(&rows)
+            ledger_rows(rows)
         }
 
         async fn claim_rows(&self) -> Result<u64, StoreError> {
@@ -532,7 +524,7 @@ mod postgres {
             after: (&str, &str),
             limit: usize,
         ) -> Result<Vec<LedgerRow>, StoreError> {
-            let rows = sqlx::query(&format!(
+            let rows = sqlx::query_as::<_, LedgerTuple>(&format!(
                 "SELECT idempotency_key, award_id, amount_cents FROM {} \
                  WHERE starts_with(award_id, $1) \
                    AND (award_id COLLATE \"C\", idempotency_key COLLATE \"C\") > ($2, $3) \
@@ -546,7 +538,7 @@ mod postgres {
             .fetch_all(self.pool())
             .await
             .map_err(|e| map_sqlx(e, "reading disbursements"))?;
-            ledger_rows(&rows)
+            ledger_rows(rows)
         }
 
         fn grant_handler(&self) -> GrantHandler {

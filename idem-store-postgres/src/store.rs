@@ -577,36 +577,44 @@ impl PgTx {
             .collect())
     }
 
-    /// [`ClaimTx::claim_batch`] on a table with the identity column.
-    async fn claim_batch_identity(
+    /// Runs one batch-claim insert over `order`'s items (sorted, distinct keys): keys and
+    /// subjects, then, on a table with the identity column, [`ClaimMeta::identity`]'s
+    /// timestamps, then the months on the partitioned layout. `None`: the lock timeout
+    /// expired and nothing was claimed; else the keys (hex) inserted, in `order`'s order
+    /// as `keys`.
+    async fn insert_batch(
         &mut self,
         items: &[(IdempotencyKey, ClaimMeta)],
         order: &[usize],
-    ) -> Result<HashMap<IdempotencyKey, ClaimOutcome>, StoreError> {
+    ) -> Result<(Vec<String>, Option<HashSet<String>>), StoreError> {
+        let shared = Arc::clone(&self.shared);
+        let identity = shared.has_identity();
         let keys: Vec<String> = order.iter().map(|&i| items[i].0.to_hex()).collect();
         let subjects: Vec<&str> = order.iter().map(|&i| items[i].1.subject.as_str()).collect();
-        let stamps: Vec<Option<&str>> = order
-            .iter()
-            .map(|&i| items[i].1.identity().map(|(_, ts)| ts))
-            .collect();
-        let mut query = sqlx::query_as(&self.shared.sql.claim_batch_identity)
-            .bind(&keys)
-            .bind(&subjects)
-            .bind(&stamps);
-        if self.shared.layout == PgLayout::Partitioned {
+        let sql = if identity {
+            &shared.sql.claim_batch_identity
+        } else {
+            &shared.sql.claim_batch
+        };
+        let mut query = sqlx::query_as(sql).bind(&keys).bind(&subjects);
+        if identity {
+            let stamps: Vec<Option<&str>> = order
+                .iter()
+                .map(|&i| items[i].1.identity().map(|(_, ts)| ts))
+                .collect();
+            query = query.bind(stamps);
+        }
+        if shared.layout == PgLayout::Partitioned {
             let months: Vec<String> = order.iter().map(|&i| Self::month(&items[i].1)).collect();
             query = query.bind(months);
         }
         let res: Result<Vec<(String,)>, sqlx::Error> = query.fetch_all(&mut *self.tx).await;
-        let inserted: HashSet<String> = match res {
-            Ok(rows) => rows.into_iter().map(|(k,)| k).collect(),
+        let inserted = match res {
+            Ok(rows) => rows.into_iter().map(|(k,)| k).collect::<HashSet<String>>(),
             Err(e) => {
                 self.aborted = true;
                 if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
-                    return Ok(order
-                        .iter()
-                        .map(|&i| (items[i].0, ClaimOutcome::InProgress))
-                        .collect());
+                    return Ok((keys, None));
                 }
                 return Err(map_sqlx(e, "claim batch"));
             }
@@ -614,26 +622,7 @@ impl PgTx {
         if !inserted.is_empty() {
             self.claimed = true;
         }
-        let mut out = HashMap::with_capacity(order.len());
-        let mut unsure: Vec<(&IdempotencyKey, &ClaimMeta)> = Vec::new();
-        for (&i, hex) in order.iter().zip(&keys) {
-            let (key, meta) = (&items[i].0, &items[i].1);
-            if inserted.contains(hex) {
-                out.insert(*key, ClaimOutcome::Claimed);
-            } else if meta.identity().is_none() {
-                // Only the key's own unique index can have refused it.
-                out.insert(*key, ClaimOutcome::Duplicate);
-            } else {
-                unsure.push((key, meta));
-            }
-        }
-        if !unsure.is_empty() {
-            let classified = self.classify(&unsure).await?;
-            for ((key, _), c) in unsure.into_iter().zip(classified) {
-                out.insert(*key, c);
-            }
-        }
-        Ok(out)
+        Ok((keys, Some(inserted)))
     }
 }
 
@@ -649,51 +638,35 @@ impl ClaimTx for PgTx {
         key: &IdempotencyKey,
         meta: &ClaimMeta,
     ) -> Result<ClaimOutcome, StoreError> {
-        if self.shared.has_identity() {
-            let stamp = meta.identity().map(|(_, ts)| ts);
-            let mut query = sqlx::query(&self.shared.sql.claim_identity)
-                .bind(key.to_hex())
-                .bind(meta.subject.as_str())
-                .bind(stamp);
-            if self.shared.layout == PgLayout::Partitioned {
-                query = query.bind(Self::month(meta));
-            }
-            return match query.execute(&mut *self.tx).await {
-                Ok(r) if r.rows_affected() == 1 => {
-                    self.claimed = true;
-                    Ok(ClaimOutcome::Claimed)
-                }
-                Ok(_) if stamp.is_none() => Ok(ClaimOutcome::Duplicate),
-                Ok(_) => Ok(self
-                    .classify(&[(key, meta)])
-                    .await?
-                    .pop()
-                    .unwrap_or(ClaimOutcome::InProgress)),
-                Err(e) => {
-                    self.aborted = true;
-                    if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
-                        Ok(ClaimOutcome::InProgress)
-                    } else {
-                        Err(map_sqlx(e, "claim"))
-                    }
-                }
-            };
-        }
-        let mut query = sqlx::query(&self.shared.sql.claim)
+        let shared = Arc::clone(&self.shared);
+        let identity = shared.has_identity();
+        // Without the identity column only the key's own unique index can refuse it.
+        let stamp = meta.identity().map(|(_, ts)| ts).filter(|_| identity);
+        let sql = if identity {
+            &shared.sql.claim_identity
+        } else {
+            &shared.sql.claim
+        };
+        let mut query = sqlx::query(sql)
             .bind(key.to_hex())
             .bind(meta.subject.as_str());
-        if self.shared.layout == PgLayout::Partitioned {
-            query = query.bind(crate::partition::month_value(
-                meta.submission_timestamp.as_deref(),
-            ));
+        if identity {
+            query = query.bind(stamp);
         }
-        let res = query.execute(&mut *self.tx).await;
-        match res {
+        if shared.layout == PgLayout::Partitioned {
+            query = query.bind(Self::month(meta));
+        }
+        match query.execute(&mut *self.tx).await {
             Ok(r) if r.rows_affected() == 1 => {
                 self.claimed = true;
                 Ok(ClaimOutcome::Claimed)
             }
-            Ok(_) => Ok(ClaimOutcome::Duplicate),
+            Ok(_) if stamp.is_none() => Ok(ClaimOutcome::Duplicate),
+            Ok(_) => Ok(self
+                .classify(&[(key, meta)])
+                .await?
+                .pop()
+                .unwrap_or(ClaimOutcome::InProgress)),
             Err(e) => {
                 self.aborted = true;
                 if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
@@ -706,9 +679,11 @@ impl ClaimTx for PgTx {
     }
 
     /// One round trip: `INSERT … SELECT … FROM unnest($1, $2) ON CONFLICT DO NOTHING
-    /// RETURNING idempotency_key`. Keys are inserted in sorted order (so two concurrent
-    /// batches cannot deadlock on each other's keys) and the answers mapped back to input
-    /// order. A lock timeout answers `InProgress` for every key (nothing was claimed).
+    /// RETURNING idempotency_key`. Rows are inserted in [`idem_core::claim_order`]
+    /// (identity, then key: two concurrent batches cannot deadlock on each other's keys or
+    /// identities) and the answers mapped back to input order. A lock timeout answers `InProgress` for every key (nothing was claimed).
+    /// With the identity column, keys not inserted that carry an identity are classified
+    /// by a second statement (`Duplicate` or `Conflict`), one round trip for all of them.
     async fn claim_batch(
         &mut self,
         items: &[(IdempotencyKey, ClaimMeta)],
@@ -716,60 +691,42 @@ impl ClaimTx for PgTx {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let mut order: Vec<usize> = (0..items.len()).collect();
-        order.sort_by(|&a, &b| items[a].0.as_bytes().cmp(items[b].0.as_bytes()));
-        order.dedup_by(|a, b| items[*a].0 == items[*b].0);
-        if self.shared.has_identity() {
-            let by_key = self.claim_batch_identity(items, &order).await?;
-            // In input order: a repeated key is a duplicate of its own claim (or the same
-            // conflict again).
-            let mut seen: HashSet<&IdempotencyKey> = HashSet::with_capacity(items.len());
-            return Ok(items
-                .iter()
-                .map(|(k, _)| {
-                    let out = by_key.get(k).copied().unwrap_or(ClaimOutcome::InProgress);
-                    if !seen.insert(k) && out == ClaimOutcome::Claimed {
-                        ClaimOutcome::Duplicate
-                    } else {
-                        out
-                    }
-                })
-                .collect());
-        }
-        let keys: Vec<String> = order.iter().map(|&i| items[i].0.to_hex()).collect();
-        let subjects: Vec<&str> = order.iter().map(|&i| items[i].1.subject.as_str()).collect();
-        let mut query = sqlx::query_as(&self.shared.sql.claim_batch)
-            .bind(&keys)
-            .bind(&subjects);
-        if self.shared.layout == PgLayout::Partitioned {
-            let months: Vec<String> = order
-                .iter()
-                .map(|&i| crate::partition::month_value(items[i].1.submission_timestamp.as_deref()))
-                .collect();
-            query = query.bind(months);
-        }
-        let res: Result<Vec<(String,)>, sqlx::Error> = query.fetch_all(&mut *self.tx).await;
-        let inserted: HashSet<String> = match res {
-            Ok(rows) => rows.into_iter().map(|(k,)| k).collect(),
-            Err(e) => {
-                self.aborted = true;
-                if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
-                    return Ok(vec![ClaimOutcome::InProgress; items.len()]);
-                }
-                return Err(map_sqlx(e, "claim batch"));
-            }
+        let order = idem_core::claim_order(items);
+        let (keys, inserted) = self.insert_batch(items, &order).await?;
+        let Some(inserted) = inserted else {
+            return Ok(vec![ClaimOutcome::InProgress; items.len()]);
         };
-        if !inserted.is_empty() {
-            self.claimed = true;
+        let identity = self.shared.has_identity();
+        let mut by_key: HashMap<IdempotencyKey, ClaimOutcome> = HashMap::with_capacity(order.len());
+        let mut unsure: Vec<(&IdempotencyKey, &ClaimMeta)> = Vec::new();
+        for (&i, hex) in order.iter().zip(&keys) {
+            let (key, meta) = (&items[i].0, &items[i].1);
+            if inserted.contains(hex) {
+                by_key.insert(*key, ClaimOutcome::Claimed);
+            } else if !identity || meta.identity().is_none() {
+                // Only the key's own unique index can have refused it.
+                by_key.insert(*key, ClaimOutcome::Duplicate);
+            } else {
+                unsure.push((key, meta));
+            }
         }
+        if !unsure.is_empty() {
+            let classified = self.classify(&unsure).await?;
+            for ((key, _), c) in unsure.into_iter().zip(classified) {
+                by_key.insert(*key, c);
+            }
+        }
+        // In input order: a repeated key is a duplicate of its own claim (or the same
+        // conflict again).
         let mut seen: HashSet<&IdempotencyKey> = HashSet::with_capacity(items.len());
         Ok(items
             .iter()
             .map(|(k, _)| {
-                if seen.insert(k) && inserted.contains(&k.to_hex()) {
-                    ClaimOutcome::Claimed
-                } else {
+                let out = by_key.get(k).copied().unwrap_or(ClaimOutcome::InProgress);
+                if !seen.insert(k) && out == ClaimOutcome::Claimed {
                     ClaimOutcome::Duplicate
+                } else {
+                    out
                 }
             })
             .collect())
