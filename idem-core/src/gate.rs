@@ -14,7 +14,7 @@ use crate::delivery::{AckProof, Acker, CommitReceipt, Delivery, Headers};
 use crate::error::{AckError, BoxError, Error, ErrorClass, HandlerError, RejectReason, StoreError};
 use crate::key::IdempotencyKey;
 use crate::mutant::{self, Mutant};
-use crate::store::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx};
+use crate::store::{claim_order, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx};
 
 /// A delivery identified: its key, its subject, and the parsed input the handler needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -638,13 +638,7 @@ where
         reason: RejectReason,
     ) -> Outcome {
         audit::rejected(subject, reason.code);
-        let Delivery {
-            payload,
-            headers,
-            acker,
-            ..
-        } = delivery;
-        let settle = acker.dead_letter(&payload, &headers, &reason).await;
+        let settle = delivery.dead_letter(&reason).await;
         Outcome::Rejected { reason, settle }
     }
 
@@ -664,13 +658,7 @@ where
             "the same submission was already claimed with another payload; dead-lettered"
         );
         let reason = conflict_reason(&key, &existing);
-        let Delivery {
-            payload,
-            headers,
-            acker,
-            ..
-        } = delivery;
-        let settle = acker.dead_letter(&payload, &headers, &reason).await;
+        let settle = delivery.dead_letter(&reason).await;
         Outcome::Conflict {
             key,
             existing,
@@ -957,15 +945,24 @@ where
                 pos
             });
         }
-        // Claims take row locks in the order given: in key order, two batches sharing keys
-        // wait on each other in one direction only and can never deadlock.
-        if !mutant::active(Mutant::UnsortedBatchClaims) {
-            unique.sort_by_key(|&p| valid[p].2.key);
-        }
-        let items: Vec<(IdempotencyKey, ClaimMeta)> = unique
+        let mut items: Vec<(IdempotencyKey, ClaimMeta)> = unique
             .iter()
             .map(|&p| (valid[p].2.key, self.handler.claim_meta(&valid[p].2)))
             .collect();
+        // Claims take row locks in the order given: in `claim_order` (identity, then key),
+        // two batches sharing keys or identities wait on each other in one direction only
+        // and can never deadlock.
+        if mutant::active(Mutant::KeyOrderBatchClaims) {
+            let mut slots: Vec<(usize, (IdempotencyKey, ClaimMeta))> =
+                unique.into_iter().zip(items).collect();
+            slots.sort_by_key(|(_, (k, _))| *k);
+            (unique, items) = slots.into_iter().unzip();
+        } else if !mutant::active(Mutant::UnsortedBatchClaims) {
+            let order = claim_order(&items);
+            let mut slots: Vec<Option<(usize, (IdempotencyKey, ClaimMeta))>> =
+                unique.into_iter().zip(items).map(Some).collect();
+            (unique, items) = order.iter().filter_map(|&j| slots[j].take()).unzip();
+        }
 
         let claims = match self.try_batch(&valid, &unique, &items).await {
             Ok(c) => c,

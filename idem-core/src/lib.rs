@@ -62,7 +62,9 @@ pub use outbox::{
     Backoff, EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay,
     RelayObserver, RelayOptions, RelayStats,
 };
-pub use store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
+pub use store::{
+    claim_order, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter,
+};
 
 /// Re-exported so implementors of the traits use the same macro version.
 pub use async_trait::async_trait;

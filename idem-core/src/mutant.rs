@@ -17,6 +17,10 @@ pub enum Mutant {
     PermanentErrorNacked,
     /// Acks a duplicate before its transaction's rollback finished.
     DuplicateAckBeforeRollback,
+    /// Claims a batch in key order alone, ignoring identities (two batches holding
+    /// different payloads of the same two submissions can each lock one identity and wait
+    /// for the other's).
+    KeyOrderBatchClaims,
 }
 
 #[cfg(feature = "_mutants")]
@@ -33,6 +37,7 @@ mod imp {
             Mutant::UnsortedBatchClaims => 3,
             Mutant::PermanentErrorNacked => 4,
             Mutant::DuplicateAckBeforeRollback => 5,
+            Mutant::KeyOrderBatchClaims => 6,
         }
     }
 

@@ -87,6 +87,46 @@ impl ClaimMeta {
     }
 }
 
+/// The order in which a batch's claims take their locks: by
+/// [identity](ClaimMeta::identity) (claims without one first), then by key; each key once
+/// (its first position). Returns positions in `items`.
+///
+/// Two transactions that claim in this order can never wait on each other in a cycle: a
+/// claim waits only on an uncommitted row with the same key or the same identity, a key
+/// always comes with the same identity, and both transactions meet shared identities in
+/// the same order. Sorting by key alone is not enough once identities are checked: two
+/// batches holding different payloads of the same two submissions could each lock one
+/// identity and wait for the other's (the stores break such a deadlock, but only after
+/// their deadlock timeout, and the batch then falls back to one claim at a time). The
+/// gate claims batches in this order, and a store that inserts a batch in one statement
+/// keeps it.
+///
+/// ```
+/// use idem_core::{claim_order, ClaimMeta, IdempotencyKey};
+/// let ts = "2026-07-01T09:00:00Z";
+/// let item = |award: &str, body: &str| {
+///     let key = IdempotencyKey::derive(award, ts, body.as_bytes()).unwrap();
+///     (key, ClaimMeta::new(award).with_submission_timestamp(ts))
+/// };
+/// let items = [item("B", "1"), item("A", "2"), item("A", "1"), item("B", "1")];
+/// let order = claim_order(&items);
+/// // A's two payloads first (in key order), then B once.
+/// assert_eq!(order.len(), 3);
+/// assert!(order[..2].iter().all(|&i| items[i].1.subject == "A"));
+/// assert_eq!(items[order[2]].1.subject, "B");
+/// ```
+pub fn claim_order(items: &[(IdempotencyKey, ClaimMeta)]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    // Stable: among equal keys the first position stays first.
+    order.sort_by(|&a, &b| {
+        (items[a].1.identity(), items[a].0.as_bytes())
+            .cmp(&(items[b].1.identity(), items[b].0.as_bytes()))
+    });
+    let mut seen = std::collections::HashSet::with_capacity(items.len());
+    order.retain(|&i| seen.insert(items[i].0));
+    order
+}
+
 /// The answer to a claim. A duplicate (or a conflict) is an *outcome*, not an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClaimOutcome {

@@ -179,3 +179,49 @@ async fn the_partitioned_layout_detects_conflicts_in_and_across_batches() {
     );
     common::drop_schema(&store).await;
 }
+
+/// Two batches holding another payload each of the same 200 submissions, claimed at once
+/// in two transactions. Claimed in key order alone, each would lock the identities in its
+/// own (hash) order and they would deadlock (Postgres breaks it after `deadlock_timeout`
+/// with 40P01, an error for one of them); in `claim_order` (identity first) one waits for
+/// the other: one batch claims every submission, the other finds 200 conflicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_batches_of_crossing_conflicts_never_deadlock() {
+    let store = common::fresh_pg().await;
+    let batch = |round: u32, variant: &str| -> Vec<(IdempotencyKey, ClaimMeta)> {
+        (0..200)
+            .map(|i| {
+                let subject = format!("X-{round}-{i}");
+                (key(&subject, variant), meta(&subject))
+            })
+            .collect()
+    };
+    let run = |items: Vec<(IdempotencyKey, ClaimMeta)>| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.begin().await?;
+            let out = tx.claim_batch(&items).await?;
+            tx.commit().await?;
+            Ok::<_, idem_core::StoreError>(out)
+        })
+    };
+    let count =
+        |o: &[ClaimOutcome], f: fn(&ClaimOutcome) -> bool| o.iter().filter(|c| f(c)).count();
+    let is_claimed: fn(&ClaimOutcome) -> bool = |c| *c == ClaimOutcome::Claimed;
+    let is_conflict: fn(&ClaimOutcome) -> bool = |c| matches!(c, ClaimOutcome::Conflict { .. });
+    // Three rounds on new submissions: each a fresh chance to interleave.
+    for round in 0..3 {
+        let (a, b) = tokio::join!(run(batch(round, "a")), run(batch(round, "b")));
+        let a = a.expect("task").expect("batch a: no deadlock, no error");
+        let b = b.expect("task").expect("batch b: no deadlock, no error");
+        // One batch won every submission, the other met every conflict.
+        let (won, lost) = if count(&a, is_claimed) == 200 {
+            (&a, &b)
+        } else {
+            (&b, &a)
+        };
+        assert_eq!(count(won, is_claimed), 200, "round {round}: {a:?} {b:?}");
+        assert_eq!(count(lost, is_conflict), 200, "round {round}: {lost:?}");
+    }
+    common::drop_schema(&store).await;
+}

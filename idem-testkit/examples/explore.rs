@@ -6,7 +6,8 @@
 //! cargo run --release -p idem-testkit --example explore -- --replay 0.3.1.0 [same flags]
 //! ```
 //!
-//! Flags: `--workers N`, `--keys N`, `--copies N`, `--poison N`, `--batch N`,
+//! Flags: `--workers N`, `--keys N`, `--copies N`, `--poison N`, `--conflicts N`,
+//! `--on-conflict dead-letter|process`, `--batch N`,
 //! `--mode process|consumer|both`, `--crashes N`, `--errors N` (of each class: unavailable,
 //! conflict, rejected, config), `--lost-acks N`, `--expiries N`, `--outages N`,
 //! `--restores N`, `--lock-timeouts N`, `--max-depth N`, `--time-limit SECS`,
@@ -15,6 +16,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use idem_core::ConflictPolicy;
 use idem_testkit::explore::{explore, replay, Config, Mode, Mutant, Report};
 
 fn usage(msg: &str) -> ExitCode {
@@ -59,6 +61,20 @@ fn parse() -> Result<Args, String> {
             "--keys" => config.keys = u8::try_from(num()?).map_err(|_| "--keys: at most 255")?,
             "--copies" => config.copies = num()? as usize,
             "--poison" => config.poison = num()? as usize,
+            "--conflicts" => {
+                config.conflicts = u8::try_from(num()?).map_err(|_| "--conflicts: at most 255")?;
+            }
+            "--on-conflict" => {
+                config.on_conflict = match value.as_str() {
+                    "dead-letter" => ConflictPolicy::DeadLetter,
+                    "process" => ConflictPolicy::Process,
+                    other => {
+                        return Err(format!(
+                            "--on-conflict: dead-letter or process, not {other:?}"
+                        ))
+                    }
+                };
+            }
             "--batch" => config.batch = num()? as usize,
             "--crashes" => b.crashes = num()?,
             "--errors" => {
@@ -116,14 +132,11 @@ fn main() -> ExitCode {
     let started = Instant::now();
 
     if let Some(seq) = &args.replay {
-        let mut config = Config {
+        let base = Config {
             mode: args.modes[0],
-            mutant: args.mutant,
             ..args.config.clone()
         };
-        if args.mutant.is_some() {
-            config.budgets.total = config.budgets.total.max(2);
-        }
+        let config = args.mutant.map_or(base.clone(), |m| m.config(&base));
         return match replay(&config, seq) {
             Err(e) => usage(&e),
             Ok((steps, end)) => {
@@ -149,12 +162,10 @@ fn main() -> ExitCode {
 
     if let Some(m) = args.mutant {
         for &mode in &args.modes {
-            let mut config = Config {
+            let config = m.config(&Config {
                 mode,
-                mutant: Some(m),
                 ..args.config.clone()
-            };
-            config.budgets.total = config.budgets.total.max(2);
+            });
             let r = explore(&config);
             println!("mutant: {} ({mode:?} mode)", m.name());
             println!("states: {}", r.states);
@@ -181,14 +192,37 @@ fn main() -> ExitCode {
     let mut total = Report::default();
     let mut exhaustive = true;
     let mut violations = 0;
-    for &mode in &args.modes {
-        let config = Config {
-            mode,
-            ..args.config.clone()
-        };
-        let r = explore(&config);
+    let mut passes: Vec<(String, Config)> = args
+        .modes
+        .iter()
+        .map(|&mode| {
+            let config = Config {
+                mode,
+                ..args.config.clone()
+            };
+            (format!("{mode:?} mode"), config)
+        })
+        .collect();
+    // Conflicting resubmissions (unless --conflicts chose the space already): one
+    // submission with two payloads under each policy, in the modes and budgets above; and
+    // two submissions with two payloads each in crossing batches, every interleaving.
+    if args.config.conflicts == 0 {
+        let bases = passes.clone();
+        for policy in [ConflictPolicy::DeadLetter, ConflictPolicy::Process] {
+            for (name, base) in &bases {
+                let name = format!("{name}, conflicts, {}", policy.as_str());
+                passes.push((name, Config::conflicts(base, policy)));
+            }
+        }
+        passes.push((
+            "Process mode, crossing conflicts".into(),
+            Config::crossing(&args.config),
+        ));
+    }
+    for (name, config) in &passes {
+        let r = explore(config);
         eprintln!(
-            "{mode:?} mode: {} states, {} runs, {:.1} s{}",
+            "{name}: {} states, {} runs, {:.1} s{}",
             r.states,
             r.runs,
             r.elapsed.as_secs_f64(),
@@ -203,7 +237,7 @@ fn main() -> ExitCode {
         exhaustive &= r.exhaustive;
         if let Some((v, seq)) = r.violation {
             violations += 1;
-            println!("violation ({mode:?} mode): {v}");
+            println!("violation ({name}): {v}");
             println!("sequence: {seq}");
         }
     }
@@ -215,14 +249,10 @@ fn main() -> ExitCode {
     };
     if !args.skip_mutants {
         for (name, m) in Mutant::ALL {
-            // Mutants are searched with up to two faults per run: a deadlock of unsorted
-            // batch claims needs a visibility expiry and a reversed batch, for example.
-            let mut config = Config {
+            let config = m.config(&Config {
                 mode: Mode::Process,
-                mutant: Some(m),
                 ..args.config.clone()
-            };
-            config.budgets.total = config.budgets.total.max(2);
+            });
             let r = explore(&config);
             match r.violation {
                 Some((v, seq)) => {

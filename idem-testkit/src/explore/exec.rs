@@ -11,13 +11,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::Stream;
+use idem_core::gate::CONFLICT;
 use idem_core::{
-    consumer, ConsumerConfig, Delivery, ErrorClass, Filtered, Gate, GateConfig, Outcome,
+    consumer, ConflictPolicy, ConsumerConfig, Delivery, ErrorClass, Filtered, Gate, GateConfig,
+    Outcome,
 };
 
 use super::world::{
-    key_of, lock, payload_of, Decision, ExAcker, ExFilter, ExHandler, ExStore, Fault, Msg,
-    MsgState, Op, Point, Shared, TaskId, World, WorldClock,
+    ident_of, key_of, lock, payload_of, Decision, ExAcker, ExFilter, ExHandler, ExStore, Fault,
+    Msg, MsgState, Op, Point, Shared, TaskId, World, WorldClock, CONFLICT_BASE,
 };
 use super::{Budgets, Config, Mutant};
 
@@ -81,7 +83,13 @@ fn gate_for(world: &Shared) -> Gate<Filtered<ExStore, ExFilter>, ExHandler> {
         },
         Arc::new(WorldClock(world.clone())),
     );
-    Gate::with_config(store, ExHandler(world.clone()), GateConfig::default())
+    let on_conflict = if lock(world).conflicts_dead_letter {
+        ConflictPolicy::DeadLetter
+    } else {
+        ConflictPolicy::Process
+    };
+    let config = GateConfig::default().with_on_conflict(on_conflict);
+    Gate::with_config(store, ExHandler(world.clone()), config)
 }
 
 /// Takes the deliveries a granted receive chose.
@@ -228,6 +236,7 @@ impl Run {
             filter_up: true,
             per_task_tx_check: config.mode == Mode::Process,
             unscoped_marks: config.mutant == Some(Mutant::UnscopedFilterMarks),
+            conflicts_dead_letter: config.on_conflict == ConflictPolicy::DeadLetter,
             ..World::default()
         };
         world.durable.identity = 1;
@@ -240,6 +249,14 @@ impl Run {
                     state: MsgState::Ready(0),
                 });
             }
+        }
+        // Conflicting resubmissions: another payload of key j's submission, once each.
+        for j in 0..config.conflicts.min(config.keys) {
+            world.msgs.push(Msg {
+                key: Some(CONFLICT_BASE + j),
+                deliveries: 0,
+                state: MsgState::Ready(0),
+            });
         }
         for _ in 0..config.poison {
             world.msgs.push(Msg {
@@ -414,8 +431,8 @@ impl Run {
                         grant(Decision::Fail(Fault::Config));
                     }
                 }
-                Op::Claim { tx, key } => {
-                    if w.claim_blocked(*tx, *key) {
+                Op::Claim { tx, key, ident } => {
+                    if w.claim_blocked(*tx, *key, *ident) {
                         if b.lock_timeouts > 0 {
                             grant(Decision::LockTimeout);
                         }
@@ -656,9 +673,9 @@ impl Run {
         // waiting tx → holder tx
         let mut waits: Vec<(u64, u64)> = Vec::new();
         for r in w.requests.values() {
-            if let Op::Claim { tx, key } = r.op {
-                if r.decision.is_none() && w.claim_blocked(tx, key) {
-                    if let Some(&holder) = w.locks.get(&key) {
+            if let Op::Claim { tx, key, ident } = r.op {
+                if r.decision.is_none() {
+                    if let Some(holder) = w.claim_waits_on(tx, key, ident) {
                         waits.push((tx, holder));
                     }
                 }
@@ -699,23 +716,24 @@ impl Run {
         for t in &self.tasks {
             t.fut.is_some().hash(&mut h);
             w.history.get(&t.id).copied().unwrap_or(0).hash(&mut h);
-            let mut pending: Vec<(u8, u8)> = w
+            let mut pending: Vec<(u8, u8, bool)> = w
                 .requests
                 .values()
                 .filter(|r| r.task == t.id && r.decision.is_none())
                 .map(|r| match r.op {
-                    Op::Receive { .. } => (0, 0),
-                    Op::Begin => (1, 0),
-                    Op::Claim { key, .. } => (2, key),
-                    Op::Handle { key, .. } => (3, key),
-                    Op::Commit { .. } => (4, 0),
-                    Op::Ack { .. } => (5, 0),
+                    Op::Receive { .. } => (0, 0, false),
+                    Op::Begin => (1, 0, false),
+                    Op::Claim { key, ident, .. } => (2, key, ident),
+                    Op::Handle { key, .. } => (3, key, false),
+                    Op::Commit { .. } => (4, 0, false),
+                    Op::Ack { .. } => (5, 0, false),
                 })
                 .collect();
             pending.sort_unstable();
             pending.hash(&mut h);
             for (txid, tx) in w.txs.iter().filter(|(_, tx)| tx.task == t.id) {
                 tx.claimed.hash(&mut h);
+                tx.idents.hash(&mut h);
                 tx.effects.hash(&mut h);
                 let held: Vec<u8> = w
                     .locks
@@ -783,7 +801,18 @@ impl Run {
                         None => true,
                         Some(k) => w.poisoned.contains(&k),
                     };
-                    if !poison {
+                    // A conflict: another key of the same submission committed (or did,
+                    // before a restore took it).
+                    let conflict = *code == CONFLICT
+                        && w.conflicts_dead_letter
+                        && m.key.is_some_and(|k| {
+                            let i = ident_of(k);
+                            w.durable.identities.get(&i).is_some_and(|&e| e != k)
+                                || w.lost_to_restore
+                                    .iter()
+                                    .any(|&e| e != k && ident_of(e) == i)
+                        });
+                    if !poison && !conflict {
                         return Some(format!(
                             "m{i} (k{}) was dead-lettered ({code}) though it is valid",
                             m.key.unwrap_or(0)
@@ -793,7 +822,10 @@ impl Run {
                 other => return Some(format!("m{i} is unsettled at quiescence: {other:?}")),
             }
         }
-        for k in 0..self.config.keys {
+        let conflicting =
+            (0..self.config.conflicts.min(self.config.keys)).map(|j| CONFLICT_BASE + j);
+        let identity_effects = w.identity_effects();
+        for k in (0..self.config.keys).chain(conflicting) {
             let n = w.durable.effects.get(&k).copied().unwrap_or(0);
             let outbox = w.durable.outbox.get(&k).copied().unwrap_or(0);
             if n != outbox {
@@ -806,6 +838,19 @@ impl Run {
                 continue;
             }
             let expected_lost = w.lost_to_restore.contains(&k);
+            let i = ident_of(k);
+            let has_twin = k != i || self.config.conflicts > i;
+            if w.conflicts_dead_letter && has_twin {
+                // One effect per submission, whichever of its payloads won.
+                let total = identity_effects.get(&i).copied().unwrap_or(0);
+                let lost = w.lost_to_restore.iter().any(|&e| ident_of(e) == i);
+                match total {
+                    1 => continue,
+                    0 if lost => continue,
+                    0 => return Some(format!("submission S-{i} was lost: no effect")),
+                    t => return Some(format!("submission S-{i} has {t} effects")),
+                }
+            }
             match n {
                 1 => {}
                 0 if expected_lost => {}

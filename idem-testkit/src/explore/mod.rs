@@ -59,7 +59,7 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, Mutant); 6] = [
+    pub const ALL: [(&'static str, Mutant); 7] = [
         (
             "ack-before-commit",
             Mutant::Core(idem_core::mutant::Mutant::AckBeforeCommit),
@@ -81,7 +81,28 @@ impl Mutant {
             "duplicate-ack-before-rollback",
             Mutant::Core(idem_core::mutant::Mutant::DuplicateAckBeforeRollback),
         ),
+        (
+            "key-order-batch-claims",
+            Mutant::Core(idem_core::mutant::Mutant::KeyOrderBatchClaims),
+        ),
     ];
+
+    /// The configuration this mutant is searched in, from `base`: up to two faults per
+    /// run (a deadlock of unsorted batch claims needs a visibility expiry and a reversed
+    /// batch, for example); for `key-order-batch-claims`, [`Config::crossing`] (its
+    /// deadlock needs two identities held crosswise, and no fault).
+    pub fn config(self, base: &Config) -> Config {
+        let mut config = if self == Mutant::Core(idem_core::mutant::Mutant::KeyOrderBatchClaims)
+        {
+            Config::crossing(base)
+        } else {
+            let mut c = base.clone();
+            c.budgets.total = c.budgets.total.max(2);
+            c
+        };
+        config.mutant = Some(self);
+        config
+    }
 
     /// The mutant called `name`.
     pub fn by_name(name: &str) -> Option<Mutant> {
@@ -135,6 +156,15 @@ pub struct Config {
     pub copies: usize,
     /// Bad-input messages.
     pub poison: usize,
+    /// Conflicting resubmissions: for each of the first `conflicts` keys, one message with
+    /// another payload of the same submission (the same subject and timestamp: the same
+    /// identity, another key).
+    pub conflicts: u8,
+    /// What the gate does with a conflicting resubmission. Under the default
+    /// (dead-letter), each submission has at most one effect at every step and exactly one
+    /// at quiescence, and a conflict's dead letters are its only ones; under `Process`,
+    /// one effect per key.
+    pub on_conflict: idem_core::ConflictPolicy,
     /// The most deliveries a worker takes at once.
     pub batch: usize,
     /// Which futures drive the gate.
@@ -161,6 +191,8 @@ impl Default for Config {
             keys: 2,
             copies: 2,
             poison: 0,
+            conflicts: 0,
+            on_conflict: idem_core::ConflictPolicy::DeadLetter,
             batch: 2,
             mode: Mode::Process,
             budgets: Budgets {
@@ -184,6 +216,38 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Conflicting resubmissions under `policy`, from `base` (its mode, workers, batch and
+    /// budgets): one submission sent with two payloads (one key and one conflicting key),
+    /// each once.
+    pub fn conflicts(base: &Config, policy: idem_core::ConflictPolicy) -> Self {
+        Self {
+            keys: 1,
+            copies: 1,
+            conflicts: 1,
+            on_conflict: policy,
+            ..base.clone()
+        }
+    }
+
+    /// Two submissions each sent with two payloads, in batches of two, with every
+    /// interleaving but no fault: two batches can then hold the two identities crosswise
+    /// (the one deadlock that claiming in key order alone allows, see
+    /// [`idem_core::claim_order`]).
+    pub fn crossing(base: &Config) -> Self {
+        let mut c = Self {
+            keys: 2,
+            copies: 1,
+            conflicts: 2,
+            batch: base.batch.max(2),
+            workers: base.workers.max(2),
+            mode: Mode::Process,
+            on_conflict: idem_core::ConflictPolicy::DeadLetter,
+            ..base.clone()
+        };
+        c.budgets.total = 0;
+        c
+    }
+
     /// A small configuration for doc tests and quick checks: one fault of a few kinds.
     pub fn tiny() -> Self {
         Self {

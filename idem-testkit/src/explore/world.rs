@@ -69,8 +69,9 @@ pub(crate) enum Op {
     Receive { max: usize },
     /// Begin a transaction.
     Begin,
-    /// Claim `key` in transaction `tx`.
-    Claim { tx: u64, key: u8 },
+    /// Claim `key` in transaction `tx`; `ident`: the claim records and checks the key's
+    /// identity ([`ClaimMeta::identity`]).
+    Claim { tx: u64, key: u8, ident: bool },
     /// The handler's write of `key` in transaction `tx`.
     Handle { tx: u64, key: u8 },
     /// Commit transaction `tx`.
@@ -130,6 +131,8 @@ pub(crate) struct Msg {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Durable {
     pub(crate) committed: BTreeSet<u8>,
+    /// Identity → the key whose committed claim recorded it.
+    pub(crate) identities: BTreeMap<u8, u8>,
     pub(crate) effects: BTreeMap<u8, u32>,
     pub(crate) outbox: BTreeMap<u8, u32>,
     /// The store's identity (rotated by the restore runbook).
@@ -140,6 +143,8 @@ pub(crate) struct Durable {
 pub(crate) struct OpenTx {
     pub(crate) task: TaskId,
     pub(crate) claimed: Vec<u8>,
+    /// `(identity, key)` for the claims that recorded their identity.
+    pub(crate) idents: Vec<(u8, u8)>,
     pub(crate) effects: Vec<u8>,
 }
 
@@ -150,6 +155,9 @@ pub(crate) struct World {
     pub(crate) durable: Durable,
     pub(crate) snapshots: Vec<Durable>,
     pub(crate) locks: BTreeMap<u8, u64>,
+    /// Identity → (transaction, key): the uncommitted claim that recorded it (the identity
+    /// index's entry).
+    pub(crate) ident_locks: BTreeMap<u8, (u64, u8)>,
     pub(crate) txs: BTreeMap<u64, OpenTx>,
     pub(crate) next_tx: u64,
     pub(crate) msgs: Vec<Msg>,
@@ -180,6 +188,9 @@ pub(crate) struct World {
     pub(crate) unscoped_marks: bool,
     /// Streams end (consumer mode) once the explorer says the run is over.
     pub(crate) closed: bool,
+    /// Whether a conflicting resubmission is dead-lettered (the default policy) rather
+    /// than processed: then at most one effect per identity.
+    pub(crate) conflicts_dead_letter: bool,
 }
 
 /// The shared world.
@@ -189,9 +200,26 @@ pub(crate) fn lock(w: &Shared) -> MutexGuard<'_, World> {
     w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The first key index of the conflicting resubmissions: key `CONFLICT_BASE + j` is
+/// another payload of key `j`'s submission (the same subject and timestamp, so the same
+/// identity, another key).
+pub(crate) const CONFLICT_BASE: u8 = 100;
+
+/// The submission timestamp of every explored submission.
+pub(crate) const TIMESTAMP: &str = "2026-07-01T09:00:00Z";
+
+/// Key `i`'s identity: its submission's index.
+pub(crate) fn ident_of(i: u8) -> u8 {
+    if i >= CONFLICT_BASE {
+        i - CONFLICT_BASE
+    } else {
+        i
+    }
+}
+
 pub(crate) fn key_of(i: u8) -> IdempotencyKey {
     let payload = payload_of(i);
-    IdempotencyKey::derive(&format!("S-{i}"), "2026-07-01T09:00:00Z", &payload)
+    IdempotencyKey::derive(&format!("S-{}", ident_of(i)), TIMESTAMP, &payload)
         .unwrap_or_else(|_| IdempotencyKey::from_bytes([i; 32]))
 }
 
@@ -218,11 +246,37 @@ impl World {
         self.history.insert(task, h.finish());
     }
 
+    /// The transaction key `k`'s claim by transaction `tx` would wait on, if any: another
+    /// transaction's uncommitted row with the same key, or (`ident`: the claim records the
+    /// identity, not yet committed under any key) with the same identity.
+    pub(crate) fn claim_waits_on(&self, tx: u64, k: u8, ident: bool) -> Option<u64> {
+        if self.durable.committed.contains(&k) || self.poisoned.contains(&k) {
+            return None;
+        }
+        if let Some(&holder) = self.locks.get(&k).filter(|&&h| h != tx) {
+            return Some(holder);
+        }
+        let i = ident_of(k);
+        if ident && !self.durable.identities.contains_key(&i) {
+            if let Some(&(holder, _)) = self.ident_locks.get(&i).filter(|(h, _)| *h != tx) {
+                return Some(holder);
+            }
+        }
+        None
+    }
+
     /// Whether key `k`'s claim by transaction `tx` would wait on another transaction.
-    pub(crate) fn claim_blocked(&self, tx: u64, k: u8) -> bool {
-        !self.durable.committed.contains(&k)
-            && !self.poisoned.contains(&k)
-            && self.locks.get(&k).is_some_and(|&holder| holder != tx)
+    pub(crate) fn claim_blocked(&self, tx: u64, k: u8, ident: bool) -> bool {
+        self.claim_waits_on(tx, k, ident).is_some()
+    }
+
+    /// The effects per identity (the sum over its keys).
+    pub(crate) fn identity_effects(&self) -> BTreeMap<u8, u32> {
+        let mut out: BTreeMap<u8, u32> = BTreeMap::new();
+        for (k, n) in &self.durable.effects {
+            *out.entry(ident_of(*k)).or_insert(0) += n;
+        }
+        out
     }
 
     pub(crate) fn ready_count(&self) -> usize {
@@ -237,6 +291,11 @@ impl World {
             for k in open.claimed {
                 if self.locks.get(&k) == Some(&tx) {
                     self.locks.remove(&k);
+                }
+            }
+            for (i, _) in open.idents {
+                if self.ident_locks.get(&i).is_some_and(|(h, _)| *h == tx) {
+                    self.ident_locks.remove(&i);
                 }
             }
         }
@@ -387,10 +446,10 @@ impl ClaimStore for ExStore {
         })
     }
 
-    /// The explored world models keys only (its submissions carry no timestamp, so no
-    /// identity): it does not detect conflicts.
+    /// Like Postgres with the identity column: claims record the submission's identity
+    /// and a second key for it is a `Conflict`.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::TRANSACTIONAL.with_conflict_detection(false)
+        Capabilities::TRANSACTIONAL.with_conflict_detection(true)
     }
 }
 
@@ -416,6 +475,9 @@ impl ExTx {
         for k in &open.claimed {
             w.durable.committed.insert(*k);
         }
+        for (i, k) in &open.idents {
+            w.durable.identities.insert(*i, *k);
+        }
         for k in &open.effects {
             *w.durable.effects.entry(*k).or_insert(0) += 1;
             *w.durable.outbox.entry(*k).or_insert(0) += 1;
@@ -437,6 +499,15 @@ impl ExTx {
                 w.violate(format!("k{k} has {n} effects"));
             }
         }
+        if w.conflicts_dead_letter {
+            for (i, n) in w.identity_effects() {
+                if n > 1 {
+                    w.violate(format!(
+                        "submission S-{i} has {n} effects (a conflicting payload was processed)"
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -446,14 +517,16 @@ impl ClaimTx for ExTx {
     async fn claim(
         &mut self,
         key: &IdempotencyKey,
-        _meta: &ClaimMeta,
+        meta: &ClaimMeta,
     ) -> Result<ClaimOutcome, StoreError> {
         let k = key_index(key);
+        let ident = meta.identity().is_some();
         let d = Point::new(
             &self.world,
             Op::Claim {
                 tx: self.id,
                 key: k,
+                ident,
             },
         )
         .await;
@@ -489,12 +562,31 @@ impl ClaimTx for ExTx {
                 Ok(ClaimOutcome::InProgress)
             }
             _ => {
+                let i = ident_of(k);
+                // The identity's row: committed, or this transaction's own (an in-batch
+                // conflict: the first claimed wins).
+                let holder = w.durable.identities.get(&i).copied().or_else(|| {
+                    w.ident_locks
+                        .get(&i)
+                        .filter(|(h, _)| *h == self.id)
+                        .map(|(_, e)| *e)
+                });
                 let out = if w.durable.committed.contains(&k) || w.locks.get(&k) == Some(&self.id) {
                     ClaimOutcome::Duplicate
+                } else if let Some(e) = holder.filter(|&e| ident && e != k) {
+                    ClaimOutcome::Conflict {
+                        existing: key_of(e),
+                    }
                 } else {
                     w.locks.insert(k, self.id);
+                    if ident {
+                        w.ident_locks.insert(i, (self.id, k));
+                    }
                     if let Some(t) = w.txs.get_mut(&self.id) {
                         t.claimed.push(k);
+                        if ident {
+                            t.idents.push((i, k));
+                        }
                     }
                     ClaimOutcome::Claimed
                 };
@@ -609,9 +701,13 @@ impl Handler<FilteredTx<ExTx, ExFilter>> for ExHandler {
             .ok_or_else(|| RejectReason::new("malformed", "not a k<i> payload"))?;
         Ok(Submission {
             key: key_of(i),
-            subject: format!("S-{i}"),
+            subject: format!("S-{}", ident_of(i)),
             input: i,
         })
+    }
+
+    fn claim_meta(&self, sub: &Submission<u8>) -> ClaimMeta {
+        ClaimMeta::new(sub.subject.clone()).with_submission_timestamp(TIMESTAMP)
     }
 
     async fn handle(
