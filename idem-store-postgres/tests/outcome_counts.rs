@@ -142,7 +142,7 @@ async fn two_consumers_flushing_at_once_add_up() {
                 // lock them in one order.
                 for (j, day) in days.iter().enumerate() {
                     let at = Timestamp::parse_rfc3339(day).expect("day");
-                    let outcome = if (i as usize + j + w) % 2 == 0 {
+                    let outcome = if (i as usize + j + w).is_multiple_of(2) {
                         Outcome::Duplicate {
                             key,
                             settle: Ok(()),
