@@ -13,6 +13,7 @@ mod horizon;
 mod metrics;
 mod report;
 mod stores;
+mod tally;
 
 use clap::{Parser, Subcommand};
 

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use idem_core::{ClaimStore, FilterStats, Filtered, Handler, StoreError};
+use idem_core::{ClaimStore, FilterStats, Filtered, Handler, OutcomeCountStore, StoreError};
 use idem_grant::{GrantBook, GrantDb, GrantHandler};
 use idem_store_postgres::{PgConfig, PgIdentitySession, PgStore};
 use idem_store_redis::{IdentitySession, RedisConfig, RedisFilter, StoreIdentitySource};
@@ -58,10 +58,21 @@ pub(crate) fn redact(url: &str) -> String {
 }
 
 /// Extras a visitor may use.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Extras {
     /// The front filter's counters, when one is in front of the store.
     pub(crate) filter_stats: Option<Arc<FilterStats>>,
+    /// Where an outcome tally is flushed: the durable store (none for `memory://`).
+    pub(crate) outcome_counts: Option<Arc<dyn OutcomeCountStore>>,
+}
+
+impl std::fmt::Debug for Extras {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extras")
+            .field("filter_stats", &self.filter_stats)
+            .field("outcome_counts", &self.outcome_counts.is_some())
+            .finish()
+    }
 }
 
 /// Receives the opened store with its concrete type.
@@ -152,10 +163,11 @@ pub(crate) async fn open<V: StoreVisitor>(
                 store.migrate_grants().await?;
             }
             let identity = Arc::new(SqliteIdentity(store.clone()));
-            with_filter(spec, store, Some(identity), visitor).await
+            let counts: Arc<dyn OutcomeCountStore> = Arc::new(store.clone());
+            with_filter(spec, store, Some(identity), Some(counts), visitor).await
         }
         StoreUrl::Memory => {
-            with_filter(spec, idem_testkit::MemoryStore::new(), None, visitor).await
+            with_filter(spec, idem_testkit::MemoryStore::new(), None, None, visitor).await
         }
         StoreUrl::Postgres(url) => {
             let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
@@ -174,7 +186,8 @@ pub(crate) async fn open<V: StoreVisitor>(
                 store.migrate_grants().await?;
             }
             let identity = Arc::new(PgIdentity(store.clone()));
-            with_filter(spec, store, Some(identity), visitor).await
+            let counts: Arc<dyn OutcomeCountStore> = Arc::new(store.clone());
+            with_filter(spec, store, Some(identity), Some(counts), visitor).await
         }
     }
 }
@@ -186,6 +199,7 @@ async fn with_filter<S, V>(
     spec: &StoreSpec,
     store: S,
     identity: Option<Arc<dyn StoreIdentitySource>>,
+    outcome_counts: Option<Arc<dyn OutcomeCountStore>>,
     visitor: V,
 ) -> Result<V::Output, CliError>
 where
@@ -195,7 +209,13 @@ where
 {
     let db: Arc<dyn GrantDb> = Arc::new(store.clone());
     match &spec.front_filter {
-        None => visitor.visit(store, db, Extras::default()).await,
+        None => {
+            let extras = Extras {
+                filter_stats: None,
+                outcome_counts,
+            };
+            visitor.visit(store, db, extras).await
+        }
         Some(url) => {
             let config = RedisConfig::new(url.clone());
             let filter = match identity {
@@ -216,6 +236,7 @@ where
             let filtered = Filtered::new(store, filter);
             let extras = Extras {
                 filter_stats: Some(filtered.stats_handle()),
+                outcome_counts,
             };
             visitor.visit(filtered, db, extras).await
         }

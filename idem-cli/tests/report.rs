@@ -2,12 +2,17 @@
 //! Postgres at `IDEM_TEST_POSTGRES_URL`), the page rendered by headless Chromium
 //! (`chromium`, installed by `scripts/ensure-chromium`; a missing browser fails the
 //! test), the rendered DOM read back and its figures compared with the store's own
-//! counts, and a screenshot kept under the target directory (its path is printed).
+//! counts — and its duplicates suppressed and dead letters with what the demo itself
+//! counted (the outcome tally in `idem_outcome_counts`) — and a screenshot kept under the
+//! target directory (its path is printed). A consume from RabbitMQ (`IDEM_TEST_AMQP_URL`)
+//! with duplicates, a conflict and poison checks the tally against what `idem consume`
+//! printed and what the dead-letter queue holds.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use idem_broker::any::{pending_count, BrokerUrl};
 use idem_store_postgres::{PgConfig, PgStore};
 
 fn idem(args: &[&str]) -> Output {
@@ -178,7 +183,6 @@ fn check(dom: &str, want: &Counts, agree: bool) {
     } else {
         assert!(dom.contains("Totals DISAGREE"), "the page says they do not");
     }
-    assert!(dom.contains("not recorded in the store"));
     assert!(dom.contains("idem key --award-id"));
     for remote in ["src=\"http", "href=\"http", "url(http", "@import"] {
         assert!(!dom.contains(remote), "a network resource: {remote}");
@@ -191,6 +195,91 @@ fn value_attr(dom: &str, id: &str, attr: &str) -> String {
     let tag = &dom[tag_start..tag_start + dom[tag_start..].find('>').expect("end")];
     let v = tag.split(&format!("{attr}=\"")).nth(1).expect(attr);
     v[..v.find('"').expect("quote")].to_owned()
+}
+
+/// A `name: value` line of a command's report.
+fn count_line(stdout: &str, name: &str) -> i64 {
+    stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Sums an attribute over the rendered per-day rows.
+fn day_sum(dom: &str, attr: &str) -> i64 {
+    dom.split("<tr class=\"day\"")
+        .skip(1)
+        .map(|row| {
+            let v = row.split(&format!("{attr}=\"")).nth(1).expect(attr);
+            v[..v.find('"').expect("quote")]
+                .parse::<i64>()
+                .expect("number")
+        })
+        .sum()
+}
+
+/// Sums the chart's bars of one series.
+fn bar_sum(dom: &str, series: &str) -> i64 {
+    dom.split(&format!("data-series=\"{series}\" data-value=\""))
+        .skip(1)
+        .map(|s| {
+            s[..s.find('"').expect("quote")]
+                .parse::<i64>()
+                .expect("bar")
+        })
+        .sum()
+}
+
+/// The dead-letter reasons table: reason → count.
+fn reasons(dom: &str) -> HashMap<String, i64> {
+    dom.split("<tr class=\"reason\"")
+        .skip(1)
+        .map(|row| {
+            let attr = |name: &str| {
+                let v = row.split(&format!("{name}=\"")).nth(1).expect(name);
+                v[..v.find('"').expect("quote")].to_owned()
+            };
+            (
+                attr("data-reason"),
+                attr("data-value").parse().expect("count"),
+            )
+        })
+        .collect()
+}
+
+/// Checks the page's tallied figures — totals, per-day table, chart and reasons — against
+/// `duplicates`, `conflicts` and `dead_letters` (counted by the run itself).
+fn check_outcomes(dom: &str, duplicates: i64, conflicts: i64, dead_letters: i64) {
+    assert_eq!(number(dom, "duplicates"), duplicates, "#duplicates");
+    assert_eq!(number(dom, "conflicts"), conflicts, "#conflicts");
+    assert_eq!(number(dom, "dead-letters"), dead_letters, "#dead-letters");
+    assert_eq!(number(dom, "duplicates-by-day"), duplicates);
+    assert_eq!(number(dom, "conflicts-by-day"), conflicts);
+    assert_eq!(number(dom, "dead-letters-by-day"), dead_letters);
+    assert_eq!(day_sum(dom, "data-duplicates"), duplicates);
+    assert_eq!(day_sum(dom, "data-conflicts"), conflicts);
+    assert_eq!(day_sum(dom, "data-dead-letters"), dead_letters);
+    assert_eq!(bar_sum(dom, "duplicates"), duplicates, "duplicate bars");
+    assert_eq!(bar_sum(dom, "conflicts"), conflicts, "conflict bars");
+    assert_eq!(
+        bar_sum(dom, "dead-letters"),
+        dead_letters,
+        "dead-letter bars"
+    );
+    assert_eq!(number(dom, "dead-letters-by-reason"), dead_letters);
+    assert_eq!(reasons(dom).values().sum::<i64>(), dead_letters);
+    assert_eq!(
+        reasons(dom).get("conflict").copied().unwrap_or(0),
+        conflicts
+    );
+    assert!(
+        dom.contains("id=\"outcomes-note\""),
+        "the note on the counts"
+    );
+    assert!(!dom.contains("outcomes-missing"));
 }
 
 fn report(store: &str, schema: Option<&str>, out: &Path) -> String {
@@ -271,6 +360,15 @@ fn report_of_a_sqlite_demo_renders_in_chromium_and_agrees_with_the_store() {
     assert!(html.contains("@media print"), "print CSS");
     let dom = render(&page, &artefacts().join("report-sqlite.png"));
     check(&dom, &want, true);
+    // What the demo counted itself: its duplicates and the broker's dead letters.
+    let (duplicates, dead) = (
+        count_line(&demo, "duplicates"),
+        count_line(&demo, "rejected"),
+    );
+    assert!(duplicates > 0 && dead > 0, "{demo}");
+    assert!(demo.contains("outcome_counts: written"), "{demo}");
+    check_outcomes(&dom, duplicates, 0, dead);
+    println!("sqlite demo: duplicates {duplicates}, dead letters {dead}; the page agrees");
 
     // A second payment for a processed key: the recount must disagree, and say so.
     rt().block_on(async {
@@ -293,6 +391,25 @@ fn report_of_a_sqlite_demo_renders_in_chromium_and_agrees_with_the_store() {
     let dom = render(&page, &artefacts().join("report-sqlite-disagree.png"));
     check(&dom, &want, false);
     assert_eq!(number(&dom, "claims-with-several-rows"), 1);
+    check_outcomes(&dom, duplicates, 0, dead);
+
+    // A database from before the outcome tally: the page says so instead of failing.
+    rt().block_on(async {
+        let s =
+            idem_store_sqlite::SqliteStore::open(db.to_str().expect("utf-8"), Default::default())
+                .await
+                .expect("open");
+        idem_store_sqlite::sqlx::query("DROP TABLE idem_outcome_counts")
+            .execute(s.pool())
+            .await
+            .expect("drop");
+    });
+    let page = dir.path().join("report-old.html");
+    report(&store, None, &page);
+    let html = std::fs::read_to_string(&page).expect("page");
+    assert!(html.contains("id=\"outcomes-missing\""), "the page says so");
+    assert_eq!(value(&html, "duplicates"), "");
+    assert_eq!(value(&html, "dead-letters"), "");
 }
 
 #[test]
@@ -313,6 +430,8 @@ fn report_of_a_postgres_demo_renders_in_chromium_and_agrees_with_the_store() {
         "300",
         "--redeliveries",
         "0.3",
+        "--poison-rate",
+        "0.05",
         "--seed",
         "11",
     ]));
@@ -354,7 +473,129 @@ fn report_of_a_postgres_demo_renders_in_chromium_and_agrees_with_the_store() {
     assert!(printed.contains("totals: agree"), "{printed}");
     let dom = render(&page, &artefacts().join("report-postgres.png"));
     check(&dom, &want, true);
+    let (duplicates, dead) = (
+        count_line(&demo, "duplicates"),
+        count_line(&demo, "rejected"),
+    );
+    assert!(duplicates > 0 && dead > 0, "{demo}");
+    assert!(demo.contains("outcome_counts: written"), "{demo}");
+    check_outcomes(&dom, duplicates, 0, dead);
+    println!("postgres demo: duplicates {duplicates}, dead letters {dead}; the page agrees");
     let _ = Command::new("psql")
         .args([&pg, "-qc", &format!("DROP SCHEMA \"{schema}\" CASCADE")])
         .output();
+}
+
+fn psql(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql])
+        .output()
+        .expect("run psql");
+    assert!(
+        out.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// `idem consume` from RabbitMQ into Postgres with redelivered bodies, a conflicting
+/// resubmission and poison: the outcome tally it leaves in `idem_outcome_counts` equals
+/// what it printed and what the dead-letter queue holds, and the report shows it.
+#[test]
+fn consume_tallies_duplicates_conflicts_and_dead_letters_into_the_store() {
+    let amqp = std::env::var("IDEM_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let pg = pg_url();
+    let tag = format!("{}_{:08x}", std::process::id(), rand::random::<u32>());
+    let (queue, schema) = (format!("idem-report-{tag}"), format!("report_c_{tag}"));
+    let ts = "2026-07-01T09:00:00Z";
+    let body = |award: &str, amount: u64| {
+        serde_json::json!({"award_id": award, "submission_timestamp": ts, "amount_cents": amount})
+            .to_string()
+    };
+    let mut lines = Vec::new();
+    for i in 0..20 {
+        lines.push(body(&format!("R-{tag}-{i}"), 100 + i));
+    }
+    // Every fourth body again (not the first award: it gets a conflict): duplicates.
+    for i in (1..20).step_by(4) {
+        lines.push(body(&format!("R-{tag}-{i}"), 100 + i));
+    }
+    // The first award again with another amount: a conflict.
+    lines.push(body(&format!("R-{tag}-0"), 999));
+    // Poison: three bad bodies.
+    lines.extend(["not json".to_owned(), "{}".to_owned(), "[1]".to_owned()]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("bodies.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").expect("write");
+    ok(&idem(&[
+        "publish",
+        "--broker",
+        &amqp,
+        "--destination",
+        &queue,
+        "--file",
+        file.to_str().expect("utf-8"),
+    ]));
+    let out = ok(&idem(&[
+        "consume",
+        "--broker",
+        &amqp,
+        "--source",
+        &queue,
+        "--store",
+        &pg,
+        "--schema",
+        &schema,
+        "--exit-when-idle",
+        "3",
+    ]));
+    let (processed, duplicates) = (
+        count_line(&out, "processed"),
+        count_line(&out, "duplicates"),
+    );
+    let (rejected, conflicts) = (count_line(&out, "rejected"), count_line(&out, "conflicts"));
+    assert_eq!(
+        (processed, duplicates, rejected, conflicts),
+        (20, 5, 3, 1),
+        "{out}"
+    );
+    let url = BrokerUrl::parse(&amqp).expect("url");
+    let dead = rt()
+        .block_on(pending_count(&url, &format!("{queue}.dead-letter")))
+        .expect("count the dead letters");
+    assert_eq!(dead, 4, "the dead-letter queue");
+    let dead = i64::try_from(dead).expect("count");
+
+    let sum = |filter: &str| -> i64 {
+        psql(
+            &pg,
+            &format!(
+                "SELECT coalesce(sum(count), 0) FROM \"{schema}\".idem_outcome_counts WHERE {filter}"
+            ),
+        )
+        .parse()
+        .expect("sum")
+    };
+    assert_eq!(sum("outcome = 'processed'"), processed);
+    assert_eq!(sum("outcome = 'duplicate'"), duplicates);
+    assert_eq!(
+        sum("outcome = 'conflict' AND reason = 'conflict'"),
+        conflicts
+    );
+    assert_eq!(sum("outcome = 'rejected'"), rejected);
+    assert_eq!(sum("outcome IN ('rejected', 'conflict')"), dead);
+    assert_eq!(
+        sum("reason = '' AND outcome IN ('rejected', 'conflict')"),
+        0
+    );
+
+    let page = dir.path().join("report.html");
+    report(&pg, Some(&schema), &page);
+    let html = std::fs::read_to_string(&page).expect("page");
+    check_outcomes(&html, duplicates, conflicts, dead);
+    assert_eq!(number(&html, "processed-tallied"), processed);
+    assert_eq!(number(&html, "processed"), processed);
+    psql(&pg, &format!("DROP SCHEMA \"{schema}\" CASCADE"));
 }

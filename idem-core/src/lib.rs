@@ -44,6 +44,7 @@ pub mod mutant;
 pub mod outbox;
 pub mod record;
 pub mod store;
+pub mod tally;
 
 pub use clock::{Clock, SharedClock, SystemClock};
 pub use consumer::{ConsumerConfig, ConsumerStats};
@@ -65,6 +66,7 @@ pub use outbox::{
 pub use store::{
     claim_order, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter,
 };
+pub use tally::{FanOut, OutcomeCountStore, OutcomeTally};
 
 /// Re-exported so implementors of the traits use the same macro version.
 pub use async_trait::async_trait;

@@ -380,12 +380,59 @@ pub struct RetentionStatus {
     pub purgeable_events: u64,
 }
 
+/// How many deliveries of one UTC day ended with one outcome (and, for a dead letter, one
+/// reason code): a row of a store's outcome tally (`idem_outcome_counts`), written by
+/// [`OutcomeTally`](crate::tally::OutcomeTally) flushes and read back by `audit_stats`.
+///
+/// These are operational counts, not evidence: see [`crate::tally`] for what they are
+/// exact about and what they are not.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub struct OutcomeCount {
+    /// The UTC day, `YYYY-MM-DD`.
+    pub day: String,
+    /// The outcome ([`OutcomeKind::as_str`](crate::OutcomeKind::as_str): `processed`,
+    /// `duplicate`, `conflict`, `rejected`, `deferred`, `failed`).
+    pub outcome: String,
+    /// The dead-letter reason code (`not_json`, `attempts_exhausted`, `conflict`, …) of a
+    /// `rejected` or `conflict` outcome; empty for the others.
+    pub reason: String,
+    /// How many.
+    pub count: u64,
+}
+
+impl OutcomeCount {
+    /// One count.
+    pub fn new(
+        day: impl Into<String>,
+        outcome: impl Into<String>,
+        reason: impl Into<String>,
+        count: u64,
+    ) -> Self {
+        Self {
+            day: day.into(),
+            outcome: outcome.into(),
+            reason: reason.into(),
+            count,
+        }
+    }
+
+    /// Whether the delivery counted was dead-lettered (`rejected` or `conflict`).
+    pub fn is_dead_letter(&self) -> bool {
+        self.outcome == "rejected" || self.outcome == "conflict"
+    }
+}
+
 /// What an audit report shows of a window, read by a store's `audit_stats`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct AuditStats {
     /// Per UTC day with any activity, in order.
     pub days: Vec<DayCounts>,
+    /// The outcome tally of every UTC day that overlaps the window (whole days), ordered
+    /// by day, outcome and reason; `None` when the store has no outcome table (a database
+    /// not migrated since it was added).
+    pub outcomes: Option<Vec<OutcomeCount>>,
     /// Outbox events written in the window and not yet published.
     pub unpublished: u64,
     /// The claims recounted against the business table.

@@ -14,7 +14,8 @@ use sqlx::Row;
 use crate::error::{map_sqlx, sqlstate, PgError};
 use crate::inspect::{ClaimRecord, OutboxRecord, Timestamp};
 use crate::store::PgStore;
-use idem_core::record::{AuditStats, BusinessTable, DayCounts};
+use idem_core::record::{AuditStats, BusinessTable, DayCounts, OutcomeCount};
+use idem_core::{OutcomeCountStore, StoreError};
 
 /// Microseconds since the epoch of a `timestamptz` column, exact (`extract` returns
 /// `numeric` on Postgres 14 and later).
@@ -299,6 +300,8 @@ impl PgStore {
         ret.purgeable_claims = n(2)?;
         ret.purgeable_events = n(3)?;
 
+        stats.outcomes = self.outcome_counts(since, until).await?;
+
         if sample > 0 {
             let keys: Vec<String> = sqlx::query_scalar(&format!(
                 "SELECT idempotency_key FROM {pm} \
@@ -320,6 +323,113 @@ impl PgStore {
             }
         }
         Ok(stats)
+    }
+}
+
+impl PgStore {
+    /// The statement of [`add_outcome_counts`](PgStore::add_outcome_counts): one upsert
+    /// of unnested arrays `($1 days, $2 outcomes, $3 reasons, $4 counts)`, summed per
+    /// `(day, outcome, reason)` and taken in that order (so two concurrent flushes lock
+    /// their rows in one order and never deadlock).
+    fn add_outcome_counts_sql(&self) -> String {
+        let t = self.table("idem_outcome_counts");
+        format!(
+            "INSERT INTO {t} AS c (day, outcome, reason, count) \
+             SELECT d::date, o, r, sum(n)::bigint \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS u(d, o, r, n) \
+             GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 \
+             ON CONFLICT (day, outcome, reason) DO UPDATE SET count = c.count + EXCLUDED.count"
+        )
+    }
+
+    /// Adds `counts` to the outcome tally (`idem_outcome_counts`, created by
+    /// [`migrate`](PgStore::migrate)) in one statement: `INSERT … ON CONFLICT (day,
+    /// outcome, reason) DO UPDATE SET count = count + EXCLUDED.count`. Counts of one row
+    /// given twice add up; so do concurrent calls from several consumers. Days are
+    /// `YYYY-MM-DD` (UTC). See [`idem_core::tally`] for what the counts mean.
+    ///
+    /// # Errors
+    /// [`StoreError`] from the database (the table missing or not writable included); a
+    /// count above `i64::MAX` is [`StoreError::Config`]. Nothing is added then.
+    pub async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError> {
+        if counts.is_empty() {
+            return Ok(());
+        }
+        let mut days = Vec::with_capacity(counts.len());
+        let mut outcomes = Vec::with_capacity(counts.len());
+        let mut reasons = Vec::with_capacity(counts.len());
+        let mut ns = Vec::with_capacity(counts.len());
+        for c in counts {
+            days.push(c.day.as_str());
+            outcomes.push(c.outcome.as_str());
+            reasons.push(c.reason.as_str());
+            ns.push(i64::try_from(c.count).map_err(|_| {
+                StoreError::Config(format!("an outcome count of {} is too large", c.count))
+            })?);
+        }
+        sqlx::query(&self.add_outcome_counts_sql())
+            .bind(&days)
+            .bind(&outcomes)
+            .bind(&reasons)
+            .bind(&ns)
+            .execute(self.pool())
+            .await
+            .map_err(|e| map_sqlx(e, "adding outcome counts"))?;
+        Ok(())
+    }
+
+    /// The outcome tally of every UTC day that overlaps `since <= t < until` (RFC 3339 or
+    /// any timestamp the server reads), ordered by day, outcome and reason; `None` when
+    /// the schema has no `idem_outcome_counts` table (not migrated since it was added).
+    ///
+    /// # Errors
+    /// [`PgError::InvalidTimestamp`] for a bad bound; [`PgError::Store`] from the database.
+    pub async fn outcome_counts(
+        &self,
+        since: &str,
+        until: &str,
+    ) -> Result<Option<Vec<OutcomeCount>>, PgError> {
+        let t = self.table("idem_outcome_counts");
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&t)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| PgError::Store(map_sqlx(e, "looking for the outcome table")))?;
+        if !exists {
+            return Ok(None);
+        }
+        let rows = sqlx::query(&format!(
+            "SELECT to_char(day, 'YYYY-MM-DD'), outcome, reason, count FROM {t} \
+             WHERE day >= ($1::timestamptz AT TIME ZONE 'UTC')::date \
+               AND day::timestamp < ($2::timestamptz AT TIME ZONE 'UTC') \
+             ORDER BY day, outcome, reason"
+        ))
+        .bind(since)
+        .bind(until)
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| match sqlstate(&e) {
+            Some(code) if code.starts_with("22") => timestamp_error(e, since, until),
+            _ => PgError::Store(map_sqlx(e, "reading outcome counts")),
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let n: i64 = r.try_get(3)?;
+            out.push(OutcomeCount::new(
+                r.try_get::<String, _>(0)?,
+                r.try_get::<String, _>(1)?,
+                r.try_get::<String, _>(2)?,
+                u64::try_from(n).unwrap_or(0),
+            ));
+        }
+        Ok(Some(out))
+    }
+}
+
+#[idem_core::async_trait]
+impl OutcomeCountStore for PgStore {
+    async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError> {
+        PgStore::add_outcome_counts(self, counts).await
     }
 }
 

@@ -15,6 +15,10 @@
 //! - [`PgStore::inspect_key`] / [`PgStore::inspect_subject`] — the audit questions.
 //! - [`PgStore::export_audit`] — the dedup records of a time window and their outbox
 //!   events, streamed in bounded pages, for a write-once archive.
+//! - [`PgStore::audit_stats`] / [`PgStore::add_outcome_counts`] /
+//!   [`PgStore::outcome_counts`] — what `idem audit report` shows, and the outcome tally
+//!   (`idem_outcome_counts`: duplicates, conflicts, dead letters per day, counted by the
+//!   consumers; see [`idem_core::tally`]).
 //! - [`PgStore::store_identity`] / [`PgStore::begin_identity_session`] /
 //!   [`PgStore::rotate_store_identity`] — the identity a front filter scopes its marks to.
 //! - [`PgStore::migrate`] — the embedded, idempotent schema (`migrations/`);

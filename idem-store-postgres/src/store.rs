@@ -26,6 +26,8 @@ const PARTITIONED: &str = include_str!("../migrations/0005_partitioned_claims.sq
 const AUDIT_INDEXES: &str = include_str!("../migrations/0002_audit_indexes.sql");
 /// The identity column and its unique partial index (conflict detection), both layouts.
 const CLAIM_IDENTITY: &str = include_str!("../migrations/0006_claim_identity.sql");
+/// The outcome tally (`idem_outcome_counts`, [`crate::audit`]).
+const OUTCOME_COUNTS: &str = include_str!("../migrations/0008_outcome_counts.sql");
 /// The optional append-only trigger on `processed_messages` ([`PgStore::migrate_append_only`]).
 const APPEND_ONLY: &str = include_str!("../migrations/0003_append_only.sql");
 /// The SQLSTATE the append-only trigger raises.
@@ -363,8 +365,9 @@ impl PgStore {
         &self.shared
     }
 
-    /// Creates the schema, `processed_messages`, `outbox` and the store's identity
-    /// (`idem_store_identity`, a random id kept once created) if missing, and adds this
+    /// Creates the schema, `processed_messages`, `outbox`, the store's identity
+    /// (`idem_store_identity`, a random id kept once created) and the outcome tally
+    /// (`idem_outcome_counts`, [`PgStore::add_outcome_counts`]) if missing, and adds this
     /// crate's columns and indexes to an `outbox` that lacks them (plus the audit indexes
     /// of [`PgConfig::audit_indexes`] when on). On the partitioned layout
     /// ([`PgConfig::layout`], or a partitioned table already there) it creates the
@@ -408,6 +411,7 @@ impl PgStore {
                 .replace("{partition_key}", partition_key),
         );
         sql.push_str(&IDENTITY.replace("{schema}", &self.shared.qschema));
+        sql.push_str(&OUTCOME_COUNTS.replace("{schema}", &self.shared.qschema));
         if self.shared.config.audit_indexes {
             sql.push_str(&AUDIT_INDEXES.replace("{schema}", &self.shared.qschema));
         }

@@ -19,6 +19,7 @@ fn grants(schema: &str, consumer: &str, relay: &str, auditor: &str) -> String {
 GRANT USAGE ON SCHEMA {schema} TO {consumer}, {relay}, {auditor};
 GRANT SELECT, INSERT ON {schema}.processed_messages, {schema}.disbursements, {schema}.outbox TO {consumer};
 GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {consumer};
+GRANT SELECT, INSERT, UPDATE ON {schema}.idem_outcome_counts TO {consumer};
 GRANT SELECT, UPDATE (published_at) ON {schema}.outbox TO {relay};
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {auditor};
 "#
@@ -143,6 +144,23 @@ async fn check(schema: &str, consumer: &str, relay: &str, auditor: &str) {
     denied(&c, &format!("UPDATE {pm} SET award_id = 'X'")).await;
     denied(&c, &format!("TRUNCATE {pm}")).await;
     denied(&c, &format!("DELETE FROM {ob}")).await;
+    // The outcome tally: the consumer adds to it (twice: insert, then update), and
+    // cannot delete it.
+    for _ in 0..2 {
+        c.add_outcome_counts(&[idem_core::record::OutcomeCount::new(
+            "2026-07-01",
+            "duplicate",
+            "",
+            1,
+        )])
+        .await
+        .expect("the consumer flushes its outcome counts");
+    }
+    denied(
+        &c,
+        &format!("DELETE FROM {}", c.table("idem_outcome_counts")),
+    )
+    .await;
 
     // The relay: leases and marks published, nothing else.
     let r = as_role(schema, relay).await;
@@ -164,6 +182,13 @@ async fn check(schema: &str, consumer: &str, relay: &str, auditor: &str) {
     .await
     .expect("auditor reads");
     assert_eq!(n, 1);
+    let tallied = a
+        .outcome_counts("2026-07-01T00:00:00Z", "2026-07-02T00:00:00Z")
+        .await
+        .expect("auditor reads the outcome tally")
+        .expect("the table");
+    assert_eq!(tallied.len(), 1);
+    assert_eq!(tallied[0].count, 2);
     denied(
         &a,
         &format!("INSERT INTO {pm} (idempotency_key) VALUES ('x')"),

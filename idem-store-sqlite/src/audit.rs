@@ -12,9 +12,10 @@
 use std::collections::HashMap;
 
 use idem_core::record::{
-    AuditStats, AuditSummary, BusinessTable, ClaimRecord, DayCounts, OutboxRecord, Timestamp,
+    AuditStats, AuditSummary, BusinessTable, ClaimRecord, DayCounts, OutboxRecord, OutcomeCount,
+    Timestamp,
 };
-use idem_core::StoreError;
+use idem_core::{OutcomeCountStore, StoreError};
 use sqlx::Row;
 
 use crate::error::map;
@@ -292,6 +293,8 @@ impl SqliteStore {
         ret.purgeable_claims = n(r.get(2));
         ret.purgeable_events = n(r.get(3));
 
+        stats.outcomes = self.outcome_counts(since, until).await?;
+
         if sample > 0 {
             // Keys are hashes: their order is a spread sample.
             let rows = sqlx::query(
@@ -312,6 +315,116 @@ impl SqliteStore {
             stats.sample = page;
         }
         Ok(stats)
+    }
+}
+
+/// `YYYY-MM-DD` of a timestamp's UTC day.
+fn day_of(t: Timestamp) -> String {
+    let (y, m, d) = t.date();
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+impl SqliteStore {
+    /// Adds `counts` to the outcome tally (`idem_outcome_counts`, created by
+    /// [`migrate`](SqliteStore::migrate)) in one statement, as `PgStore::add_outcome_counts`
+    /// does: `INSERT … ON CONFLICT (day, outcome, reason) DO UPDATE SET count = count +
+    /// excluded.count`, the rows passed as one JSON parameter. Counts of one row given
+    /// twice add up; so do concurrent calls. Days are `YYYY-MM-DD` (UTC). See
+    /// [`idem_core::tally`] for what the counts mean.
+    ///
+    /// # Errors
+    /// A store error from the database (the table missing included); a count above
+    /// `i64::MAX` or a day that is not `YYYY-MM-DD` is [`StoreError::Config`]. Nothing is
+    /// added then.
+    pub async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError> {
+        if counts.is_empty() {
+            return Ok(());
+        }
+        let mut rows = Vec::with_capacity(counts.len());
+        for c in counts {
+            let n = i64::try_from(c.count).map_err(|_| {
+                StoreError::Config(format!("an outcome count of {} is too large", c.count))
+            })?;
+            // Days sort as text: keep them in one form.
+            if c.day.len() != 10 || Timestamp::parse_rfc3339(&c.day).is_none() {
+                return Err(StoreError::Config(format!(
+                    "outcome count day {:?} is not YYYY-MM-DD",
+                    c.day
+                )));
+            }
+            rows.push(format!(
+                "[{},{},{},{n}]",
+                json_string(&c.day),
+                json_string(&c.outcome),
+                json_string(&c.reason)
+            ));
+        }
+        sqlx::query(
+            "INSERT INTO idem_outcome_counts (day, outcome, reason, count) \
+             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), \
+                    json_extract(value, '$[2]'), sum(json_extract(value, '$[3]')) \
+             FROM json_each(?1) WHERE true GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 \
+             ON CONFLICT (day, outcome, reason) DO UPDATE SET count = count + excluded.count",
+        )
+        .bind(format!("[{}]", rows.join(",")))
+        .execute(self.pool())
+        .await
+        .map_err(|e| map("adding outcome counts", e))?;
+        Ok(())
+    }
+
+    /// The outcome tally of every UTC day that overlaps `since <= t < until` (RFC 3339 or
+    /// a bare date), ordered by day, outcome and reason; `None` when the database has no
+    /// `idem_outcome_counts` table (not migrated since it was added).
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for a bad bound; a store error from the database.
+    pub async fn outcome_counts(
+        &self,
+        since: &str,
+        until: &str,
+    ) -> Result<Option<Vec<OutcomeCount>>, StoreError> {
+        let lo = day_of(bound("since", since)?);
+        let until = bound("until", until)?;
+        // The last day that starts before `until`.
+        let hi = day_of(Timestamp::from_unix_micros(until.unix_micros() - 1));
+        let exists: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_outcome_counts'",
+        )
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| map("looking for the outcome table", e))?;
+        if exists == 0 {
+            return Ok(None);
+        }
+        let rows = sqlx::query(
+            "SELECT day, outcome, reason, count FROM idem_outcome_counts \
+             WHERE day >= ?1 AND day <= ?2 ORDER BY day, outcome, reason",
+        )
+        .bind(&lo)
+        .bind(&hi)
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| map("reading outcome counts", e))?;
+        Ok(Some(
+            rows.iter()
+                .map(|r| {
+                    OutcomeCount::new(
+                        r.get::<String, _>(0),
+                        r.get::<String, _>(1),
+                        r.get::<String, _>(2),
+                        u64::try_from(r.get::<i64, _>(3)).unwrap_or(0),
+                    )
+                })
+                .collect(),
+        ))
+    }
+}
+
+#[idem_core::async_trait]
+impl OutcomeCountStore for SqliteStore {
+    async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError> {
+        SqliteStore::add_outcome_counts(self, counts).await
     }
 }
 

@@ -18,6 +18,8 @@ const MIGRATION: &str = include_str!("../migrations/0001_init.sql");
 const IDENTITY: &str = include_str!("../migrations/0002_store_identity.sql");
 /// The claim's identity column and its unique partial index (conflict detection).
 const CLAIM_IDENTITY: &str = include_str!("../migrations/0003_claim_identity.sql");
+/// The outcome tally (`idem_outcome_counts`, [`SqliteStore::add_outcome_counts`]).
+const OUTCOME_COUNTS: &str = include_str!("../migrations/0005_outcome_counts.sql");
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -97,7 +99,8 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// Creates the tables if they are missing, and the store's identity (a random id,
+    /// Creates the tables if they are missing (the outcome tally `idem_outcome_counts`
+    /// included, on an existing database too), and the store's identity (a random id,
     /// kept once created; see [`crate::identity`]). Idempotent.
     ///
     /// # Errors
@@ -112,6 +115,10 @@ impl SqliteStore {
             .await
             .map_err(|e| map("creating the store identity", e))?;
         self.migrate_claim_identity().await?;
+        sqlx::raw_sql(OUTCOME_COUNTS)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map("creating the outcome tally", e))?;
         crate::outbox::migrate(&self.pool).await
     }
 

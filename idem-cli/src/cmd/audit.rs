@@ -261,15 +261,19 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
             .saturating_sub(i64::try_from(floor.as_micros()).unwrap_or(i64::MAX)),
     );
     let store = w.open("report").await?;
+    // The bounds as UTC instants (a bare date is its midnight UTC, as the page says),
+    // whatever the server's time zone.
+    let utc = |v: &str| Timestamp::parse_rfc3339(v).map_or_else(|| v.to_owned(), |t| t.to_string());
+    let (since, until) = (utc(&w.since), utc(&w.until));
     let (stats, kind) = match &store {
         Sql::Pg(s) => (
-            s.audit_stats(&w.since, &w.until, &business, cutoff, args.sample)
+            s.audit_stats(&since, &until, &business, cutoff, args.sample)
                 .await
                 .map_err(|e| w.pg_error("audit report from", e))?,
             "PostgreSQL",
         ),
         Sql::Sqlite(s) => (
-            s.audit_stats(&w.since, &w.until, &business, cutoff, args.sample)
+            s.audit_stats(&since, &until, &business, cutoff, args.sample)
                 .await?,
             "SQLite",
         ),

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
-use idem_core::{ClaimStore, ConflictPolicy, ConsumerConfig, Gate, GateConfig, Handler};
+use idem_core::{
+    ClaimStore, ConflictPolicy, ConsumerConfig, FanOut, Gate, GateConfig, GateObserver, Handler,
+    OutcomeTally,
+};
 use idem_grant::{GrantDb, GrantHandler, KeyDerivation};
 use idem_runtime::{supervise::supervise, supervise::SupervisorConfig, Backoff};
 
@@ -83,6 +86,8 @@ struct Consume {
     gate: GateConfig,
     key_derivation: KeyDerivation,
     metrics: Arc<crate::metrics::ConsumeMetrics>,
+    /// Outcomes per day, flushed to the store's `idem_outcome_counts`.
+    tally: Arc<OutcomeTally>,
 }
 
 impl StoreVisitor for Consume {
@@ -115,14 +120,30 @@ impl StoreVisitor for Consume {
         let (kind, size, n) = (broker.kind(), c.batch_size, c.concurrency);
         eprintln!("idem consume: {kind} {source} → store; batch size {size}, concurrency {n}");
         let handler = db.grant_handler().with_key_derivation(self.key_derivation);
-        let gate =
-            Gate::with_config(store, handler, self.gate).with_observer(self.metrics.stages());
+        // The metrics, and the outcome tally when the store can keep one.
+        let (observer, flusher): (Arc<dyn GateObserver>, _) = match extras.outcome_counts {
+            Some(sink) => (
+                Arc::new(FanOut::new(vec![
+                    self.metrics.stages(),
+                    Arc::clone(&self.tally) as Arc<dyn GateObserver>,
+                ])) as Arc<dyn GateObserver>,
+                Some(crate::tally::Flusher::spawn(
+                    Arc::clone(&self.tally),
+                    sink,
+                    crate::tally::FLUSH_EVERY,
+                )),
+            ),
+            None => (self.metrics.stages(), None),
+        };
+        let gate = Gate::with_config(store, handler, self.gate).with_observer(observer);
         let metrics = Arc::clone(&self.metrics);
         let observe = move |o: &idem_core::Outcome| metrics.record(o);
         let shutdown = crate::cmd::shutdown_signal();
-        supervise(&gate, Some(first), connect, self.config, shutdown, observe)
-            .await
-            .map_err(|e| super::supervise_error(&what, source, e))
+        let run = supervise(&gate, Some(first), connect, self.config, shutdown, observe).await;
+        if let Some(f) = flusher {
+            f.finish().await;
+        }
+        run.map_err(|e| super::supervise_error(&what, source, e))
     }
 }
 
@@ -150,6 +171,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             .with_max_attempts(args.max_attempts)
             .with_on_conflict(args.on_conflict),
         metrics,
+        tally: Arc::new(OutcomeTally::new()),
     };
     let run = super::open_with_retry(&spec, migrate, visitor, &visited, timeout).await?;
     let done = run.stats.deliveries();

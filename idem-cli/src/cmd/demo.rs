@@ -8,7 +8,10 @@ use std::time::Instant;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_core::{ClaimStore, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, Stage};
+use idem_core::{
+    ClaimStore, FanOut, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, OutcomeTally,
+    Stage,
+};
 use idem_grant::{parse_submission, GrantDb, GrantHandler, DEFAULT_MAX_BODY};
 use idem_testkit::fault::{quiet_injected_crashes, FaultPlan, FaultyHandler, FaultyStore};
 use idem_testkit::sim::{drive_fed, SimConfig};
@@ -387,12 +390,26 @@ impl StoreVisitor for Demo {
         let plan = FaultPlan::random(args.crash_rate, seed ^ 0x5eed);
         let handler = db.grant_handler();
         let latency = Arc::new(ClaimLatency::new());
+        // Outcomes per day into the store's idem_outcome_counts (the audit report's
+        // duplicates and dead letters), flushed every second and at the end.
+        let tally = Arc::new(OutcomeTally::new());
+        let flusher = extras.outcome_counts.clone().map(|sink| {
+            crate::tally::Flusher::spawn(Arc::clone(&tally), sink, crate::tally::FLUSH_EVERY)
+        });
+        let observer: Arc<dyn GateObserver> = if flusher.is_some() {
+            Arc::new(FanOut::new(vec![
+                latency.clone() as Arc<dyn GateObserver>,
+                tally as Arc<dyn GateObserver>,
+            ])) as Arc<dyn GateObserver>
+        } else {
+            latency.clone() as Arc<dyn GateObserver>
+        };
         let gate = Arc::new(
             Gate::new(
                 FaultyStore::new(store, plan.clone()),
                 FaultyHandler::new(handler, plan.clone()),
             )
-            .with_observer(latency.clone()),
+            .with_observer(observer),
         );
         let config = SimConfig {
             concurrency: usize::try_from(args.concurrency).unwrap_or(4),
@@ -428,9 +445,13 @@ impl StoreVisitor for Demo {
                 }
             },
         )
-        .await
-        .map_err(CliError::failed)?;
+        .await;
         let seconds = started.elapsed().as_secs_f64();
+        let counts_written = match flusher {
+            Some(f) => Some(f.finish().await),
+            None => None,
+        };
+        let report = report.map_err(CliError::failed)?;
         bar.finish_and_clear();
 
         // The verdict comes from the database, read back — not from counters kept beside
@@ -474,6 +495,14 @@ impl StoreVisitor for Demo {
         }
         if let Some(mib) = max_rss_mib() {
             println!("max_rss_mib: {mib}");
+        }
+        if let Some(written) = counts_written {
+            // Whether the outcome tally (the audit report's duplicates and dead letters)
+            // reached the store's idem_outcome_counts.
+            println!(
+                "outcome_counts: {}",
+                if written { "written" } else { "NOT written" }
+            );
         }
 
         let poison_count = verdict.poison;

@@ -1,0 +1,16 @@
+-- The outcome tally (SqliteStore::migrate). Idempotent: creates the table on a new
+-- database and on an existing one alike.
+--
+-- How many deliveries of each UTC day (`YYYY-MM-DD`) ended with each outcome
+-- (`processed`, `duplicate`, `conflict`, `rejected`, `deferred`, `failed`) and, for a dead
+-- letter, each reason code ('' for the other outcomes). Counted in memory by the consumer
+-- (idem_core::tally::OutcomeTally) and added here every second and at exit, one upsert per
+-- flush (`count = count + excluded.count`). Operational counts: a crash loses at most the
+-- counts since the last flush; the claims and business rows stay the exact evidence.
+CREATE TABLE IF NOT EXISTS idem_outcome_counts (
+    day TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    count INTEGER NOT NULL DEFAULT 0 CHECK (count >= 0),
+    PRIMARY KEY (day, outcome, reason)
+) WITHOUT ROWID;
