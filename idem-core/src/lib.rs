@@ -18,6 +18,10 @@
 //! ([`Outcome::Conflict`]) or processes as the reference does, by the pipeline's
 //! [`ConflictPolicy`].
 //!
+//! A W3C `traceparent` on a delivery travels with it: the gate's span for the delivery
+//! carries its trace id, and the outbox events its handler writes carry the trace on to
+//! the relay and the next consumer ([`trace`]).
+//!
 //! The [`Gate`] runs that state machine for one delivery or one batch; [`consumer::run`]
 //! drives a gate over a stream of deliveries with bounded concurrency and graceful
 //! shutdown. Stores (`idem-store-sqlite`, `idem-store-postgres`, `idem-store-redis`) and
@@ -44,6 +48,7 @@ pub mod mutant;
 pub mod outbox;
 pub mod record;
 pub mod store;
+pub mod trace;
 
 pub use clock::{Clock, SharedClock, SystemClock};
 pub use consumer::{ConsumerConfig, ConsumerStats};
@@ -63,6 +68,7 @@ pub use outbox::{
     RelayObserver, RelayOptions, RelayStats,
 };
 pub use store::{Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter};
+pub use trace::{TraceParent, TRACEPARENT_HEADER};
 
 /// Re-exported so implementors of the traits use the same macro version.
 pub use async_trait::async_trait;
