@@ -879,7 +879,7 @@ where
                 Outcome::Deferred { key, settle }
             }
             ClaimOutcome::Claimed => {
-                let scope = trace::scope_of(trace.map(|t| (key, t)));
+                let scope = trace::single(key, trace);
                 let handled = self
                     .guarded(
                         Instant::now(),
@@ -1178,7 +1178,7 @@ where
             .collect();
         if !claimed.is_empty() {
             // Each claimed submission's events get its own delivery's trace.
-            let scope = trace::scope_of(
+            let scope = trace::batch(
                 unique
                     .iter()
                     .zip(&claims)

@@ -267,7 +267,16 @@ impl FromStr for TraceParent {
 }
 
 /// The trace contexts of the deliveries whose handler is running on this thread.
-type Scope = Arc<[(IdempotencyKey, TraceParent)]>;
+type Scope = Arc<ScopeOf>;
+
+/// See [`Scope`].
+#[derive(Debug)]
+pub(crate) struct ScopeOf {
+    /// Each traced submission's key and its delivery's context.
+    entries: Vec<(IdempotencyKey, TraceParent)>,
+    /// One delivery is handled: its context is every event's, whatever the event's key.
+    single: bool,
+}
 
 thread_local! {
     static CURRENT: RefCell<Option<Scope>> = const { RefCell::new(None) };
@@ -300,10 +309,11 @@ pub fn current(key: &IdempotencyKey) -> Option<TraceParent> {
         let scope = c.borrow();
         let scope = scope.as_deref()?;
         scope
+            .entries
             .iter()
             .find(|(k, _)| k == key)
-            .or(match scope {
-                [only] => Some(only),
+            .or(match scope.entries.as_slice() {
+                [only] if scope.single => Some(only),
                 _ => None,
             })
             .map(|(_, t)| *t)
@@ -324,12 +334,28 @@ pub(crate) async fn scoped<F: Future>(scope: Option<Scope>, fut: F) -> F::Output
     .await
 }
 
-/// The scope of `entries` (`None` when empty).
-pub(crate) fn scope_of(
+/// The scope of one delivery's handler: its context applies to every event.
+pub(crate) fn single(key: IdempotencyKey, trace: Option<TraceParent>) -> Option<Scope> {
+    trace.map(|t| {
+        Arc::new(ScopeOf {
+            entries: vec![(key, t)],
+            single: true,
+        })
+    })
+}
+
+/// The scope of a batch's handler: each event gets the context of its own key's delivery
+/// (none for a key not in `entries`). `None` when `entries` is empty.
+pub(crate) fn batch(
     entries: impl IntoIterator<Item = (IdempotencyKey, TraceParent)>,
 ) -> Option<Scope> {
-    let v: Vec<_> = entries.into_iter().collect();
-    (!v.is_empty()).then(|| Arc::from(v))
+    let entries: Vec<_> = entries.into_iter().collect();
+    (!entries.is_empty()).then(|| {
+        Arc::new(ScopeOf {
+            entries,
+            single: false,
+        })
+    })
 }
 
 #[cfg(test)]
@@ -433,14 +459,18 @@ mod tests {
         let t1 = TraceParent::parse(GOOD).expect("valid");
         let t2 = t1.child();
         assert_eq!(current(&k1), None);
-        let got = futures::executor::block_on(scoped(scope_of([(k1, t1), (k2, t2)]), async {
+        let got = futures::executor::block_on(scoped(batch([(k1, t1), (k2, t2)]), async {
             (current(&k1), current(&k2), current(&k3))
         }));
         assert_eq!(got, (Some(t1), Some(t2), None));
+        // A batch with one traced delivery: the others' events stay untraced.
+        let got = futures::executor::block_on(scoped(batch([(k1, t1)]), async {
+            (current(&k1), current(&k3))
+        }));
+        assert_eq!(got, (Some(t1), None));
         // One delivery: every event is its own.
-        let single =
-            futures::executor::block_on(scoped(scope_of([(k1, t1)]), async { current(&k3) }));
-        assert_eq!(single, Some(t1));
+        let got = futures::executor::block_on(scoped(single(k1, Some(t1)), async { current(&k3) }));
+        assert_eq!(got, Some(t1));
         assert_eq!(current(&k1), None, "the scope ends with the future");
     }
 

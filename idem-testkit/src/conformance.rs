@@ -849,6 +849,8 @@ where
     let relay = Relay::new(source, downstream.clone(), 100);
     assert_eq!(relay.run_once().await.expect("relay"), expected.len());
     let mut seen = 0;
+    // Held until the end: a delivery dropped unsettled goes back to the queue.
+    let mut held = Vec::new();
     while let Some(d) = downstream.receive() {
         let body = String::from_utf8_lossy(&d.payload).into_owned();
         let (subject, want) = stored
@@ -861,6 +863,7 @@ where
             "{subject}: the published traceparent is the stored one"
         );
         seen += 1;
+        held.push(d);
     }
     assert_eq!(seen, expected.len(), "every event published once");
 }
