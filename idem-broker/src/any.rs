@@ -774,17 +774,32 @@ impl AnyPublisher {
     /// A failed or unconfirmed publish; bodies before it may have been published.
     #[allow(unused_variables)] // with no broker feature
     pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        self.publish_raw_with_headers(bodies, &[]).await
+    }
+
+    /// As [`publish_raw`](Self::publish_raw), each message with `headers` (AMQP
+    /// headers, NATS headers, Redis stream fields, SQS string attributes, Kafka
+    /// headers), for example a W3C `traceparent`.
+    ///
+    /// # Errors
+    /// As [`publish_raw`](Self::publish_raw).
+    #[allow(unused_variables)] // with no broker feature
+    pub async fn publish_raw_with_headers(
+        &self,
+        bodies: &[Vec<u8>],
+        headers: &[(String, String)],
+    ) -> Result<(), BrokerError> {
         match self {
             #[cfg(feature = "rabbitmq")]
-            Self::RabbitMq(p) => p.publish_raw(bodies).await,
+            Self::RabbitMq(p) => p.publish_raw_with_headers(bodies, headers).await,
             #[cfg(feature = "nats")]
-            Self::Nats(p) => p.publish_raw(bodies).await,
+            Self::Nats(p) => p.publish_raw_with_headers(bodies, headers).await,
             #[cfg(feature = "redis-streams")]
-            Self::RedisStreams(p) => p.publish_raw(bodies).await,
+            Self::RedisStreams(p) => p.publish_raw_with_headers(bodies, headers).await,
             #[cfg(feature = "sqs")]
-            Self::Sqs(p) => p.publish_raw(bodies).await,
+            Self::Sqs(p) => p.publish_raw_with_headers(bodies, headers).await,
             #[cfg(feature = "kafka")]
-            Self::Kafka(p) => p.publish_raw(bodies).await,
+            Self::Kafka(p) => p.publish_raw_with_headers(bodies, headers).await,
         }
     }
 }

@@ -77,6 +77,11 @@ async fn relay_delivers_each_event_once_downstream() {
     common::relay_delivers_each_event_once(broker()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traceparent_crosses_the_broker_both_ways() {
+    common::traceparent_crosses_the_broker(broker()).await;
+}
+
 /// One step of a schedule: deliver the next offset, or settle one in flight.
 #[derive(Debug, Clone)]
 enum Step {

@@ -35,6 +35,11 @@ async fn relay_delivers_each_event_once_downstream() {
     common::within(common::relay_delivers_each_event_once(broker())).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traceparent_crosses_the_broker_both_ways() {
+    common::within(common::traceparent_crosses_the_broker(broker())).await;
+}
+
 mod lease {
     use std::time::Duration;
 

@@ -48,6 +48,11 @@ async fn relay_delivers_each_event_once_downstream() {
     common::relay_delivers_each_event_once(broker()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traceparent_crosses_the_broker_both_ways() {
+    common::traceparent_crosses_the_broker(broker()).await;
+}
+
 /// The test endpoint (`http://HOST:PORT`).
 fn endpoint() -> String {
     std::env::var("IDEM_TEST_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:5000".to_owned())

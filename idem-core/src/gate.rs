@@ -15,6 +15,7 @@ use crate::error::{AckError, BoxError, Error, ErrorClass, HandlerError, RejectRe
 use crate::key::IdempotencyKey;
 use crate::mutant::{self, Mutant};
 use crate::store::{claim_order, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx};
+use crate::trace::{self, TraceParent};
 
 /// A delivery identified: its key, its subject, and the parsed input the handler needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -613,14 +614,31 @@ where
     }
 
     /// Processes one delivery: see the type's docs. Runs in a `delivery` span (target
-    /// `idem::gate`) whose `key` (prefix) and `outcome` fields are filled in.
+    /// `idem::gate`) whose `key` (prefix) and `outcome` fields are filled in, and, for a
+    /// delivery with a valid W3C `traceparent` header, `trace_id`, `parent_id` (the
+    /// sender's span) and `span_id` (this delivery's own span: the parent of the outbox
+    /// events its handler writes, see [`crate::trace`]). A debug event (`delivery
+    /// settled`) in the span logs it once it is settled.
     pub async fn process<A: Acker>(&self, delivery: Delivery<A>) -> Outcome {
-        let span = tracing::info_span!(target: "idem::gate", "delivery", key = tracing::field::Empty, outcome = tracing::field::Empty);
+        let span = tracing::info_span!(
+            target: "idem::gate",
+            "delivery",
+            key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+            parent_id = tracing::field::Empty,
+            span_id = tracing::field::Empty
+        );
+        let trace = SpanTrace::of(&delivery.headers);
+        if let Some(t) = &trace {
+            t.record(&span);
+        }
         let outcome = async {
             match self.handler.identify(&delivery.payload, &delivery.headers) {
                 Ok(sub) => {
                     tracing::Span::current().record("key", sub.key.short().as_str());
-                    self.process_identified(delivery, sub).await
+                    self.process_identified(delivery, sub, trace.map(|t| t.own))
+                        .await
                 }
                 Err(reason) => self.reject(delivery, None, reason).await,
             }
@@ -628,6 +646,9 @@ where
         .instrument(span.clone())
         .await;
         span.record("outcome", outcome.kind().as_str());
+        if tracing::enabled!(target: "idem::gate", tracing::Level::DEBUG) {
+            span.in_scope(|| tracing::debug!(target: "idem::gate", "delivery settled"));
+        }
         self.observed(outcome)
     }
 
@@ -776,10 +797,12 @@ where
         }
     }
 
+    /// `trace`: the delivery's own trace context, current while the handler runs.
     async fn process_identified<A: Acker>(
         &self,
         delivery: Delivery<A>,
         sub: Submission<H::Input>,
+        trace: Option<TraceParent>,
     ) -> Outcome {
         let key = sub.key;
         let subject = Some(sub.subject.as_str());
@@ -844,8 +867,12 @@ where
                 Outcome::Deferred { key, settle }
             }
             ClaimOutcome::Claimed => {
+                let scope = trace::single(key, trace);
                 let handled = self
-                    .guarded(Instant::now(), self.handler.handle(&mut tx, &sub))
+                    .guarded(
+                        Instant::now(),
+                        trace::scoped(scope, self.handler.handle(&mut tx, &sub)),
+                    )
                     .await;
                 match handled {
                     Err(HandlerError::Reject(reason)) => {
@@ -896,9 +923,15 @@ where
     /// processing so a poison message cannot hold back its neighbours (a configuration
     /// error, which no delivery can get past, nacks them all instead).
     ///
-    /// Returns one outcome per delivery, in input order.
+    /// Returns one outcome per delivery, in input order. Each delivery's outcome is
+    /// logged in a `delivery` span with the fields of [`process`](Gate::process)'s
+    /// (and `batch`, the batch's size); each outbox event gets its own delivery's trace.
     pub async fn process_batch<A: Acker>(&self, deliveries: Vec<Delivery<A>>) -> Vec<Outcome> {
         let n = deliveries.len();
+        let traces: Vec<Option<SpanTrace>> = deliveries
+            .iter()
+            .map(|d| SpanTrace::of(&d.headers))
+            .collect();
         let mut outcomes: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
         let mut valid: Vec<Identified<A, H::Input>> = Vec::with_capacity(n);
         for (i, d) in deliveries.into_iter().enumerate() {
@@ -909,32 +942,42 @@ where
         }
         if valid.len() == 1 {
             if let Some((i, d, sub)) = valid.pop() {
-                outcomes[i] = Some(self.process_identified(d, sub).await);
+                outcomes[i] = Some(self.process_identified(d, sub, own(&traces, i)).await);
             }
         } else if !valid.is_empty() {
-            self.batch_identified(valid, &mut outcomes).await;
+            self.batch_identified(valid, &mut outcomes, &traces).await;
         }
         outcomes
             .into_iter()
-            .map(|o| {
+            .zip(traces)
+            .map(|(o, t)| {
                 let o = o.unwrap_or_else(unreachable_outcome);
-                let _span = tracing::info_span!(
+                let span = tracing::info_span!(
                     target: "idem::gate",
                     "delivery",
                     key = o.key().map(IdempotencyKey::short).unwrap_or_default(),
                     outcome = o.kind().as_str(),
-                    batch = n
-                )
-                .entered();
+                    batch = n,
+                    trace_id = tracing::field::Empty,
+                    parent_id = tracing::field::Empty,
+                    span_id = tracing::field::Empty
+                );
+                if let Some(t) = &t {
+                    t.record(&span);
+                }
+                let _span = span.entered();
+                tracing::debug!(target: "idem::gate", "delivery settled");
                 self.observed(o)
             })
             .collect()
     }
 
+    /// `traces`: each delivery's trace, by its position in the batch.
     async fn batch_identified<A: Acker>(
         &self,
         valid: Vec<Identified<A, H::Input>>,
         outcomes: &mut [Option<Outcome>],
+        traces: &[Option<SpanTrace>],
     ) {
         // The first position of each key claims it; later copies are in-batch duplicates.
         let mut first: HashMap<IdempotencyKey, usize> = HashMap::with_capacity(valid.len());
@@ -964,7 +1007,7 @@ where
             (unique, items) = order.iter().filter_map(|&j| slots[j].take()).unzip();
         }
 
-        let claims = match self.try_batch(&valid, &unique, &items).await {
+        let claims = match self.try_batch(&valid, &unique, &items, traces).await {
             Ok(c) => c,
             Err(BatchFailure::Config(e)) => {
                 // No delivery can get past a configuration error: hand them all back.
@@ -978,7 +1021,7 @@ where
             Err(BatchFailure::OneByOne) => {
                 // Each delivery gets its own transaction, so one poison key fails alone.
                 for (i, d, sub) in valid {
-                    outcomes[i] = Some(self.process_identified(d, sub).await);
+                    outcomes[i] = Some(self.process_identified(d, sub, own(traces, i)).await);
                 }
                 return;
             }
@@ -1094,6 +1137,7 @@ where
         valid: &[Identified<A, H::Input>],
         unique: &[usize],
         items: &[(IdempotencyKey, ClaimMeta)],
+        traces: &[Option<SpanTrace>],
     ) -> Result<Vec<ClaimOutcome>, BatchFailure> {
         let started = Instant::now();
         let mut tx = self.store.begin().await.map_err(BatchFailure::from_store)?;
@@ -1130,8 +1174,19 @@ where
             .map(|(&p, _)| &valid[p].2)
             .collect();
         if !claimed.is_empty() {
+            // Each claimed submission's events get its own delivery's trace.
+            let scope = trace::batch(
+                unique
+                    .iter()
+                    .zip(&claims)
+                    .filter(|(_, c)| **c == ClaimOutcome::Claimed)
+                    .filter_map(|(&p, _)| own(traces, valid[p].0).map(|t| (valid[p].2.key, t))),
+            );
             let handled = self
-                .guarded(Instant::now(), self.handler.handle_batch(&mut tx, &claimed))
+                .guarded(
+                    Instant::now(),
+                    trace::scoped(scope, self.handler.handle_batch(&mut tx, &claimed)),
+                )
                 .await;
             if let Err(e) = handled {
                 tracing::debug!(target: "idem::gate", error = %e, "handler failed in a batch; falling back to one by one");
@@ -1156,6 +1211,40 @@ where
 
 /// A delivery of a batch with its position and its identification.
 type Identified<A, I> = (usize, Delivery<A>, Submission<I>);
+
+/// A traced delivery's context: the sender's (its `traceparent` header) and the one of
+/// the delivery's own span, a child of it.
+#[derive(Debug, Clone, Copy)]
+struct SpanTrace {
+    upstream: TraceParent,
+    own: TraceParent,
+}
+
+/// The own trace context of the batch's delivery at position `i`.
+fn own(traces: &[Option<SpanTrace>], i: usize) -> Option<TraceParent> {
+    traces.get(i).copied().flatten().map(|t| t.own)
+}
+
+impl SpanTrace {
+    /// `None` without a valid `traceparent` header (a malformed one is ignored).
+    fn of(headers: &Headers) -> Option<Self> {
+        let upstream = TraceParent::from_headers(headers)?;
+        Some(Self {
+            upstream,
+            own: upstream.child(),
+        })
+    }
+
+    /// Fills in `span`'s `trace_id`, `parent_id` and `span_id`.
+    fn record(&self, span: &tracing::Span) {
+        if span.is_disabled() {
+            return;
+        }
+        span.record("trace_id", self.upstream.trace_id_hex().as_str());
+        span.record("parent_id", self.upstream.parent_id_hex().as_str());
+        span.record("span_id", self.own.parent_id_hex().as_str());
+    }
+}
 
 enum BatchFailure {
     /// The store is misconfigured: every delivery is handed back.

@@ -18,6 +18,10 @@
 //! ([`Outcome::Conflict`]) or processes as the reference does, by the pipeline's
 //! [`ConflictPolicy`].
 //!
+//! A W3C `traceparent` on a delivery travels with it: the gate's span for the delivery
+//! carries its trace id, and the outbox events its handler writes carry the trace on to
+//! the relay and the next consumer ([`trace`]).
+//!
 //! The [`Gate`] runs that state machine for one delivery or one batch; [`consumer::run`]
 //! drives a gate over a stream of deliveries with bounded concurrency and graceful
 //! shutdown. Stores (`idem-store-sqlite`, `idem-store-postgres`, `idem-store-redis`) and
@@ -45,6 +49,7 @@ pub mod outbox;
 pub mod record;
 pub mod store;
 pub mod tally;
+pub mod trace;
 
 pub use clock::{Clock, SharedClock, SystemClock};
 pub use consumer::{ConsumerConfig, ConsumerStats};
@@ -67,6 +72,7 @@ pub use store::{
     claim_order, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter,
 };
 pub use tally::{FanOut, OutcomeCountStore, OutcomeTally};
+pub use trace::{TraceParent, TRACEPARENT_HEADER};
 
 /// Re-exported so implementors of the traits use the same macro version.
 pub use async_trait::async_trait;

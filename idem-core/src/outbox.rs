@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, KeyError, PublishError, StoreError};
 use crate::key::{hex_lower, parse_hex32, IdempotencyKey};
+use crate::trace::{TraceParent, TRACEPARENT_HEADER};
 
 /// A deterministic event id: `sha256("idem-event-v1|" + key_hex + "|" + event_type)`.
 ///
@@ -86,10 +87,17 @@ pub struct OutboxEvent {
     pub idempotency_key: IdempotencyKey,
     /// The body to publish (JSON for the grant pipeline).
     pub payload: Vec<u8>,
+    /// The W3C trace context the event is published with (the `traceparent` header):
+    /// the trace of the delivery that caused it, with that delivery's span as parent.
+    /// [`OutboxEvent::new`] fills it in while the [`Gate`](crate::Gate) runs a handler
+    /// for a traced delivery (see [`crate::trace`]); stores keep it in the outbox row.
+    pub traceparent: Option<TraceParent>,
 }
 
 impl OutboxEvent {
-    /// A new event; its id is derived from `key` and `event_type`.
+    /// A new event; its id is derived from `key` and `event_type`. Inside a handler the
+    /// gate runs for a traced delivery, the event gets that delivery's trace context
+    /// ([`crate::trace::current`]); elsewhere it has none.
     pub fn new(
         key: IdempotencyKey,
         event_type: impl Into<String>,
@@ -101,17 +109,30 @@ impl OutboxEvent {
             event_id: EventId::derive(&key, &event_type),
             event_type,
             subject: subject.into(),
+            traceparent: crate::trace::current(&key),
             idempotency_key: key,
             payload: payload.into(),
         }
     }
 
-    /// The headers every adapter sends with the event.
+    /// The same event with the trace context `traceparent` (stores use it when they read
+    /// a row back; a handler may override what [`new`](OutboxEvent::new) found).
+    #[must_use]
+    pub fn with_traceparent(mut self, traceparent: Option<TraceParent>) -> Self {
+        self.traceparent = traceparent;
+        self
+    }
+
+    /// The headers every adapter sends with the event: its id, its type, and its
+    /// `traceparent` when it has one.
     pub fn headers(&self) -> Vec<(String, String)> {
-        vec![
-            (EVENT_ID_HEADER.to_owned(), self.event_id.to_string()),
-            (EVENT_TYPE_HEADER.to_owned(), self.event_type.clone()),
-        ]
+        let mut h = Vec::with_capacity(3);
+        h.push((EVENT_ID_HEADER.to_owned(), self.event_id.to_string()));
+        h.push((EVENT_TYPE_HEADER.to_owned(), self.event_type.clone()));
+        if let Some(tp) = &self.traceparent {
+            h.push((TRACEPARENT_HEADER.to_owned(), tp.to_string()));
+        }
+        h
     }
 }
 
@@ -479,6 +500,12 @@ struct Failure {
 /// broker's confirmation), mark it published. A crash between publishing and marking
 /// republishes the batch with the same event ids: at least once, deduplicated downstream.
 ///
+/// Tracing: an event's [`traceparent`](OutboxEvent::traceparent) is published as it was
+/// stored — the consumer's delivery span is the message's parent — so a republished event
+/// carries the same headers as the first publication. The relay adds no span of its own
+/// to the trace; it logs each traced event's `trace_id` (target `idem::relay`, level
+/// debug) as it publishes it.
+///
 /// [`run`](Relay::run) keeps going through failures:
 /// - a failed round (store or broker unreachable, a retryable or unknown error) releases
 ///   its batch and is tried again after a [`Backoff`] delay; once every round has failed
@@ -559,6 +586,19 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
         if n == 0 {
             batch.release().await.map_err(|e| fail(e.into(), 0))?;
             return Ok(Round::Idle);
+        }
+        if tracing::enabled!(target: "idem::relay", tracing::Level::DEBUG) {
+            for ev in batch.events() {
+                if let Some(tp) = &ev.traceparent {
+                    tracing::debug!(
+                        target: "idem::relay",
+                        event_id = %ev.event_id,
+                        trace_id = %tp.trace_id_hex(),
+                        parent_id = %tp.parent_id_hex(),
+                        "publishing a traced outbox event"
+                    );
+                }
+            }
         }
         match self.publisher.publish(batch.events()).await {
             Ok(()) => {

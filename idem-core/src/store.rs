@@ -287,6 +287,9 @@ pub trait ClaimTx: Send {
 /// - An enqueued event becomes visible to the relay only when the transaction commits,
 ///   and vanishes with a rollback.
 /// - Enqueuing the same [`OutboxEvent::event_id`] twice in one transaction stores it once.
+/// - The event's [`traceparent`](OutboxEvent::traceparent) is stored with it, and the
+///   store's [`OutboxSource`](crate::OutboxSource) gives it back, so the relay publishes
+///   it (see [`crate::trace`]).
 #[async_trait]
 pub trait OutboxWriter: Send {
     /// Stages an event in this transaction.

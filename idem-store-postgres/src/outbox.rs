@@ -38,7 +38,9 @@ fn payload_text(event: &OutboxEvent) -> Result<&str, StoreError> {
 impl PgTx {
     /// Stages several events in one round trip (`INSERT … SELECT … FROM unnest(…)`),
     /// in slice order (their ids, and so their publication order, follow it). An event
-    /// id already in the outbox, or repeated in `events`, is stored once.
+    /// id already in the outbox, or repeated in `events`, is stored once. Each event's
+    /// [`traceparent`](OutboxEvent::traceparent) goes to the `traceparent` column (when
+    /// the outbox has it: `migrations/0007_outbox_traceparent.sql`).
     ///
     /// # Errors
     /// [`StoreError::Rejected`] when a payload is not valid JSON (the `jsonb` column
@@ -61,12 +63,25 @@ impl PgTx {
         }
         let shared = self.shared_arc();
         let notify = shared.take_notify();
-        let mut q = sqlx::query(&shared.sql.enqueue_many[usize::from(!notify)])
+        let traced = shared.has_traceparent();
+        let sql = if traced {
+            &shared.sql.enqueue_many_traced
+        } else {
+            &shared.sql.enqueue_many
+        };
+        let mut q = sqlx::query(&sql[usize::from(!notify)])
             .bind(&ids)
             .bind(&types)
             .bind(&subjects)
             .bind(&keys)
             .bind(&payloads);
+        if traced {
+            let traces: Vec<Option<String>> = events
+                .iter()
+                .map(|e| e.traceparent.map(|t| t.to_string()))
+                .collect();
+            q = q.bind(traces);
+        }
         if notify {
             q = q.bind(shared.channel.as_str());
         }
@@ -84,17 +99,27 @@ impl OutboxWriter for PgTx {
     /// [`PgConfig::notify`](crate::PgConfig::notify) is on (at most once per
     /// [`PgConfig::notify_interval`](crate::PgConfig::notify_interval)), `pg_notify`s the
     /// schema's channel in the same statement: the relay wakes when this transaction
-    /// commits.
+    /// commits. The event's [`traceparent`](OutboxEvent::traceparent) goes to the
+    /// `traceparent` column (when the outbox has it).
     async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
         let payload = payload_text(event)?;
         let shared = self.shared_arc();
         let notify = shared.take_notify();
-        let mut q = sqlx::query(&shared.sql.enqueue[usize::from(!notify)])
+        let traced = shared.has_traceparent();
+        let sql = if traced {
+            &shared.sql.enqueue_traced
+        } else {
+            &shared.sql.enqueue
+        };
+        let mut q = sqlx::query(&sql[usize::from(!notify)])
             .bind(event.event_id.to_string())
             .bind(event.event_type.as_str())
             .bind(event.subject.as_str())
             .bind(event.idempotency_key.to_hex())
             .bind(payload);
+        if traced {
+            q = q.bind(event.traceparent.map(|t| t.to_string()));
+        }
         if notify {
             q = q.bind(shared.channel.as_str());
         }

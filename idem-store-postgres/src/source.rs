@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use idem_core::outbox::MovedAside;
 use idem_core::{
     EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, StoreError,
+    TraceParent,
 };
 use sqlx::postgres::PgListener;
 use sqlx::{Postgres, Row, Transaction};
@@ -30,6 +31,9 @@ use crate::store::PgStore;
 ///   subject's events out of id order.
 /// - Rows without an `event_id` (written by another program into a reference `outbox`)
 ///   are not relayed.
+/// - The `traceparent` column (when the outbox has it) is read back into
+///   [`OutboxEvent::traceparent`]; a value that is not a valid W3C `traceparent` is
+///   ignored (the event is published untraced), never an error.
 /// - The payload is read back as `payload::text`: Postgres's normalised rendering of the
 ///   `jsonb` value, the same bytes every time the row is read, so a republished event is
 ///   byte-identical to the first publication.
@@ -71,15 +75,23 @@ impl SourceSql {
         // Rows a relay may publish: unpublished, not moved aside, written by idem.
         let live = "published_at IS NULL AND failed_at IS NULL AND event_id IS NOT NULL";
         let e_live = "e.published_at IS NULL AND e.failed_at IS NULL AND e.event_id IS NOT NULL";
+        // An outbox not migrated to 0007 has no trace column: its rows are untraced.
+        let trace = if store.shared().has_traceparent() {
+            "traceparent"
+        } else {
+            "NULL::text AS traceparent"
+        };
         Self {
             lease: format!(
                 "WITH c AS ( \
-                   SELECT id, event_id, event_type, subject, idempotency_key, payload FROM {ob} \
+                   SELECT id, event_id, event_type, subject, idempotency_key, payload, {trace} \
+                   FROM {ob} \
                    WHERE {live} ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
                  SELECT c.id, c.event_id, c.event_type, c.subject, c.idempotency_key, \
                    c.payload::text, \
                    EXISTS (SELECT 1 FROM {ob} e WHERE e.subject = c.subject AND e.id < c.id \
-                     AND {e_live} AND e.id NOT IN (SELECT id FROM c)) AS blocked \
+                     AND {e_live} AND e.id NOT IN (SELECT id FROM c)) AS blocked, \
+                   c.traceparent \
                  FROM c ORDER BY c.id"
             ),
             mark_published: format!(
@@ -304,6 +316,7 @@ fn decode_row(row: &sqlx::postgres::PgRow) -> Result<(i64, OutboxEvent, bool), S
     let key: Option<String> = row.try_get(4).map_err(get)?;
     let payload: String = row.try_get(5).map_err(get)?;
     let blocked: bool = row.try_get(6).map_err(get)?;
+    let traceparent: Option<String> = row.try_get(7).map_err(get)?;
     let event_id: EventId = event_id.parse().map_err(|_| bad("event_id"))?;
     let key: IdempotencyKey = key
         .as_deref()
@@ -318,6 +331,7 @@ fn decode_row(row: &sqlx::postgres::PgRow) -> Result<(i64, OutboxEvent, bool), S
             subject: subject.unwrap_or_default(),
             idempotency_key: key,
             payload: payload.into_bytes(),
+            traceparent: traceparent.and_then(|t| TraceParent::parse(&t).ok()),
         },
         blocked,
     ))

@@ -28,6 +28,8 @@ const AUDIT_INDEXES: &str = include_str!("../migrations/0002_audit_indexes.sql")
 const CLAIM_IDENTITY: &str = include_str!("../migrations/0006_claim_identity.sql");
 /// The outcome tally (`idem_outcome_counts`, [`crate::audit`]).
 const OUTCOME_COUNTS: &str = include_str!("../migrations/0008_outcome_counts.sql");
+/// The outbox's `traceparent` column (W3C trace context), both layouts.
+const OUTBOX_TRACEPARENT: &str = include_str!("../migrations/0007_outbox_traceparent.sql");
 /// The optional append-only trigger on `processed_messages` ([`PgStore::migrate_append_only`]).
 const APPEND_ONLY: &str = include_str!("../migrations/0003_append_only.sql");
 /// The SQLSTATE the append-only trigger raises.
@@ -46,10 +48,15 @@ pub(crate) struct Sql {
     /// After an identity claim inserted nothing: the key's own row (`o = 0`: duplicate),
     /// else the identity's (`o = 1`: conflict), per item.
     pub(crate) classify: String,
-    /// `[with pg_notify, without]`.
+    /// `[with pg_notify, without]`; `$1..$5` the event, `$6` the channel.
     pub(crate) enqueue: [String; 2],
-    /// `[with pg_notify, without]`.
+    /// `[with pg_notify, without]`; `$1..$5` the events, `$6` the channel.
     pub(crate) enqueue_many: [String; 2],
+    /// As `enqueue`, with the `traceparent` column (migration 0007) as `$6` and the
+    /// channel as `$7`.
+    pub(crate) enqueue_traced: [String; 2],
+    /// As `enqueue_many`, with the `traceparent` column as `$6` and the channel as `$7`.
+    pub(crate) enqueue_many_traced: [String; 2],
 }
 
 #[derive(Debug)]
@@ -64,6 +71,9 @@ pub(crate) struct Shared {
     /// Whether `processed_messages` has the identity column (migration 0006): claims then
     /// record the identity and detect conflicts. Found at connect, set by `migrate`.
     pub(crate) identity: std::sync::atomic::AtomicBool,
+    /// Whether `outbox` has the `traceparent` column (migration 0007): events are then
+    /// written with their trace context. Found at connect, set by `migrate`.
+    pub(crate) traceparent: std::sync::atomic::AtomicBool,
     /// When the last notifying insert was sent, in microseconds since `epoch`.
     last_notify: std::sync::atomic::AtomicU64,
     epoch: std::time::Instant,
@@ -73,6 +83,11 @@ impl Shared {
     /// Whether claims record the identity (the table has its column).
     pub(crate) fn has_identity(&self) -> bool {
         self.identity.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether outbox rows have the `traceparent` column.
+    pub(crate) fn has_traceparent(&self) -> bool {
+        self.traceparent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether this outbox insert should carry a `pg_notify` (see
@@ -97,13 +112,19 @@ impl Shared {
                 .is_ok()
     }
 
-    fn new(config: PgConfig, layout: PgLayout, identity: bool) -> Result<Self, StoreError> {
+    fn new(
+        config: PgConfig,
+        layout: PgLayout,
+        identity: bool,
+        traceparent: bool,
+    ) -> Result<Self, StoreError> {
         config.validate()?;
         let qschema = quote(&config.schema);
         let pm = format!("{qschema}.\"processed_messages\"");
         let ob = format!("{qschema}.\"outbox\"");
         let notify_tail = " RETURNING 1) SELECT pg_notify($6, '') FROM ins LIMIT 1";
         let quiet_tail = " RETURNING 1) SELECT 1 FROM ins LIMIT 1";
+        let notify_tail_traced = " RETURNING 1) SELECT pg_notify($7, '') FROM ins LIMIT 1";
         let sql = Sql {
             claim: match layout {
                 PgLayout::Plain => format!(
@@ -210,6 +231,31 @@ impl Shared {
                      ON CONFLICT (event_id) DO NOTHING{tail}"
                 )
             }),
+            enqueue_traced: [notify_tail_traced, quiet_tail].map(|tail| {
+                format!(
+                    "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, hashtext($3))), \
+                     ins AS (INSERT INTO {ob} \
+                     (event_id, event_type, subject, idempotency_key, payload, created_at, \
+                      traceparent) \
+                     SELECT $1, $2, $3, $4, $5::jsonb, now(), $6 FROM l \
+                     ON CONFLICT (event_id) DO NOTHING{tail}"
+                )
+            }),
+            enqueue_many_traced: [notify_tail_traced, quiet_tail].map(|tail| {
+                format!(
+                    "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
+                       (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
+                     ins AS (INSERT INTO {ob} \
+                     (event_id, event_type, subject, idempotency_key, payload, created_at, \
+                      traceparent) \
+                     SELECT e, t, s, k, p::jsonb, now(), tp \
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                       $6::text[]) \
+                     WITH ORDINALITY AS u(e, t, s, k, p, tp, n) \
+                     WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
+                     ON CONFLICT (event_id) DO NOTHING{tail}"
+                )
+            }),
         };
         let begin = match config.lock_timeout {
             // One round trip: a simple query with two statements.
@@ -228,6 +274,7 @@ impl Shared {
             begin,
             sql,
             identity: std::sync::atomic::AtomicBool::new(identity),
+            traceparent: std::sync::atomic::AtomicBool::new(traceparent),
             last_notify: std::sync::atomic::AtomicU64::new(0),
             epoch: std::time::Instant::now(),
         })
@@ -310,14 +357,16 @@ impl PgStore {
             .await?
             .unwrap_or(config.layout);
         let identity = detect_identity(&pool, &config.schema).await?;
+        let traceparent = detect_traceparent(&pool, &config.schema).await?;
         Ok(Self {
             pool,
-            shared: Arc::new(Shared::new(config, layout, identity)?),
+            shared: Arc::new(Shared::new(config, layout, identity, traceparent)?),
         })
     }
 
-    /// Wraps an existing pool. Its claims are written for [`PgConfig::layout`] and for a
-    /// migrated table (with the identity column of `migrations/0006_claim_identity.sql`):
+    /// Wraps an existing pool. Its claims are written for [`PgConfig::layout`] and for
+    /// migrated tables (with the identity column of `migrations/0006_claim_identity.sql`
+    /// and the outbox's `traceparent` of `migrations/0007_outbox_traceparent.sql`):
     /// nothing is read from the database here; use [`connect`](PgStore::connect) to
     /// follow the table's layout and columns.
     ///
@@ -328,7 +377,7 @@ impl PgStore {
             pool,
             shared: {
                 let layout = config.layout;
-                Arc::new(Shared::new(config, layout, true)?)
+                Arc::new(Shared::new(config, layout, true, true)?)
             },
         })
     }
@@ -412,12 +461,16 @@ impl PgStore {
         );
         sql.push_str(&IDENTITY.replace("{schema}", &self.shared.qschema));
         sql.push_str(&OUTCOME_COUNTS.replace("{schema}", &self.shared.qschema));
+        sql.push_str(&OUTBOX_TRACEPARENT.replace("{schema}", &self.shared.qschema));
         if self.shared.config.audit_indexes {
             sql.push_str(&AUDIT_INDEXES.replace("{schema}", &self.shared.qschema));
         }
         self.run_script(&sql).await?;
         self.shared
             .identity
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.shared
+            .traceparent
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.ensure_partitions().await?;
         Ok(())
@@ -765,6 +818,21 @@ impl ClaimTx for PgTx {
             .await
             .map_err(|e| map_sqlx(e, "rollback"))
     }
+}
+
+/// Whether `schema.outbox` has the `traceparent` column of
+/// `migrations/0007_outbox_traceparent.sql` (false when the table does not exist yet).
+async fn detect_traceparent(pool: &PgPool, schema: &str) -> Result<bool, StoreError> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute a \
+         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = 'outbox' \
+         AND a.attname = 'traceparent' AND NOT a.attisdropped)",
+    )
+    .bind(schema)
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx(e, "read the columns of outbox"))
 }
 
 /// Whether `schema.processed_messages` has the identity column of

@@ -339,3 +339,96 @@ async fn outbox_backlog_tracks_the_relay() {
     let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
     idem_testkit::conformance::outbox_backlog_tracks_the_relay(store, source).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_carries_the_traceparent() {
+    let store = common::fresh_pg().await;
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
+    idem_testkit::conformance::outbox_carries_the_traceparent(store.clone(), source).await;
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitioned_outbox_carries_the_traceparent() {
+    let store = common::fresh_partitioned_pg().await;
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
+    idem_testkit::conformance::outbox_carries_the_traceparent(store.clone(), source).await;
+    common::drop_schema(&store).await;
+}
+
+/// An outbox made before migration 0007 (no `traceparent` column) keeps working: a store
+/// connected to it writes events without their trace, and its relay reads them untraced;
+/// `migrate` adds the column in place (old rows stay, NULL), after which events keep
+/// their trace, one by one and in bulk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_without_the_trace_column_is_upgraded_in_place() {
+    use idem_core::TraceParent;
+
+    const T: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let tp: TraceParent = T.parse().expect("valid");
+    let store = common::fresh_pg().await;
+    sqlx::query(&format!(
+        "ALTER TABLE {} DROP COLUMN traceparent",
+        store.table("outbox")
+    ))
+    .execute(store.pool())
+    .await
+    .expect("drop the column");
+    let old = PgStore::connect(&common::url(), store.config().clone())
+        .await
+        .expect("connect");
+    let mut tx = old.begin().await.expect("begin");
+    tx.enqueue(&event(1, "A").with_traceparent(Some(tp)))
+        .await
+        .expect("an outbox without the column still takes events");
+    tx.enqueue_many(&[event(2, "A").with_traceparent(Some(tp))])
+        .await
+        .expect("in bulk too");
+    tx.commit().await.expect("commit");
+    let batch = PgOutboxSource::new(old.clone(), Duration::from_millis(50))
+        .lease(10)
+        .await
+        .expect("lease from the old outbox");
+    assert_eq!(batch.events().len(), 2);
+    assert!(batch.events().iter().all(|e| e.traceparent.is_none()));
+    batch.release().await.expect("release");
+
+    store.migrate().await.expect("migrate in place");
+    let new = PgStore::connect(&common::url(), store.config().clone())
+        .await
+        .expect("connect");
+    let mut tx = new.begin().await.expect("begin");
+    tx.enqueue(&event(3, "B").with_traceparent(Some(tp)))
+        .await
+        .expect("enqueue");
+    tx.enqueue_many(&[event(4, "B").with_traceparent(Some(tp)), event(5, "B")])
+        .await
+        .expect("enqueue many");
+    tx.commit().await.expect("commit");
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(&format!(
+        "SELECT subject, traceparent FROM {} ORDER BY id",
+        store.table("outbox")
+    ))
+    .fetch_all(store.pool())
+    .await
+    .expect("select");
+    let t = Some(T.to_owned());
+    assert_eq!(
+        rows,
+        vec![
+            ("A".to_owned(), None),
+            ("A".to_owned(), None),
+            ("B".to_owned(), t.clone()),
+            ("B".to_owned(), t),
+            ("B".to_owned(), None),
+        ]
+    );
+    let batch = PgOutboxSource::new(new.clone(), Duration::from_millis(50))
+        .lease(10)
+        .await
+        .expect("lease");
+    let traces: Vec<Option<TraceParent>> = batch.events().iter().map(|e| e.traceparent).collect();
+    assert_eq!(traces, vec![None, None, Some(tp), Some(tp), None]);
+    batch.release().await.expect("release");
+    common::drop_schema(&store).await;
+}

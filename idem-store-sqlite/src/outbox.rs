@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use idem_core::outbox::MovedAside;
 use idem_core::{
     EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, StoreError,
+    TraceParent,
 };
 use sqlx::{Row as _, SqlitePool};
 
@@ -29,16 +30,19 @@ use crate::store::SqliteStore;
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
-/// The relay's columns, added to an outbox created before them.
-const COLUMNS: [(&str, &str); 5] = [
+/// The relay's columns, added to an outbox created before them. `traceparent` is each
+/// event's W3C trace context (`idem_core::trace`): NULL for an untraced event and for
+/// rows written before the column existed.
+const COLUMNS: [(&str, &str); 6] = [
     ("publish_attempts", "INTEGER NOT NULL DEFAULT 0"),
     ("last_error", "TEXT"),
     ("failed_at", "TEXT"),
     ("lease_token", "TEXT"),
     ("leased_until", "INTEGER"),
+    ("traceparent", "TEXT"),
 ];
 
-/// Adds the relay's columns (publish failures, leases) and its index; run by
+/// Adds the relay's columns (publish failures, leases, the trace context) and its index; run by
 /// [`SqliteStore::migrate`] after the tables exist. Idempotent. Two processes migrating at
 /// once may both try to add a column: the loser's `ALTER` fails, and it reads the columns
 /// again instead of failing.
@@ -269,7 +273,7 @@ impl OutboxSource for SqliteOutboxSource {
                    AND e.id < o.id AND e.published_at IS NULL AND e.failed_at IS NULL \
                    AND e.leased_until > ?3) \
                ORDER BY o.id LIMIT ?4) \
-             RETURNING id, event_id, event_type, subject, idempotency_key, payload",
+             RETURNING id, event_id, event_type, subject, idempotency_key, payload, traceparent",
         )
         .bind(&token)
         .bind(until)
@@ -292,6 +296,10 @@ impl OutboxSource for SqliteOutboxSource {
             let event_id: String = r.get(1);
             let key: String = r.get(4);
             let payload: String = r.get(5);
+            // A malformed stored value is ignored: the event is published untraced.
+            let traceparent = r
+                .get::<Option<String>, _>(6)
+                .and_then(|t| t.parse::<TraceParent>().ok());
             // A corrupt row fails the lease; dropping `batch` releases what it holds.
             batch.events.push(OutboxEvent {
                 event_id: event_id.parse::<EventId>().map_err(|e| {
@@ -303,6 +311,7 @@ impl OutboxSource for SqliteOutboxSource {
                     .parse::<IdempotencyKey>()
                     .map_err(|e| StoreError::other(format!("corrupt outbox key: {e}"), false))?,
                 payload: payload.into_bytes(),
+                traceparent,
             });
         }
         Ok(batch)

@@ -395,9 +395,10 @@ impl SqliteTx {
     /// [`StoreError::Rejected`] when a payload is not UTF-8 JSON, or the database's error.
     pub async fn enqueue_many(&mut self, events: &[OutboxEvent]) -> Result<(), StoreError> {
         for chunk in events.chunks(1000) {
-            let rows = vec![format!("(?, ?, ?, ?, ?, {NOW})"); chunk.len()].join(", ");
+            let rows = vec![format!("(?, ?, ?, ?, ?, {NOW}, ?)"); chunk.len()].join(", ");
             let sql = format!(
-                "INSERT INTO outbox (event_id, event_type, subject, idempotency_key, payload, created_at) \
+                "INSERT INTO outbox \
+                 (event_id, event_type, subject, idempotency_key, payload, created_at, traceparent) \
                  VALUES {rows} ON CONFLICT (event_id) DO NOTHING"
             );
             let mut q = sqlx::query(&sql);
@@ -407,7 +408,8 @@ impl SqliteTx {
                     .bind(event.event_type.clone())
                     .bind(event.subject.clone())
                     .bind(event.idempotency_key.to_hex())
-                    .bind(payload_text(event)?.to_owned());
+                    .bind(payload_text(event)?.to_owned())
+                    .bind(event.traceparent.map(|t| t.to_string()));
             }
             q.execute(&mut *self.tx)
                 .await
@@ -429,14 +431,16 @@ impl OutboxWriter for SqliteTx {
     async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
         let payload = payload_text(event)?;
         sqlx::query(&format!(
-            "INSERT INTO outbox (event_id, event_type, subject, idempotency_key, payload, created_at) \
-             VALUES (?, ?, ?, ?, ?, {NOW}) ON CONFLICT (event_id) DO NOTHING"
+            "INSERT INTO outbox \
+             (event_id, event_type, subject, idempotency_key, payload, created_at, traceparent) \
+             VALUES (?, ?, ?, ?, ?, {NOW}, ?) ON CONFLICT (event_id) DO NOTHING"
         ))
         .bind(event.event_id.to_string())
         .bind(&event.event_type)
         .bind(&event.subject)
         .bind(event.idempotency_key.to_hex())
         .bind(payload)
+        .bind(event.traceparent.map(|t| t.to_string()))
         .execute(&mut *self.tx)
         .await
         .map_err(|e| map("writing an outbox event", e))?;

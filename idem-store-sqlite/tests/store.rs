@@ -111,3 +111,10 @@ async fn outbox_backlog_tracks_the_relay() {
     let source = SqliteOutboxSource::new(t.store.clone(), Duration::from_millis(50));
     idem_testkit::conformance::outbox_backlog_tracks_the_relay(t.store.clone(), source).await;
 }
+
+#[tokio::test]
+async fn outbox_carries_the_traceparent() {
+    let t = common::fresh().await;
+    let source = SqliteOutboxSource::new(t.store.clone(), Duration::from_millis(50));
+    idem_testkit::conformance::outbox_carries_the_traceparent(t.store.clone(), source).await;
+}

@@ -133,13 +133,25 @@ impl KafkaPublisher {
     /// # Errors
     /// A refused or failed produce; bodies before it may have been produced.
     pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        self.publish_raw_with_headers(bodies, &[]).await
+    }
+
+    /// As [`publish_raw`](Self::publish_raw), each record with `headers`.
+    ///
+    /// # Errors
+    /// As [`publish_raw`](Self::publish_raw).
+    pub async fn publish_raw_with_headers(
+        &self,
+        bodies: &[Vec<u8>],
+        headers: &[(String, String)],
+    ) -> Result<(), BrokerError> {
         self.produce_all(
             bodies
                 .iter()
                 .map(|b| Outgoing {
                     key: None,
                     payload: b,
-                    headers: Vec::new(),
+                    headers: headers.to_vec(),
                 })
                 .collect(),
         )

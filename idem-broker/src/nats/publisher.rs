@@ -86,12 +86,25 @@ impl NatsPublisher {
     /// # Errors
     /// A failed or unacknowledged publish; bodies before it may have been published.
     pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        self.publish_raw_with_headers(bodies, &[]).await
+    }
+
+    /// As [`publish_raw`](Self::publish_raw), each message with `headers` (NATS
+    /// headers).
+    ///
+    /// # Errors
+    /// As [`publish_raw`](Self::publish_raw).
+    pub async fn publish_raw_with_headers(
+        &self,
+        bodies: &[Vec<u8>],
+        headers: &[(String, String)],
+    ) -> Result<(), BrokerError> {
         publish_confirmed(
             &self.js,
             &self.subject,
             bodies
                 .iter()
-                .map(|b| (b.clone(), Vec::new(), None))
+                .map(|b| (b.clone(), headers.to_vec(), None))
                 .collect(),
         )
         .await

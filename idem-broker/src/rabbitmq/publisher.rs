@@ -139,11 +139,24 @@ impl RabbitPublisher {
     /// # Errors
     /// A failed publish or a refused confirm; bodies before it may have been published.
     pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        self.publish_raw_with_headers(bodies, &[]).await
+    }
+
+    /// As [`publish_raw`](Self::publish_raw), each message with `headers` (AMQP long
+    /// strings).
+    ///
+    /// # Errors
+    /// As [`publish_raw`](Self::publish_raw).
+    pub async fn publish_raw_with_headers(
+        &self,
+        bodies: &[Vec<u8>],
+        headers: &[(String, String)],
+    ) -> Result<(), BrokerError> {
         let msgs: Vec<OutMessage<'_>> = bodies
             .iter()
             .map(|b| OutMessage {
                 payload: b,
-                headers: &[],
+                headers,
                 message_id: None,
             })
             .collect();

@@ -65,13 +65,33 @@ impl RedisStreamsPublisher {
     /// # Errors
     /// A refused or failed `XADD`; bodies before it may have been appended.
     pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        self.publish_raw_with_headers(bodies, &[]).await
+    }
+
+    /// As [`publish_raw`](Self::publish_raw), each entry with `headers` as fields
+    /// beside the body (a header named [`PAYLOAD_FIELD`] is left out: that field is the
+    /// body).
+    ///
+    /// # Errors
+    /// As [`publish_raw`](Self::publish_raw).
+    pub async fn publish_raw_with_headers(
+        &self,
+        bodies: &[Vec<u8>],
+        headers: &[(String, String)],
+    ) -> Result<(), BrokerError> {
         let entries = bodies
             .iter()
             .map(|b| {
-                vec![(
+                let mut fields: Vec<(String, Value)> = headers
+                    .iter()
+                    .filter(|(k, _)| k != PAYLOAD_FIELD)
+                    .map(|(k, v)| (k.clone(), Value::from(v.clone())))
+                    .collect();
+                fields.push((
                     PAYLOAD_FIELD.to_owned(),
                     Value::Bytes(Bytes::copy_from_slice(b)),
-                )]
+                ));
+                fields
             })
             .collect();
         self.add_all(entries).await

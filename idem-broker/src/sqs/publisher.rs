@@ -147,13 +147,28 @@ impl SqsPublisher {
     /// A body that is not UTF-8 (nothing is sent); a refused or failed send, after which
     /// some bodies may have been sent.
     pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
+        self.publish_raw_with_headers(bodies, &[]).await
+    }
+
+    /// As [`publish_raw`](Self::publish_raw), each message with `headers` as string
+    /// message attributes (those SQS can carry: a valid attribute name, a non-empty
+    /// value, at most 10).
+    ///
+    /// # Errors
+    /// As [`publish_raw`](Self::publish_raw).
+    pub async fn publish_raw_with_headers(
+        &self,
+        bodies: &[Vec<u8>],
+        headers: &[(String, String)],
+    ) -> Result<(), BrokerError> {
+        let attrs = attributes(headers)?;
         let messages = bodies
             .iter()
             .enumerate()
             .map(|(i, b)| {
                 Ok(Outgoing {
                     body: body_text(b)?,
-                    attributes: HashMap::new(),
+                    attributes: attrs.clone(),
                     group: self.fifo.then(|| "idem".to_owned()),
                     // Equal bodies stay separate messages.
                     dedup: self.fifo.then(|| {

@@ -454,6 +454,76 @@ pub async fn relay_delivers_each_event_once(broker: Broker) {
     assert_eq!(wait_pending(&broker.url, &down, 0).await, 0);
 }
 
+/// A W3C `traceparent` crosses this broker both ways: published with
+/// `publish_raw_with_headers`, it reaches the consumer's `Delivery::headers`; the gate
+/// stores it (the same trace id, a new parent id) on the outbox event in Postgres; the
+/// relay's publisher sends it as the `traceparent` header, which the downstream consumer
+/// reads back. An untraced submission stays untraced.
+pub async fn traceparent_crosses_the_broker(broker: Broker) {
+    use idem_core::{OutboxBatch as _, OutboxSource as _, TraceParent};
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let sent: TraceParent = TP.parse().expect("valid");
+    let up = fresh_name("trace-up");
+    let down = fresh_name("trace-down");
+    let store = fresh_pg().await;
+    let (bodies, _ledger) = submissions(&up, 2);
+    let publisher = AnyPublisher::connect(&broker.url, &up)
+        .await
+        .expect("publisher");
+    publisher
+        .publish_raw_with_headers(&bodies[..1], &[("traceparent".to_owned(), TP.to_owned())])
+        .await
+        .expect("publish the traced submission");
+    publisher
+        .publish_raw(&bodies[1..])
+        .await
+        .expect("publish the untraced one");
+    let stats = consume_all(&broker, &up, &store, 1, 5).await;
+    assert_eq!(stats.processed, 2, "{stats:?}");
+
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(100));
+    let batch = source.lease(10).await.expect("lease");
+    let stored: Vec<Option<TraceParent>> = batch.events().iter().map(|e| e.traceparent).collect();
+    batch.release().await.expect("release");
+    assert_eq!(stored.len(), 2);
+    let traced: Vec<TraceParent> = stored.iter().flatten().copied().collect();
+    assert_eq!(traced.len(), 1, "one event traced: {stored:?}");
+    let stored = traced[0];
+    assert_eq!(stored.trace_id(), sent.trace_id(), "the delivery's trace");
+    assert_ne!(
+        stored.parent_id(),
+        sent.parent_id(),
+        "the consumer's span as parent"
+    );
+
+    let relay = Relay::new(
+        source,
+        AnyPublisher::connect(&broker.url, &down)
+            .await
+            .expect("publisher"),
+        10,
+    );
+    assert_eq!(relay.run_once().await.expect("relay"), 2);
+    let mut downstream = Box::pin(
+        AnyConsumer::connect(&broker.url, &down, 8)
+            .await
+            .expect("downstream"),
+    );
+    let got = take(&mut downstream, 2).await;
+    let headers: Vec<Option<String>> = got
+        .iter()
+        .map(|d| d.header("traceparent").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        headers.iter().flatten().collect::<Vec<_>>(),
+        vec![&stored.to_string()],
+        "the relay's message carries the stored traceparent: {headers:?}"
+    );
+    // Left unsettled: the downstream queue is this test's own.
+    drop(got);
+}
+
 // ---- Adapter-level scenarios for RabbitMQ, NATS JetStream and Redis Streams ----
 
 /// A handler over the in-memory store for plain bodies: each body is its own identity

@@ -1,6 +1,7 @@
 //! `idem publish`: each line of a file as one message, its bytes as they are (not
 //! validated: bad input is the consumer's to dead-letter), published durably and
-//! confirmed by the broker.
+//! confirmed by the broker. `--header NAME=VALUE` (repeatable) puts the same headers on
+//! every message, for example a W3C `traceparent` to follow through consume and relay.
 
 use std::time::Instant;
 
@@ -24,6 +25,35 @@ pub(crate) struct Args {
     /// The file: one message body per line (`-` for stdin).
     #[arg(long, value_name = "FILE")]
     file: String,
+    /// A header on every message, `NAME=VALUE` (repeatable), for example
+    /// `traceparent=00-<32 hex>-<16 hex>-01`: AMQP headers, NATS headers, Redis stream
+    /// fields, SQS string attributes, Kafka headers.
+    #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+}
+
+/// `NAME=VALUE`: a non-empty name without spaces, `=` or control characters, and a value
+/// without control characters (split at the first `=`).
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let Some((name, value)) = s.split_once('=') else {
+        return Err(format!("{s:?} is not NAME=VALUE"));
+    };
+    if name.is_empty() {
+        return Err(format!(
+            "{s:?} has an empty header name (expected NAME=VALUE)"
+        ));
+    }
+    if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "header name {name:?} has a space or a control character"
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!(
+            "the value of header {name:?} has a control character"
+        ));
+    }
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 /// The file's lines, split on `\n` only: every other byte (a `\r` included) belongs to
@@ -49,21 +79,33 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     };
     let bodies = split_lines(&data);
     drop(data);
+    for (name, value) in &args.headers {
+        if name.eq_ignore_ascii_case(idem_core::TRACEPARENT_HEADER)
+            && idem_core::TraceParent::parse(value).is_err()
+        {
+            eprintln!(
+                "idem: note: {value:?} is not a valid W3C traceparent; consumers will ignore it"
+            );
+        }
+    }
     let publisher = AnyPublisher::connect(&broker, &args.destination)
         .await
         .map_err(|e| broker_error(&format!("{} {}", broker.kind(), broker), &e))?;
     let started = Instant::now();
     let mut published = 0usize;
     for chunk in bodies.chunks(CHUNK) {
-        publisher.publish_raw(chunk).await.map_err(|e| {
-            broker_error(
-                &format!(
-                    "publishing to {} (after {published} confirmed)",
-                    args.destination
-                ),
-                &e,
-            )
-        })?;
+        publisher
+            .publish_raw_with_headers(chunk, &args.headers)
+            .await
+            .map_err(|e| {
+                broker_error(
+                    &format!(
+                        "publishing to {} (after {published} confirmed)",
+                        args.destination
+                    ),
+                    &e,
+                )
+            })?;
         published += chunk.len();
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -79,6 +121,21 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::split_lines;
+
+    #[test]
+    fn headers_are_name_equals_value() {
+        use super::parse_header;
+        let ok = |n: &str, v: &str| Ok((n.to_owned(), v.to_owned()));
+        assert_eq!(
+            parse_header("traceparent=00-ab"),
+            ok("traceparent", "00-ab")
+        );
+        assert_eq!(parse_header("a=b=c"), ok("a", "b=c"));
+        assert_eq!(parse_header("a="), ok("a", ""));
+        for bad in ["traceparent", "=x", "a b=c", "a\tb=c", "a=b\nc", ""] {
+            assert!(parse_header(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn lines_keep_their_bytes() {
