@@ -577,6 +577,7 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
     /// batch the broker refuses for good is charged to its event.
     async fn round(&self, max: usize, charge: bool) -> Result<Round, Failure> {
         let fail = |error: Error, events| Failure { error, events };
+        let started = Instant::now();
         let batch = self
             .source
             .lease(max)
@@ -587,6 +588,7 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
             batch.release().await.map_err(|e| fail(e.into(), 0))?;
             return Ok(Round::Idle);
         }
+        let leased = started.elapsed();
         if tracing::enabled!(target: "idem::relay", tracing::Level::DEBUG) {
             for ev in batch.events() {
                 if let Some(tp) = &ev.traceparent {
@@ -602,11 +604,19 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
         }
         match self.publisher.publish(batch.events()).await {
             Ok(()) => {
+                let published = started.elapsed();
                 batch
                     .mark_published()
                     .await
                     .map_err(|e| fail(e.into(), n))?;
-                tracing::debug!(target: "idem::relay", published = n, "outbox batch published");
+                tracing::debug!(
+                    target: "idem::relay",
+                    published = n,
+                    lease_us = leased.as_micros() as u64,
+                    publish_us = (published - leased).as_micros() as u64,
+                    mark_us = (started.elapsed() - published).as_micros() as u64,
+                    "outbox batch published"
+                );
                 Ok(Round::Published(n))
             }
             Err(e) if charge && n == 1 && !e.is_retryable() => {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::config::{ClientKind, RedisConfig};
 use crate::error::RedisError;
 
+#[cfg(feature = "fred")]
 const CLAIM_BATCH: &str = include_str!("../scripts/claim_batch.lua");
 
 #[cfg(not(any(feature = "fred", feature = "redis-rs")))]
@@ -116,8 +117,18 @@ impl Conn {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        // On one server a batch is one EVAL of `scripts/claim_batch.lua` (one command, far
-        // less client overhead than N pipelined SETs); on a cluster, pipelined SETs.
+        // Each claim is one native `SET … NX PX … GET`, atomic by itself; a batch needs no
+        // atomicity across keys (another worker may claim any key between two commands,
+        // and each answer says who holds it). redis-rs sends a batch as one pipelined
+        // write and reads the replies with little work per command: a pipeline of native
+        // SETs is the fastest form for it. fred spends more per pipelined command (a
+        // command object, a responder and a timer each) than the server does on the SET,
+        // so on one server it sends a batch as one `EVAL` of `scripts/claim_batch.lua`
+        // (one command; the script's loop costs the server more per key than a native
+        // SET, but less than fred's per-command work). On a cluster, whose keys live in
+        // different slots, fred pipelines native SETs. (`scripts/bench-redis`; see the
+        // README's Performance section.)
+        #[cfg(feature = "fred")]
         let script = !self.cluster && keys.len() > 1;
         let out = self
             .bounded(action, async {
@@ -128,10 +139,6 @@ impl Conn {
                     }
                     #[cfg(feature = "fred")]
                     Inner::Fred(c) => fred_impl::set_nx_get(c, action, keys, value, px).await,
-                    #[cfg(feature = "redis-rs")]
-                    Inner::RedisRs(c) if script => {
-                        c.eval_multi(action, CLAIM_BATCH, keys, value, px).await
-                    }
                     #[cfg(feature = "redis-rs")]
                     Inner::RedisRs(c) => c.set_nx_get(action, keys, value, px).await,
                 }
@@ -331,12 +338,27 @@ mod fred_impl {
         value: &str,
         px: i64,
     ) -> Result<Vec<Option<String>>, RedisError> {
+        if let [k] = keys {
+            let v: Value = c
+                .set(
+                    k.as_str(),
+                    value,
+                    Some(Expiration::PX(px)),
+                    Some(SetOptions::NX),
+                    true,
+                )
+                .await
+                .map_err(|e| map_err(action, e))?;
+            return Ok(vec![opt_string(action, v)?]);
+        }
+        // The token once, shared by every command (a reference count, not a copy each).
+        let value = Value::from(value);
         let p = c.pipeline();
         for k in keys {
             let () = p
                 .set(
                     k.as_str(),
-                    value,
+                    value.clone(),
                     Some(Expiration::PX(px)),
                     Some(SetOptions::NX),
                     true,
@@ -549,26 +571,6 @@ mod rs {
                     .arg("GET");
             }
             p.query_async(&mut c).await.map_err(|e| map_err(action, e))
-        }
-
-        pub(super) async fn eval_multi(
-            &self,
-            action: &'static str,
-            script: &'static str,
-            keys: &[String],
-            value: &str,
-            px: i64,
-        ) -> Result<Vec<Option<String>>, RedisError> {
-            let mut c = self.conn(action).await?;
-            redis::cmd("EVAL")
-                .arg(script)
-                .arg(keys.len())
-                .arg(keys)
-                .arg(value)
-                .arg(px)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| map_err(action, e))
         }
 
         pub(super) async fn set_px(

@@ -92,8 +92,7 @@ impl Mutant {
     /// batch, for example); for `key-order-batch-claims`, [`Config::crossing`] (its
     /// deadlock needs two identities held crosswise, and no fault).
     pub fn config(self, base: &Config) -> Config {
-        let mut config = if self == Mutant::Core(idem_core::mutant::Mutant::KeyOrderBatchClaims)
-        {
+        let mut config = if self == Mutant::Core(idem_core::mutant::Mutant::KeyOrderBatchClaims) {
             Config::crossing(base)
         } else {
             let mut c = base.clone();
