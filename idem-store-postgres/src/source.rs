@@ -34,11 +34,6 @@ use crate::store::PgStore;
 /// - The `traceparent` column (when the outbox has it) is read back into
 ///   [`OutboxEvent::traceparent`]; a value that is not a valid W3C `traceparent` is
 ///   ignored (the event is published untraced), never an error.
-/// - The batch's transaction commits without waiting for its WAL flush
-///   (`synchronous_commit = off`): a database crash right after a mark may lose it, and
-///   the events are then published again with the same ids — the same as a relay that
-///   crashes between the broker's confirmation and the mark. Nothing unconfirmed is ever
-///   marked.
 /// - The payload is read back as `payload::text`: Postgres's normalised rendering of the
 ///   `jsonb` value, the same bytes every time the row is read, so a republished event is
 ///   byte-identical to the first publication.
@@ -352,12 +347,8 @@ impl OutboxSource for PgOutboxSource {
             .pool()
             // One round trip. No bitmap scan: on a table just filled (stale statistics)
             // the planner would read and sort every unpublished row (~90 ms for 20,000)
-            // instead of walking the partial index in id order (~2 ms). No wait for the
-            // WAL flush at commit: a mark lost in a database crash only republishes its
-            // events (as a relay crash before the mark does), which downstream dedups.
-            .begin_with(
-                "BEGIN; SET LOCAL enable_bitmapscan = off; SET LOCAL synchronous_commit = off",
-            )
+            // instead of walking the partial index in id order (~2 ms).
+            .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
             .await
             .map_err(|e| map_sqlx(e, "begin outbox lease"))?;
         let limit = i64::try_from(max.max(1)).unwrap_or(i64::MAX);
