@@ -11,7 +11,7 @@
 //! `IDEM_TEST_POSTGRES_URL`; a missing service fails the test.
 
 use std::collections::BTreeMap;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -19,54 +19,16 @@ use idem_broker::any::{pending_count, AnyConsumer, BrokerUrl};
 use idem_broker::until_idle;
 use idem_core::TraceParent;
 
+mod common;
+use common::{amqp_url, idem, ok, pg_url, psql, rt, text};
+
 /// The W3C example trace, as a sender would put it on the submission.
 const TRACED: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 /// Upper-case hex: not a valid traceparent.
 const MALFORMED: &str = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";
 
-fn amqp_url() -> String {
-    std::env::var("IDEM_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
 fn nats_url() -> String {
     std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
-
-fn pg_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn idem<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem")
-}
-
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-fn psql(sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([pg_url().as_str(), "-v", "ON_ERROR_STOP=1", "-qAtc", sql])
-        .output()
-        .expect("run psql");
-    assert!(out.status.success(), "psql: {}", text(&out.stderr));
-    text(&out.stdout).trim().to_owned()
 }
 
 fn report_value(stdout: &str, name: &str) -> u64 {
@@ -77,13 +39,6 @@ fn report_value(stdout: &str, name: &str) -> u64 {
         .trim()
         .parse()
         .expect("a number")
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 /// The messages in `name` by award id, each with its `traceparent` header if any; read

@@ -356,8 +356,14 @@ impl PgStore {
         let layout = crate::partition::detect_layout(&pool, &config.schema)
             .await?
             .unwrap_or(config.layout);
-        let identity = detect_identity(&pool, &config.schema).await?;
-        let traceparent = detect_traceparent(&pool, &config.schema).await?;
+        let identity = has_column(
+            &pool,
+            &config.schema,
+            "processed_messages",
+            "submission_timestamp",
+        )
+        .await?;
+        let traceparent = has_column(&pool, &config.schema, "outbox", "traceparent").await?;
         Ok(Self {
             pool,
             shared: Arc::new(Shared::new(config, layout, identity, traceparent)?),
@@ -820,32 +826,24 @@ impl ClaimTx for PgTx {
     }
 }
 
-/// Whether `schema.outbox` has the `traceparent` column of
-/// `migrations/0007_outbox_traceparent.sql` (false when the table does not exist yet).
-async fn detect_traceparent(pool: &PgPool, schema: &str) -> Result<bool, StoreError> {
+/// Whether `schema.table` has `column` (false when the table does not exist yet): the
+/// identity column of `migrations/0006_claim_identity.sql` on `processed_messages`, the
+/// `traceparent` column of `migrations/0007_outbox_traceparent.sql` on `outbox`.
+async fn has_column(
+    pool: &PgPool,
+    schema: &str,
+    table: &str,
+    column: &str,
+) -> Result<bool, StoreError> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pg_attribute a \
          JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname = 'outbox' \
-         AND a.attname = 'traceparent' AND NOT a.attisdropped)",
+         WHERE n.nspname = $1 AND c.relname = $2 AND a.attname = $3 AND NOT a.attisdropped)",
     )
     .bind(schema)
+    .bind(table)
+    .bind(column)
     .fetch_one(pool)
     .await
-    .map_err(|e| map_sqlx(e, "read the columns of outbox"))
-}
-
-/// Whether `schema.processed_messages` has the identity column of
-/// `migrations/0006_claim_identity.sql` (false when the table does not exist yet).
-async fn detect_identity(pool: &PgPool, schema: &str) -> Result<bool, StoreError> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_attribute a \
-         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname = 'processed_messages' \
-         AND a.attname = 'submission_timestamp' AND NOT a.attisdropped)",
-    )
-    .bind(schema)
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx(e, "read the columns of processed_messages"))
+    .map_err(|e| map_sqlx(e, &format!("read the columns of {table}")))
 }
