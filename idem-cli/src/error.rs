@@ -39,6 +39,33 @@ impl From<StoreError> for CliError {
     }
 }
 
+impl From<idem_store_postgres::PgError> for CliError {
+    fn from(e: idem_store_postgres::PgError) -> Self {
+        use idem_store_postgres::PgError as E;
+        match e {
+            E::Store(s) => s.into(),
+            E::BelowRetentionFloor { .. }
+            | E::InvalidOption(_)
+            | E::InvalidSchema { .. }
+            | E::InvalidTimestamp { .. } => Self::Usage(e.to_string()),
+            other => Self::Failed(error_chain(&other)),
+        }
+    }
+}
+
+impl From<idem_store_sqlite::SqliteError> for CliError {
+    fn from(e: idem_store_sqlite::SqliteError) -> Self {
+        use idem_store_sqlite::SqliteError as E;
+        match e {
+            E::Store(s) => s.into(),
+            E::BelowRetentionFloor { .. } | E::InvalidOption(_) | E::InvalidTimestamp { .. } => {
+                Self::Usage(e.to_string())
+            }
+            other => Self::Failed(error_chain(&other)),
+        }
+    }
+}
+
 /// An error and its sources on one line.
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

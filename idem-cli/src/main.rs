@@ -13,7 +13,6 @@ mod horizon;
 mod metrics;
 mod report;
 mod stores;
-mod tally;
 
 use clap::{Parser, Subcommand};
 

@@ -158,7 +158,7 @@ pub(crate) async fn open<V: StoreVisitor>(
             if let Some(n) = spec.max_connections {
                 config.max_connections = n;
             }
-            let store = SqliteStore::open(path, config).await?;
+            let store = SqliteStore::connect(path, config).await?;
             if migrate {
                 store.migrate_grants().await?;
             }

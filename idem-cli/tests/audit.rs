@@ -296,7 +296,7 @@ fn export_from_sqlite_has_the_same_window_order_and_format() {
     assert!(o.status.success(), "{o:?}");
     let rt = rt();
     let keys = rt.block_on(async {
-        let store = idem_store_sqlite::SqliteStore::open(&url, Default::default())
+        let store = idem_store_sqlite::SqliteStore::connect(&url, Default::default())
             .await
             .unwrap();
         let mut keys = Vec::new();

@@ -128,7 +128,7 @@ fn demo_on_sqlite_is_exactly_once_and_the_database_agrees() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let store = idem_store_sqlite::SqliteStore::open(&url, Default::default())
+        let store = idem_store_sqlite::SqliteStore::connect(&url, Default::default())
             .await
             .unwrap();
         assert_eq!(
@@ -191,7 +191,7 @@ fn migrate_creates_the_tables() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let store = idem_store_sqlite::SqliteStore::open(&url, Default::default())
+        let store = idem_store_sqlite::SqliteStore::connect(&url, Default::default())
             .await
             .unwrap();
         for t in ["processed_messages", "disbursements", "outbox"] {
@@ -238,17 +238,22 @@ fn inspect_answers_by_award_and_by_key_on_sqlite() {
     assert_eq!(o.status.code(), Some(2));
 }
 
-#[test]
-fn purge_respects_the_floor_counts_dry_and_deletes_in_batches() {
-    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = format!("cli_purge_{}", std::process::id());
-    let o = idem(&[
+/// `idem purge` on the store that `store` names (`--store URL [--schema NAME]`): the floor
+/// refuses, a dry run counts, batches delete, unpublished outbox rows stay, and a purged
+/// award is no longer "processed".
+fn purge_contract(store: &[&str]) {
+    let with = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = vec![args[0].to_owned()];
+        v.extend(store.iter().map(|s| (*s).to_owned()));
+        v.extend(args[1..].iter().map(|s| (*s).to_owned()));
+        v
+    };
+    let run = |args: &[&str]| {
+        let v = with(args);
+        idem(&v.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let o = run(&[
         "demo",
-        "--store",
-        &url,
-        "--schema",
-        &schema,
         "--submissions",
         "120",
         "--crash-rate",
@@ -258,38 +263,18 @@ fn purge_respects_the_floor_counts_dry_and_deletes_in_batches() {
     ]);
     assert!(o.status.success(), "{}", stdout(&o));
     // A cutoff below the three-year floor is refused unless overridden.
-    let o = idem(&[
-        "purge",
-        "--store",
-        &url,
-        "--schema",
-        &schema,
-        "--older-than",
-        "30d",
-    ]);
+    let o = run(&["purge", "--older-than", "30d"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("floor"),
         "{o:?}"
     );
     // Nothing is three years old: a legal purge deletes nothing.
-    let o = idem(&[
-        "purge",
-        "--store",
-        &url,
-        "--schema",
-        &schema,
-        "--older-than",
-        "3y",
-    ]);
+    let o = run(&["purge", "--older-than", "3y"]);
     assert!(o.status.success(), "{o:?}");
     assert_eq!(report_value(&stdout(&o), "dedup_records"), "0");
     let base = [
         "purge",
-        "--store",
-        &url,
-        "--schema",
-        &schema,
         "--older-than",
         "0s",
         "--allow-below-floor",
@@ -298,29 +283,27 @@ fn purge_respects_the_floor_counts_dry_and_deletes_in_batches() {
     ];
     let mut dry = base.to_vec();
     dry.push("--dry-run");
-    let o = idem(&dry);
+    let o = run(&dry);
     assert!(o.status.success(), "{o:?}");
     assert_eq!(report_value(&stdout(&o), "dedup_records"), "120");
+    assert_eq!(report_value(&stdout(&o), "dry_run"), "true");
     let award = format!("A-{:016x}-{:07}", 4, 1);
-    assert_eq!(
+    let processed = || {
         report_value(
-            &stdout(&idem(&[
-                "inspect",
-                "--store",
-                &url,
-                "--schema",
-                &schema,
-                "--award-id",
-                &award
-            ])),
-            "processed"
-        ),
-        "yes"
-    );
-    let o = idem(&base);
+            &stdout(&run(&["inspect", "--award-id", &award])),
+            "processed",
+        )
+    };
+    assert_eq!(processed(), "yes");
+    let o = run(&base);
     let text = stdout(&o);
     assert!(o.status.success(), "{text}");
     assert_eq!(report_value(&text, "dedup_records"), "120");
+    assert_eq!(
+        report_value(&text, "batches"),
+        "4",
+        "120 rows in batches of 50, then none"
+    );
     assert_eq!(
         report_value(&text, "outbox_events"),
         "0",
@@ -330,21 +313,27 @@ fn purge_respects_the_floor_counts_dry_and_deletes_in_batches() {
         String::from_utf8_lossy(&o.stderr).contains("purge:"),
         "progress is shown"
     );
-    assert_eq!(
-        report_value(
-            &stdout(&idem(&[
-                "inspect",
-                "--store",
-                &url,
-                "--schema",
-                &schema,
-                "--award-id",
-                &award
-            ])),
-            "processed"
-        ),
-        "no"
-    );
+    assert_eq!(processed(), "no");
+}
+
+#[test]
+fn purge_respects_the_floor_counts_dry_and_deletes_in_batches() {
+    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = format!("cli_purge_{}", std::process::id());
+    purge_contract(&["--store", &url, "--schema", &schema]);
+}
+
+#[test]
+fn purge_on_sqlite_as_on_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    purge_contract(&["--store", &url]);
+    // A store that does not exist is not created by a purge.
+    let missing = format!("sqlite://{}", dir.path().join("missing.db").display());
+    let o = idem(&["purge", "--store", &missing, "--older-than", "3y"]);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(!dir.path().join("missing.db").exists());
 }
 
 #[test]

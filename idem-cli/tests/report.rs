@@ -324,7 +324,7 @@ fn report_of_a_sqlite_demo_renders_in_chromium_and_agrees_with_the_store() {
 
     let counts = |db: &Path| {
         rt().block_on(async {
-            let s = idem_store_sqlite::SqliteStore::open(
+            let s = idem_store_sqlite::SqliteStore::connect(
                 db.to_str().expect("utf-8"),
                 Default::default(),
             )
@@ -372,10 +372,12 @@ fn report_of_a_sqlite_demo_renders_in_chromium_and_agrees_with_the_store() {
 
     // A second payment for a processed key: the recount must disagree, and say so.
     rt().block_on(async {
-        let s =
-            idem_store_sqlite::SqliteStore::open(db.to_str().expect("utf-8"), Default::default())
-                .await
-                .expect("open");
+        let s = idem_store_sqlite::SqliteStore::connect(
+            db.to_str().expect("utf-8"),
+            Default::default(),
+        )
+        .await
+        .expect("open");
         idem_store_sqlite::sqlx::query(
             "INSERT INTO disbursements (award_id, amount_cents, idempotency_key) \
              SELECT award_id, amount_cents, idempotency_key FROM disbursements LIMIT 1",
@@ -395,10 +397,12 @@ fn report_of_a_sqlite_demo_renders_in_chromium_and_agrees_with_the_store() {
 
     // A database from before the outcome tally: the page says so instead of failing.
     rt().block_on(async {
-        let s =
-            idem_store_sqlite::SqliteStore::open(db.to_str().expect("utf-8"), Default::default())
-                .await
-                .expect("open");
+        let s = idem_store_sqlite::SqliteStore::connect(
+            db.to_str().expect("utf-8"),
+            Default::default(),
+        )
+        .await
+        .expect("open");
         idem_store_sqlite::sqlx::query("DROP TABLE idem_outcome_counts")
             .execute(s.pool())
             .await

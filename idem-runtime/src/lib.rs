@@ -11,27 +11,45 @@
 //!   once on a mistake no retry can fix ([`Attempt::Final`]);
 //! - [`supervise`](supervise::supervise): the supervised consumer — reconnects a closed
 //!   delivery stream with backoff, slows down while the store keeps failing, gives up
-//!   after the reconnect deadline, and keeps its counts across reconnects.
+//!   after the reconnect deadline, and keeps its counts across reconnects;
+//! - [`tally`]: the outcome tally (per day: processed, duplicates, conflicts, dead letters
+//!   by reason) written to the store's `idem_outcome_counts` every second, off the
+//!   delivery path.
 //!
-//! ```no_run
+//! A relay from an outbox (here the testkit's in-memory one) to a broker (here its
+//! simulated one), exiting once idle:
+//!
+//! ```
 //! use std::time::Duration;
-//! use idem_core::{OutboxSource, Publisher, Relay};
+//! use idem_core::{ClaimMeta, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter, Relay};
+//! use idem_testkit::{MemoryOutbox, MemoryStore, SimBroker};
 //!
-//! async fn relay(source: impl OutboxSource, broker: impl Publisher) -> Result<(), idem_core::Error> {
-//!     let options = idem_runtime::relay_options()
-//!         .batch_size(1000)
-//!         .exit_when_idle(Some(Duration::from_secs(5)))
-//!         .give_up_after(Some(Duration::from_secs(60)));
-//!     let relay = Relay::with_options(source, broker, options);
-//!     let stats = relay.run(async { let _ = tokio::signal::ctrl_c().await; }).await?;
-//!     println!("published {}, moved aside {}", stats.published, stats.moved_aside);
-//!     Ok(())
-//! }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}")?;
+//! let mut tx = store.begin().await?;
+//! tx.claim(&key, &ClaimMeta::new("A-1")).await?;
+//! tx.enqueue(&OutboxEvent::new(key, "disbursement.recorded", "A-1", "{}")).await?;
+//! tx.commit().await?;
+//!
+//! let broker = SimBroker::new(1);
+//! let options = idem_runtime::relay_options()
+//!     .batch_size(1000)
+//!     .exit_when_idle(Some(Duration::from_millis(50)))
+//!     .give_up_after(Some(Duration::from_secs(60)));
+//! let source = MemoryOutbox::new(store.clone(), Duration::from_millis(10));
+//! let relay = Relay::with_options(source, broker.clone(), options);
+//! let stats = relay.run(std::future::pending()).await?;
+//! assert_eq!(stats.published, 1);
+//! assert_eq!(broker.published_events().len(), 1);
+//! # Ok(()) }
 //! ```
 
 mod publisher;
 mod retry;
 pub mod supervise;
+pub mod tally;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -36,12 +36,16 @@
 //! Errors on the claim path are [`idem_core::StoreError`]s chosen by SQLSTATE
 //! ([`error::map_sqlx`]); the crate's own operations return [`PgError`].
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! The example runs against a local server (as the crate's tests do):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter};
 //! use idem_store_postgres::{PgConfig, PgStore};
 //!
-//! let store = PgStore::connect("postgres://postgres@127.0.0.1/test", PgConfig::new("grants")?).await?;
+//! let url = std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or("postgres://postgres@127.0.0.1:5432/test".into());
+//! let store = PgStore::connect(&url, PgConfig::new("idem_doc_example")?).await?;
 //! store.migrate().await?;
 //! let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", br#"{"amount_cents":5}"#)?;
 //! let mut tx = store.begin().await?;

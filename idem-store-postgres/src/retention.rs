@@ -4,164 +4,12 @@
 use std::time::Duration;
 
 use crate::error::{map_sqlx, PgError};
+pub use idem_core::retention::{
+    PurgeOptions, PurgeProgress, PurgeReport, PurgeTable, RetentionFloor, DEFAULT_RETENTION_FLOOR,
+};
+
 use crate::inspect::Timestamp;
 use crate::store::PgStore;
-
-/// The age below which records are not purged without an explicit override.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RetentionFloor {
-    /// Calendar years, counted by the server (`now() - interval 'N years'`), so leap
-    /// days count: three years back from 2028-03-01 is 2025-03-01, 1096 days.
-    Years(u32),
-    /// An exact duration.
-    Exactly(Duration),
-}
-
-impl From<Duration> for RetentionFloor {
-    fn from(d: Duration) -> Self {
-        Self::Exactly(d)
-    }
-}
-
-impl std::fmt::Display for RetentionFloor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Years(n) => write!(f, "interval '{n} years'"),
-            Self::Exactly(d) => write!(f, "{d:?}"),
-        }
-    }
-}
-
-/// Three calendar years (`interval '3 years'`, leap days included): the record retention
-/// of 2 CFR §200.334.
-pub const DEFAULT_RETENTION_FLOOR: RetentionFloor = RetentionFloor::Years(3);
-
-/// What [`PgStore::purge`] deletes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PurgeOptions {
-    /// Delete records older than this (claimed, or created and published, before
-    /// `now() - older_than`).
-    pub older_than: Duration,
-    /// The retention floor; default [`DEFAULT_RETENTION_FLOOR`]. A purge with
-    /// `older_than` below it is refused unless `allow_below_floor`.
-    pub floor: RetentionFloor,
-    /// Explicitly allows `older_than` below `floor`.
-    pub allow_below_floor: bool,
-    /// Rows deleted per statement (each its own short transaction). Default 1000.
-    pub batch_size: usize,
-    /// Only count what would be deleted.
-    pub dry_run: bool,
-}
-
-impl PurgeOptions {
-    /// Options deleting records older than `older_than`, with the default floor and
-    /// batch size.
-    pub fn new(older_than: Duration) -> Self {
-        Self {
-            older_than,
-            floor: DEFAULT_RETENTION_FLOOR,
-            allow_below_floor: false,
-            batch_size: 1000,
-            dry_run: false,
-        }
-    }
-
-    /// Sets [`floor`](PurgeOptions::floor).
-    #[must_use]
-    pub fn with_floor(mut self, floor: impl Into<RetentionFloor>) -> Self {
-        self.floor = floor.into();
-        self
-    }
-
-    /// Sets [`allow_below_floor`](PurgeOptions::allow_below_floor).
-    #[must_use]
-    pub fn allow_below_floor(mut self, allow: bool) -> Self {
-        self.allow_below_floor = allow;
-        self
-    }
-
-    /// Sets [`batch_size`](PurgeOptions::batch_size) (at least 1).
-    #[must_use]
-    pub fn with_batch_size(mut self, n: usize) -> Self {
-        self.batch_size = n.max(1);
-        self
-    }
-
-    /// Sets [`dry_run`](PurgeOptions::dry_run).
-    #[must_use]
-    pub fn dry_run(mut self, dry_run: bool) -> Self {
-        self.dry_run = dry_run;
-        self
-    }
-}
-
-impl Default for PurgeOptions {
-    /// Purges nothing younger than four years of 366 days (above the default floor).
-    fn default() -> Self {
-        Self::new(Duration::from_secs(4 * 366 * 86_400))
-    }
-}
-
-/// Which table a [`PurgeProgress`] is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum PurgeTable {
-    /// `processed_messages`.
-    DedupRecords,
-    /// `outbox` (published rows only).
-    OutboxEvents,
-}
-
-impl PurgeTable {
-    /// The table's name.
-    pub fn table_name(self) -> &'static str {
-        match self {
-            Self::DedupRecords => "processed_messages",
-            Self::OutboxEvents => "outbox",
-        }
-    }
-}
-
-/// Reported after each batch (and once per table in a dry run).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PurgeProgress {
-    /// The table.
-    pub table: PurgeTable,
-    /// Rows deleted (or, in a dry run, counted) in this table so far.
-    pub rows_so_far: u64,
-    /// Rows of this batch.
-    pub batch_rows: u64,
-}
-
-/// What a purge did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PurgeReport {
-    /// Records older than this were purged.
-    pub cutoff: Timestamp,
-    /// Dedup records deleted (or that would be, in a dry run).
-    pub dedup_records: u64,
-    /// Published outbox rows deleted (or that would be).
-    pub outbox_events: u64,
-    /// Whether this was a dry run (nothing deleted).
-    pub dry_run: bool,
-    /// Batches (statements) run.
-    pub batches: u64,
-    /// Partitioned layout: the monthly partitions of `processed_messages` dropped whole
-    /// (or that would be, in a dry run). Their rows are not in
-    /// [`dedup_records`](PurgeReport::dedup_records), which counts rows deleted one by
-    /// one (from the default partition).
-    pub partitions_dropped: Vec<String>,
-    /// Partitioned layout: old partitions kept because a row of theirs was claimed after
-    /// the cutoff (a late message with an old timestamp); a later purge drops them.
-    pub partitions_kept: Vec<String>,
-    /// The planner's estimate of the rows in the dropped partitions (`pg_class.reltuples`;
-    /// 0 for a partition never analysed): counting them exactly would read them all.
-    pub partition_rows_estimate: u64,
-}
 
 impl PgStore {
     /// Whether a cutoff `older_than` ago is younger than `floor` ago. Calendar floors are
@@ -241,16 +89,7 @@ impl PgStore {
         let cutoff_secs = cutoff_micros as f64 / 1e6;
         let pm = self.table("processed_messages");
         let ob = self.table("outbox");
-        let mut report = PurgeReport {
-            cutoff: Timestamp::from_unix_micros(cutoff_micros),
-            dedup_records: 0,
-            outbox_events: 0,
-            dry_run: opts.dry_run,
-            batches: 0,
-            partitions_dropped: Vec::new(),
-            partitions_kept: Vec::new(),
-            partition_rows_estimate: 0,
-        };
+        let mut report = PurgeReport::new(Timestamp::from_unix_micros(cutoff_micros), opts.dry_run);
         // Partitioned: whole months first; then only the default partition row by row.
         let dedup_table = if self.layout() == crate::PgLayout::Partitioned {
             let dropped = self.drop_old_partitions(cutoff_secs, opts.dry_run).await?;
@@ -294,11 +133,7 @@ impl PgStore {
                     .map_err(|e| map_sqlx(e, "count purgeable rows"))?;
                 total = u64::try_from(n).unwrap_or(0);
                 report.batches += 1;
-                progress(&PurgeProgress {
-                    table: *table,
-                    rows_so_far: total,
-                    batch_rows: total,
-                });
+                progress(&PurgeProgress::new(*table, total, total));
             } else {
                 loop {
                     // Each batch its own transaction, marked as the purge path so that
@@ -326,21 +161,14 @@ impl PgStore {
                     report.batches += 1;
                     total += n;
                     if n > 0 {
-                        progress(&PurgeProgress {
-                            table: *table,
-                            rows_so_far: total,
-                            batch_rows: n,
-                        });
+                        progress(&PurgeProgress::new(*table, total, n));
                     }
                     if n < batch.unsigned_abs() {
                         break;
                     }
                 }
             }
-            match table {
-                PurgeTable::DedupRecords => report.dedup_records = total,
-                PurgeTable::OutboxEvents => report.outbox_events = total,
-            }
+            report.add(*table, total);
         }
         tracing::info!(
             target: "idem::retention",

@@ -22,6 +22,30 @@
 //! the work — which skips a redelivery whose first attempt died before its commit and so
 //! loses the message (the crate's tests show it doing exactly that).
 //!
+//! The lease store against a local Redis (as the crate's tests run; `IDEM_TEST_REDIS_URL`
+//! names another): a second claim of a committed key is a duplicate.
+//!
+//! ```
+//! use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+//! use idem_store_redis::{RedisConfig, RedisLeaseStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into());
+//! // A prefix of its own per run, so that the example starts from nothing.
+//! let prefix = format!("idem-doc-{}:", std::process::id());
+//! let store = RedisLeaseStore::connect(RedisConfig::new(url).with_key_prefix(prefix)).await?;
+//! let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}")?;
+//! let mut tx = store.begin().await?;
+//! assert_eq!(tx.claim(&key, &ClaimMeta::new("A-1")).await?, ClaimOutcome::Claimed);
+//! // ... the work, within the lease ...
+//! tx.commit().await?;
+//! let mut again = store.begin().await?;
+//! assert_eq!(again.claim(&key, &ClaimMeta::new("A-1")).await?, ClaimOutcome::Duplicate);
+//! again.rollback().await?;
+//! # Ok(()) }
+//! ```
+//!
 //! ## Clients and features
 //! - `fred` (default): the [`fred`](https://docs.rs/fred) client; standalone servers and
 //!   Redis Cluster (`redis-cluster://host:port,host:port,…`).

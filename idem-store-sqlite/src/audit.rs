@@ -18,7 +18,7 @@ use idem_core::record::{
 use idem_core::{OutcomeCountStore, StoreError};
 use sqlx::Row;
 
-use crate::error::map;
+use crate::error::{map, SqliteError};
 use crate::store::SqliteStore;
 
 /// `t` as the store writes it (`…SS.sssZ`), rounded up to the millisecond, so that
@@ -37,12 +37,8 @@ pub(crate) fn parse_stored(v: Option<String>) -> Option<Timestamp> {
 }
 
 /// A window bound given by the caller.
-fn bound(name: &str, value: &str) -> Result<Timestamp, StoreError> {
-    Timestamp::parse_rfc3339(value).ok_or_else(|| {
-        StoreError::Config(format!(
-            "{name} {value:?} is not an RFC 3339 timestamp (e.g. 2026-07-01T00:00:00Z)"
-        ))
-    })
+fn bound(name: &'static str, value: &str) -> Result<Timestamp, SqliteError> {
+    Timestamp::parse_rfc3339(value).ok_or_else(|| SqliteError::timestamp(name, value))
 }
 
 impl SqliteStore {
@@ -52,11 +48,12 @@ impl SqliteStore {
     /// (`2026-07-01T00:00:00Z`) or a bare date. Payloads are not read.
     ///
     /// # Errors
-    /// [`StoreError::Config`] for a bound that is not RFC 3339; [`StoreError::Other`]
-    /// when `sink` fails (the export stops there); a store error from the database.
+    /// [`SqliteError::InvalidTimestamp`] for a bound that is not RFC 3339;
+    /// [`SqliteError::Sink`] when `sink` fails (the export stops there);
+    /// [`SqliteError::Store`] from the database.
     ///
     /// ```no_run
-    /// # async fn demo(store: idem_store_sqlite::SqliteStore) -> Result<(), idem_core::StoreError> {
+    /// # async fn demo(store: idem_store_sqlite::SqliteStore) -> Result<(), idem_store_sqlite::SqliteError> {
     /// let summary = store
     ///     .export_audit("2026-07-01T00:00:00Z", "2026-08-01T00:00:00Z", 500, |r| {
     ///         println!("{} {:?} {}", r.key, r.award_id, r.events.len());
@@ -72,7 +69,7 @@ impl SqliteStore {
         until: &str,
         page_size: usize,
         mut sink: impl FnMut(&ClaimRecord) -> std::io::Result<()>,
-    ) -> Result<AuditSummary, StoreError> {
+    ) -> Result<AuditSummary, SqliteError> {
         let lo = stored_ceil(bound("since", since)?);
         let hi = stored_ceil(bound("until", until)?);
         let limit = i64::try_from(page_size.max(1)).unwrap_or(i64::MAX);
@@ -119,11 +116,7 @@ impl SqliteStore {
             cursor = last;
             self.attach_events(&mut page).await?;
             for r in &page {
-                sink(r).map_err(|e| StoreError::Other {
-                    message: "writing the audit export".into(),
-                    retryable: false,
-                    source: Some(Box::new(e)),
-                })?;
+                sink(r).map_err(SqliteError::Sink)?;
                 summary.claims += 1;
                 summary.events += r.events.len() as u64;
             }
@@ -195,8 +188,8 @@ impl SqliteStore {
     /// with their events. Payloads are not read.
     ///
     /// # Errors
-    /// [`StoreError::Config`] for a bad bound; a store error from the database (a
-    /// business table without the named columns included).
+    /// [`SqliteError::InvalidTimestamp`] for a bad bound; [`SqliteError::Store`] from
+    /// the database (a business table without the named columns included).
     pub async fn audit_stats(
         &self,
         since: &str,
@@ -204,7 +197,7 @@ impl SqliteStore {
         business: &BusinessTable,
         cutoff: Timestamp,
         sample: usize,
-    ) -> Result<AuditStats, StoreError> {
+    ) -> Result<AuditStats, SqliteError> {
         let lo = stored_ceil(bound("since", since)?);
         let hi = stored_ceil(bound("until", until)?);
         let biz = format!("\"{}\"", business.table);
@@ -378,12 +371,13 @@ impl SqliteStore {
     /// `idem_outcome_counts` table (not migrated since it was added).
     ///
     /// # Errors
-    /// [`StoreError::Config`] for a bad bound; a store error from the database.
+    /// [`SqliteError::InvalidTimestamp`] for a bad bound; [`SqliteError::Store`] from
+    /// the database.
     pub async fn outcome_counts(
         &self,
         since: &str,
         until: &str,
-    ) -> Result<Option<Vec<OutcomeCount>>, StoreError> {
+    ) -> Result<Option<Vec<OutcomeCount>>, SqliteError> {
         let lo = day_of(bound("since", since)?);
         let until = bound("until", until)?;
         // The last day that starts before `until`.

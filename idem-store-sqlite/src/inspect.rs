@@ -3,11 +3,11 @@
 //! with the record type every SQL store shares.
 
 use idem_core::record::ClaimRecord;
-use idem_core::{IdempotencyKey, StoreError};
+use idem_core::IdempotencyKey;
 use sqlx::Row;
 
 use crate::audit::parse_stored;
-use crate::error::map;
+use crate::error::{map, SqliteError};
 use crate::store::SqliteStore;
 
 impl SqliteStore {
@@ -15,11 +15,11 @@ impl SqliteStore {
     /// claimed (or its record was purged).
     ///
     /// # Errors
-    /// A store error from the database.
+    /// [`SqliteError::Store`] from the database.
     pub async fn inspect_key(
         &self,
         key: &IdempotencyKey,
-    ) -> Result<Option<ClaimRecord>, StoreError> {
+    ) -> Result<Option<ClaimRecord>, SqliteError> {
         let mut records = self.records("idempotency_key = ?1", &key.to_hex()).await?;
         Ok(records.pop())
     }
@@ -28,8 +28,8 @@ impl SqliteStore {
     /// events.
     ///
     /// # Errors
-    /// A store error from the database.
-    pub async fn inspect_subject(&self, subject: &str) -> Result<Vec<ClaimRecord>, StoreError> {
+    /// [`SqliteError::Store`] from the database.
+    pub async fn inspect_subject(&self, subject: &str) -> Result<Vec<ClaimRecord>, SqliteError> {
         self.records("award_id = ?1", subject).await
     }
 
@@ -37,7 +37,7 @@ impl SqliteStore {
         &self,
         filter: &'static str,
         value: &str,
-    ) -> Result<Vec<ClaimRecord>, StoreError> {
+    ) -> Result<Vec<ClaimRecord>, SqliteError> {
         let sql = format!(
             "SELECT idempotency_key, award_id, claimed_at FROM processed_messages WHERE {filter} \
              ORDER BY claimed_at, idempotency_key"

@@ -13,36 +13,58 @@
 //! to [`SqliteConfig::busy_timeout`]); a second claim of a key always sees the first one
 //! committed or rolled back, as the contract asks.
 //!
-//! ```no_run
+//! ```
 //! use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 //! use idem_store_sqlite::{SqliteConfig, SqliteStore};
 //!
-//! # async fn run() -> Result<(), idem_core::StoreError> {
-//! let store = SqliteStore::open("grants.db", SqliteConfig::default()).await?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("grants.db");
+//! # let path = path.to_str().expect("utf-8");
+//! let store = SqliteStore::connect(path, SqliteConfig::default()).await?;
 //! store.migrate().await?;
-//! let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("valid");
-//! let mut tx = store.begin().await?;
-//! if tx.claim(&key, &ClaimMeta::new("A-1")).await? == ClaimOutcome::Claimed {
-//!     sqlx::query("INSERT INTO disbursements (award_id, amount_cents, idempotency_key) VALUES (?, ?, ?)")
-//!         .bind("A-1").bind(125_000_i64).bind(key.to_hex())
-//!         .execute(tx.conn()).await.map_err(|e| idem_core::StoreError::other(e.to_string(), false))?;
-//!     tx.commit().await?;
+//! sqlx::query("CREATE TABLE IF NOT EXISTS disbursements (award_id TEXT, amount_cents INTEGER, idempotency_key TEXT)")
+//!     .execute(store.pool()).await?;
+//! let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}")?;
+//! for delivery in 0..2 {
+//!     // The second delivery is a redelivery: its claim is a duplicate, nothing is written.
+//!     let mut tx = store.begin().await?;
+//!     if tx.claim(&key, &ClaimMeta::new("A-1")).await? == ClaimOutcome::Claimed {
+//!         sqlx::query("INSERT INTO disbursements (award_id, amount_cents, idempotency_key) VALUES (?, ?, ?)")
+//!             .bind("A-1").bind(125_000_i64).bind(key.to_hex())
+//!             .execute(tx.conn()).await?;
+//!         tx.commit().await?;
+//!     } else {
+//!         tx.rollback().await?;
+//!     }
 //! }
+//! let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM disbursements").fetch_one(store.pool()).await?;
+//! assert_eq!(rows, 1, "posted exactly once");
+//! assert!(store.inspect_key(&key).await?.is_some());
 //! # Ok(()) }
 //! ```
 
-mod audit;
-mod config;
-mod error;
+pub mod audit;
+pub mod config;
+pub mod error;
 pub mod identity;
-mod inspect;
+pub mod inspect;
 mod outbox;
-mod store;
+pub mod retention;
+pub mod source;
+pub mod store;
 
 pub use config::SqliteConfig;
+pub use error::SqliteError;
 pub use identity::{SqliteIdentitySession, StoreIdentity};
-pub use outbox::{SqliteOutboxBatch, SqliteOutboxSource};
-pub use store::{ClaimRow, OutboxRow, SqliteStore, SqliteTx};
+pub use source::{SqliteOutboxBatch, SqliteOutboxSource};
+pub use store::{SqliteStore, SqliteTx};
+
+/// What a purge deletes and reports, shared with `idem_store_postgres`.
+pub use idem_core::retention::{
+    PurgeOptions, PurgeProgress, PurgeReport, PurgeTable, RetentionFloor, DEFAULT_RETENTION_FLOOR,
+};
 
 /// The record types every SQL store shares (`inspect_key`, `inspect_subject`,
 /// `export_audit`).

@@ -4,8 +4,7 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use idem_core::{
-    Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent,
-    OutboxWriter, StoreError,
+    Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, Transaction};
@@ -21,7 +20,7 @@ const CLAIM_IDENTITY: &str = include_str!("../migrations/0003_claim_identity.sql
 /// The outcome tally (`idem_outcome_counts`, [`SqliteStore::add_outcome_counts`]).
 const OUTCOME_COUNTS: &str = include_str!("../migrations/0005_outcome_counts.sql");
 
-const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// The embedded store. Clones share one connection pool.
 #[derive(Debug, Clone)]
@@ -29,39 +28,13 @@ pub struct SqliteStore {
     pool: SqlitePool,
 }
 
-/// A committed claim, as `idem inspect` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimRow {
-    /// The key.
-    pub idempotency_key: String,
-    /// The award (subject) id.
-    pub award_id: Option<String>,
-    /// When it was claimed (UTC, ISO 8601).
-    pub claimed_at: String,
-}
-
-/// An outbox row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxRow {
-    /// The deterministic event id.
-    pub event_id: String,
-    /// The event type.
-    pub event_type: String,
-    /// The key of the submission that caused it.
-    pub idempotency_key: String,
-    /// When it was written.
-    pub created_at: String,
-    /// When the relay published it.
-    pub published_at: Option<String>,
-}
-
 impl SqliteStore {
-    /// Opens (creating if missing) the database at `path` — a file path or a
+    /// Connects to (creating if missing) the database at `path` — a file path or a
     /// `sqlite://PATH` URL — in WAL mode.
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] when the file cannot be opened.
-    pub async fn open(path: &str, config: SqliteConfig) -> Result<Self, StoreError> {
+    pub async fn connect(path: &str, config: SqliteConfig) -> Result<Self, StoreError> {
         let path = path
             .strip_prefix("sqlite://")
             .or_else(|| path.strip_prefix("sqlite:"))
@@ -119,7 +92,7 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map("creating the outcome tally", e))?;
-        crate::outbox::migrate(&self.pool).await
+        crate::source::migrate(&self.pool).await
     }
 
     /// Adds the identity column and index (`migrations/0003_claim_identity.sql`) unless
@@ -147,60 +120,6 @@ impl SqliteStore {
             .map_err(|e| map("migrating the claim identity", e))
     }
 
-    /// The committed claim of `key`.
-    ///
-    /// # Errors
-    /// A store error if the query fails.
-    pub async fn claim_of(&self, key: &IdempotencyKey) -> Result<Option<ClaimRow>, StoreError> {
-        let row = sqlx::query(
-            "SELECT idempotency_key, award_id, claimed_at FROM processed_messages WHERE idempotency_key = ?",
-        )
-        .bind(key.to_hex())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| map("reading a claim", e))?;
-        Ok(row.map(|r| claim_row(&r)))
-    }
-
-    /// Every committed claim of `award_id`, oldest first.
-    ///
-    /// # Errors
-    /// A store error if the query fails.
-    pub async fn claims_of_subject(&self, award_id: &str) -> Result<Vec<ClaimRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT idempotency_key, award_id, claimed_at FROM processed_messages WHERE award_id = ? ORDER BY claimed_at",
-        )
-        .bind(award_id)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| map("reading claims", e))?;
-        Ok(rows.iter().map(claim_row).collect())
-    }
-
-    /// The outbox rows caused by `key`.
-    ///
-    /// # Errors
-    /// A store error if the query fails.
-    pub async fn outbox_of(&self, key: &IdempotencyKey) -> Result<Vec<OutboxRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT event_id, event_type, idempotency_key, created_at, published_at FROM outbox WHERE idempotency_key = ? ORDER BY id",
-        )
-        .bind(key.to_hex())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| map("reading the outbox", e))?;
-        Ok(rows
-            .iter()
-            .map(|r| OutboxRow {
-                event_id: r.get(0),
-                event_type: r.get(1),
-                idempotency_key: r.get(2),
-                created_at: r.get(3),
-                published_at: r.get(4),
-            })
-            .collect())
-    }
-
     /// `SELECT count(*)` of a table this store owns or the caller names; `table` must be
     /// a plain identifier.
     ///
@@ -226,14 +145,6 @@ pub(crate) fn identifier(name: &str) -> Result<&str, StoreError> {
         Err(StoreError::Config(format!(
             "{name:?} is not a valid SQL identifier"
         )))
-    }
-}
-
-fn claim_row(r: &sqlx::sqlite::SqliteRow) -> ClaimRow {
-    ClaimRow {
-        idempotency_key: r.get(0),
-        award_id: r.get(1),
-        claimed_at: r.get(2),
     }
 }
 
@@ -384,66 +295,5 @@ impl ClaimTx for SqliteTx {
 
     async fn rollback(self) -> Result<(), StoreError> {
         self.tx.rollback().await.map_err(|e| map("rolling back", e))
-    }
-}
-
-impl SqliteTx {
-    /// Stages several outbox events in one statement per 1,000 events, in slice order. An
-    /// event id already in the outbox, or repeated in `events`, is stored once.
-    ///
-    /// # Errors
-    /// [`StoreError::Rejected`] when a payload is not UTF-8 JSON, or the database's error.
-    pub async fn enqueue_many(&mut self, events: &[OutboxEvent]) -> Result<(), StoreError> {
-        for chunk in events.chunks(1000) {
-            let rows = vec![format!("(?, ?, ?, ?, ?, {NOW}, ?)"); chunk.len()].join(", ");
-            let sql = format!(
-                "INSERT INTO outbox \
-                 (event_id, event_type, subject, idempotency_key, payload, created_at, traceparent) \
-                 VALUES {rows} ON CONFLICT (event_id) DO NOTHING"
-            );
-            let mut q = sqlx::query(&sql);
-            for event in chunk {
-                q = q
-                    .bind(event.event_id.to_string())
-                    .bind(event.event_type.clone())
-                    .bind(event.subject.clone())
-                    .bind(event.idempotency_key.to_hex())
-                    .bind(payload_text(event)?.to_owned())
-                    .bind(event.traceparent.map(|t| t.to_string()));
-            }
-            q.execute(&mut *self.tx)
-                .await
-                .map_err(|e| map("writing outbox events", e))?;
-        }
-        Ok(())
-    }
-}
-
-fn payload_text(event: &OutboxEvent) -> Result<&str, StoreError> {
-    std::str::from_utf8(&event.payload).map_err(|_| StoreError::Rejected {
-        message: "outbox payload is not UTF-8 JSON".into(),
-        source: None,
-    })
-}
-
-#[async_trait]
-impl OutboxWriter for SqliteTx {
-    async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
-        let payload = payload_text(event)?;
-        sqlx::query(&format!(
-            "INSERT INTO outbox \
-             (event_id, event_type, subject, idempotency_key, payload, created_at, traceparent) \
-             VALUES (?, ?, ?, ?, ?, {NOW}, ?) ON CONFLICT (event_id) DO NOTHING"
-        ))
-        .bind(event.event_id.to_string())
-        .bind(&event.event_type)
-        .bind(&event.subject)
-        .bind(event.idempotency_key.to_hex())
-        .bind(payload)
-        .bind(event.traceparent.map(|t| t.to_string()))
-        .execute(&mut *self.tx)
-        .await
-        .map_err(|e| map("writing an outbox event", e))?;
-        Ok(())
     }
 }

@@ -22,7 +22,7 @@ async fn claim_one(store: &SqliteStore, k: &IdempotencyKey, m: &ClaimMeta) -> Cl
 async fn an_old_database_is_upgraded_in_place_and_then_detects_conflicts() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("old.db");
-    let store = SqliteStore::open(path.to_str().expect("utf-8"), SqliteConfig::default())
+    let store = SqliteStore::connect(path.to_str().expect("utf-8"), SqliteConfig::default())
         .await
         .expect("open");
     // The table as migration 0001 created it, with a claim in it.

@@ -6,7 +6,7 @@ use idem_core::StoreError;
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 async fn open(path: &std::path::Path) -> SqliteStore {
-    SqliteStore::open(path.to_str().expect("utf-8 path"), SqliteConfig::default())
+    SqliteStore::connect(path.to_str().expect("utf-8 path"), SqliteConfig::default())
         .await
         .expect("open")
 }

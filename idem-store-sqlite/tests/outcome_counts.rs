@@ -104,11 +104,11 @@ async fn two_consumers_flushing_at_once_add_up() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("idem.db");
     let path = path.to_str().expect("utf-8");
-    let first = SqliteStore::open(path, SqliteConfig::default())
+    let first = SqliteStore::connect(path, SqliteConfig::default())
         .await
         .expect("open");
     first.migrate().await.expect("migrate");
-    let second = SqliteStore::open(path, SqliteConfig::default())
+    let second = SqliteStore::connect(path, SqliteConfig::default())
         .await
         .expect("open again");
     let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");

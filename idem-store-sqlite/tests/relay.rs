@@ -45,7 +45,7 @@ async fn a_consumer_commits_while_a_leased_batch_is_out_at_the_broker() {
     let path = t.store.pool().connect_options().get_filename().to_owned();
     let mut config = SqliteConfig::default();
     config.busy_timeout = Duration::from_millis(50);
-    let other = SqliteStore::open(path.to_str().expect("path"), config)
+    let other = SqliteStore::connect(path.to_str().expect("path"), config)
         .await
         .expect("open");
     commit(&other, &event(2, "b")).await;

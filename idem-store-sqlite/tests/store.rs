@@ -59,9 +59,9 @@ async fn relay_publishes_committed_events_once_and_marks_them() {
         "in commit order, with derived ids"
     );
     for k in &keys {
-        let rows = t.store.outbox_of(k).await.unwrap();
-        assert_eq!(rows.len(), 1);
-        assert!(rows[0].published_at.is_some());
+        let record = t.store.inspect_key(k).await.unwrap().expect("claimed");
+        assert_eq!(record.events.len(), 1);
+        assert!(record.events[0].published_at.is_some());
     }
 }
 
@@ -92,13 +92,16 @@ async fn a_released_batch_is_published_again_with_the_same_ids() {
 async fn inspect_finds_claims_by_key_and_award() {
     let t = common::fresh().await;
     let key = IdempotencyKey::derive("A-7", "2026-07-01T09:00:00Z", b"{}").unwrap();
-    assert!(t.store.claim_of(&key).await.unwrap().is_none());
+    assert!(t.store.inspect_key(&key).await.unwrap().is_none());
     let mut tx = t.store.begin().await.unwrap();
     tx.claim(&key, &ClaimMeta::new("A-7")).await.unwrap();
     tx.commit().await.unwrap();
-    let row = t.store.claim_of(&key).await.unwrap().expect("claimed");
-    assert_eq!(row.award_id.as_deref(), Some("A-7"));
-    assert_eq!(t.store.claims_of_subject("A-7").await.unwrap().len(), 1);
+    let record = t.store.inspect_key(&key).await.unwrap().expect("claimed");
+    assert_eq!(record.award_id.as_deref(), Some("A-7"));
+    assert_eq!(record.key, key.to_hex());
+    assert!(record.claimed_at.is_some());
+    assert_eq!(t.store.inspect_subject("A-7").await.unwrap().len(), 1);
+    assert!(t.store.inspect_subject("A-8").await.unwrap().is_empty());
     assert!(
         t.store.count("no such table; DROP TABLE x").await.is_err(),
         "identifiers are validated"

@@ -9,7 +9,37 @@
 //! - [`Ledger`]: the model that asserts exactly-once;
 //! - [`conformance`]: the suite every store runs ([`conformance_tests!`]);
 //! - [`sim`]: a driver that runs a whole schedule of deliveries, redeliveries and crashes;
-//! - [`strategies`]: proptest strategies for schedules.
+//! - [`strategies`]: proptest strategies for schedules;
+//! - [`explore`]: an exhaustive explorer of the real gate's interleavings and faults.
+//!
+//! A schedule with duplicates, redeliveries and a crash after every commit (before its
+//! ack), run through the real gate on the in-memory store, checked for exactly one
+//! effect per submission — the same check every store's test suite runs:
+//!
+//! ```
+//! use idem_testkit::{sim::{check_exactly_once, Case}, CrashPoint, MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), String> {
+//! let case = Case {
+//!     submissions: vec![
+//!         ("A-1".into(), "2026-07-01T09:00:00Z".into(), 125_000),
+//!         ("A-2".into(), "2026-07-01T09:05:00Z".into(), 80_000),
+//!         ("A-1".into(), "2026-07-01T09:00:00Z".into(), 125_000), // sent twice
+//!     ],
+//!     poison: 1,
+//!     redelivery_rate: 0.5,
+//!     crashes: vec![(CrashPoint::AfterCommitBeforeAck, 1)],
+//!     errors: vec![],
+//!     expiry_rate: 0.0,
+//!     concurrency: 2,
+//!     batch_size: 1,
+//!     seed: 7,
+//! };
+//! let report = check_exactly_once(MemoryStore::new(), &case).await?;
+//! println!("{report:?}");
+//! # Ok(()) }
+//! ```
 
 pub mod broker;
 pub mod conformance;

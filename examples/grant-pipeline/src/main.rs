@@ -28,7 +28,7 @@ mod source {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("grants.db");
-    let store = SqliteStore::open(
+    let store = SqliteStore::connect(
         path.to_str().ok_or("non UTF-8 path")?,
         SqliteConfig::default(),
     )

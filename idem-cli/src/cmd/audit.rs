@@ -160,7 +160,7 @@ impl Window {
                 }
                 let mut config = SqliteConfig::default();
                 config.create_if_missing = false;
-                Ok(Sql::Sqlite(SqliteStore::open(&path, config).await?))
+                Ok(Sql::Sqlite(SqliteStore::connect(&path, config).await?))
             }
             StoreUrl::Memory => Err(CliError::usage(format!(
                 "idem audit {command}: use a postgres:// or sqlite:// store"
@@ -253,7 +253,6 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
                 Duration::from_secs(u64::from(n) * 365 * 86_400)
             }
             idem_store_postgres::RetentionFloor::Exactly(d) => d,
-            _ => Duration::from_secs(3 * 365 * 86_400),
         });
     let now = Timestamp::now();
     let cutoff = Timestamp::from_unix_micros(

@@ -3,19 +3,15 @@
 //! configuration failure exit 2 with nothing acked, counts across reconnects). Ctrl-C or
 //! SIGTERM finishes the deliveries in hand and exits 0; stdout gets `name: value` lines.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
-use idem_core::{
-    ClaimStore, ConflictPolicy, ConsumerConfig, FanOut, Gate, GateConfig, GateObserver, Handler,
-    OutcomeTally,
-};
+use idem_core::{ClaimStore, ConflictPolicy, ConsumerConfig, Gate, GateConfig, Handler};
 use idem_grant::{GrantDb, GrantHandler, KeyDerivation};
-use idem_runtime::{supervise::supervise, supervise::SupervisorConfig, Backoff};
+use idem_runtime::supervise::{supervise, SupervisorConfig};
 
-use crate::cmd::{at_least_one, at_least_one_u32, broker_error, gave_up, parse_secs};
+use crate::cmd::{at_least_one, at_least_one_u32, broker_error, parse_secs};
 use crate::stores::{Extras, StoreSpec, StoreVisitor};
 use crate::CliError;
 
@@ -78,7 +74,6 @@ pub(crate) struct Args {
 
 #[derive(Clone)]
 struct Consume {
-    visited: Arc<AtomicBool>,
     migrate: bool,
     broker: BrokerUrl,
     source: String,
@@ -86,8 +81,6 @@ struct Consume {
     gate: GateConfig,
     key_derivation: KeyDerivation,
     metrics: Arc<crate::metrics::ConsumeMetrics>,
-    /// Outcomes per day, flushed to the store's `idem_outcome_counts`.
-    tally: Arc<OutcomeTally>,
 }
 
 impl StoreVisitor for Consume {
@@ -103,46 +96,24 @@ impl StoreVisitor for Consume {
         S: ClaimStore + Clone + 'static,
         GrantHandler: Handler<S::Tx>,
     {
-        self.visited.store(true, Ordering::SeqCst);
         if !self.migrate {
             db.check_grants().await?; // fail now, naming the table
         }
         self.metrics.opened(Arc::clone(&db), extras.filter_stats);
-        let c = self.config.consumer;
-        let prefetch = 2 * c.concurrency * c.batch_size;
         let (broker, source) = (&self.broker, &self.source);
-        let what = format!("{} {}", broker.kind(), broker);
-        let timeout = self.config.reconnect_timeout;
-        let mut connect = super::consumer_connect(broker, source, prefetch);
-        let first = idem_runtime::retry(&what, timeout, Backoff::default(), &mut connect)
-            .await
-            .map_err(|e| gave_up(&what, e))?;
-        let (kind, size, n) = (broker.kind(), c.batch_size, c.concurrency);
-        eprintln!("idem consume: {kind} {source} → store; batch size {size}, concurrency {n}");
+        let (first, connect) = super::connect_consumer(broker, source, &self.config).await?;
         let handler = db.grant_handler().with_key_derivation(self.key_derivation);
         // The metrics, and the outcome tally when the store can keep one.
-        let (observer, flusher): (Arc<dyn GateObserver>, _) = match extras.outcome_counts {
-            Some(sink) => (
-                Arc::new(FanOut::new(vec![
-                    self.metrics.stages(),
-                    Arc::clone(&self.tally) as Arc<dyn GateObserver>,
-                ])) as Arc<dyn GateObserver>,
-                Some(crate::tally::Flusher::spawn(
-                    Arc::clone(&self.tally),
-                    sink,
-                    crate::tally::FLUSH_EVERY,
-                )),
-            ),
-            None => (self.metrics.stages(), None),
-        };
+        let (observer, flusher) =
+            idem_runtime::tally::with_outcome_tally(self.metrics.stages(), extras.outcome_counts);
         let gate = Gate::with_config(store, handler, self.gate).with_observer(observer);
-        let metrics = Arc::clone(&self.metrics);
-        let observe = move |o: &idem_core::Outcome| metrics.record(o);
-        let shutdown = crate::cmd::shutdown_signal();
+        let (m, shutdown) = (Arc::clone(&self.metrics), crate::cmd::shutdown_signal());
+        let observe = move |o: &idem_core::Outcome| m.record(o);
         let run = supervise(&gate, Some(first), connect, self.config, shutdown, observe).await;
         if let Some(f) = flusher {
             f.finish().await;
         }
+        let what = format!("{} {broker}", broker.kind());
         run.map_err(|e| super::supervise_error(&what, source, e))
     }
 }
@@ -155,13 +126,11 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         crate::metrics::serve_consume(addr, Arc::clone(&metrics)).await?;
     }
     let (started, timeout) = (Instant::now(), args.reconnect_timeout);
-    let visited = Arc::new(AtomicBool::new(false));
     let config = SupervisorConfig::new(ConsumerConfig::new(args.concurrency, args.batch_size))
         .exit_when_idle(args.exit_when_idle)
         .reconnect_timeout(timeout);
     let migrate = !args.no_migrate;
     let visitor = Consume {
-        visited: Arc::clone(&visited),
         migrate,
         broker,
         source: args.source,
@@ -171,9 +140,8 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             .with_max_attempts(args.max_attempts)
             .with_on_conflict(args.on_conflict),
         metrics,
-        tally: Arc::new(OutcomeTally::new()),
     };
-    let run = super::open_with_retry(&spec, migrate, visitor, &visited, timeout).await?;
+    let run = super::open_with_retry(&spec, migrate, visitor, timeout).await?;
     let done = run.stats.deliveries();
     super::report(&run.stats.counts(), started, run.busy, done);
     Ok(())

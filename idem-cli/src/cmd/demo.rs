@@ -8,10 +8,7 @@ use std::time::Instant;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_core::{
-    ClaimStore, FanOut, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, OutcomeTally,
-    Stage,
-};
+use idem_core::{ClaimStore, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, Stage};
 use idem_grant::{parse_submission, GrantDb, GrantHandler, DEFAULT_MAX_BODY};
 use idem_testkit::fault::{quiet_injected_crashes, FaultPlan, FaultyHandler, FaultyStore};
 use idem_testkit::sim::{drive_fed, SimConfig};
@@ -392,18 +389,8 @@ impl StoreVisitor for Demo {
         let latency = Arc::new(ClaimLatency::new());
         // Outcomes per day into the store's idem_outcome_counts (the audit report's
         // duplicates and dead letters), flushed every second and at the end.
-        let tally = Arc::new(OutcomeTally::new());
-        let flusher = extras.outcome_counts.clone().map(|sink| {
-            crate::tally::Flusher::spawn(Arc::clone(&tally), sink, crate::tally::FLUSH_EVERY)
-        });
-        let observer: Arc<dyn GateObserver> = if flusher.is_some() {
-            Arc::new(FanOut::new(vec![
-                latency.clone() as Arc<dyn GateObserver>,
-                tally as Arc<dyn GateObserver>,
-            ])) as Arc<dyn GateObserver>
-        } else {
-            latency.clone() as Arc<dyn GateObserver>
-        };
+        let (observer, flusher) =
+            idem_runtime::tally::with_outcome_tally(latency.clone(), extras.outcome_counts.clone());
         let gate = Arc::new(
             Gate::new(
                 FaultyStore::new(store, plan.clone()),
@@ -630,7 +617,7 @@ mod tests {
     async fn the_verdict_reads_pages_and_names_lost_duplicated_and_wrong_rows() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("verdict.db").display().to_string();
-        let store = idem_store_sqlite::SqliteStore::open(&path, Default::default())
+        let store = idem_store_sqlite::SqliteStore::connect(&path, Default::default())
             .await
             .expect("open");
         store.migrate_grants().await.expect("migrate");

@@ -55,16 +55,9 @@ async fn records(
                 PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?,
             )
             .await?;
-            let pg =
-                |e: idem_store_postgres::PgError| CliError::failed(crate::error::error_chain(&e));
             match (key, &args.award_id) {
-                (Some(k), _) => store
-                    .inspect_key(k)
-                    .await
-                    .map_err(pg)?
-                    .into_iter()
-                    .collect(),
-                (None, Some(a)) => store.inspect_subject(a).await.map_err(pg)?,
+                (Some(k), _) => store.inspect_key(k).await?.into_iter().collect(),
+                (None, Some(a)) => store.inspect_subject(a).await?,
                 (None, None) => Vec::new(),
             }
         }
@@ -76,7 +69,7 @@ async fn records(
             }
             let mut config = SqliteConfig::default();
             config.create_if_missing = false;
-            let store = SqliteStore::open(&path, config).await?;
+            let store = SqliteStore::connect(&path, config).await?;
             match (key, &args.award_id) {
                 (Some(k), _) => store.inspect_key(k).await?.into_iter().collect(),
                 (None, Some(a)) => store.inspect_subject(a).await?,

@@ -102,7 +102,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
                 store.rotate_store_identity().await?.store_id
             }
             stores::StoreUrl::Sqlite(path) => {
-                let store = idem_store_sqlite::SqliteStore::open(
+                let store = idem_store_sqlite::SqliteStore::connect(
                     path,
                     idem_store_sqlite::SqliteConfig::default(),
                 )

@@ -18,8 +18,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use idem_broker::any::{AnyConsumer, AnyPublisher, BrokerUrl};
 use idem_broker::BrokerError;
-use idem_core::PublishError;
-use idem_grant::GrantDb;
+use idem_core::{ClaimStore, Handler, PublishError};
+use idem_grant::{GrantDb, GrantHandler};
 use idem_runtime::{Attempt, Backoff, GaveUp, ReconnectingPublisher};
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
@@ -228,7 +228,7 @@ pub(crate) async fn open_durable(
                 }
             }
             StoreUrl::Sqlite(path) => Opened::Lite(
-                SqliteStore::open(path, SqliteConfig::default())
+                SqliteStore::connect(path, SqliteConfig::default())
                     .await
                     .map_err(|e| Attempt::Final(e.into()))?,
             ),
@@ -250,13 +250,18 @@ pub(crate) async fn open_durable(
 /// Opens the store of `spec` for `visitor`, retrying while it is unreachable (for
 /// `timeout`; one attempt that hangs, a pool waiting to connect, is cut off at the
 /// deadline). Once the visitor was reached (`visited`), its error is final.
-pub(crate) async fn open_with_retry<V: StoreVisitor + Clone>(
+pub(crate) async fn open_with_retry<V: StoreVisitor + Clone + Send>(
     spec: &StoreSpec,
     migrate: bool,
     visitor: V,
-    visited: &AtomicBool,
     timeout: Duration,
 ) -> Result<V::Output, CliError> {
+    let visited = Arc::new(AtomicBool::new(false));
+    let visitor = Marked {
+        inner: visitor,
+        visited: Arc::clone(&visited),
+    };
+    let visited = &*visited;
     let deadline = Instant::now() + timeout;
     let open = || async {
         let open = crate::stores::open(spec, migrate, visitor.clone());
@@ -285,15 +290,55 @@ pub(crate) async fn open_with_retry<V: StoreVisitor + Clone>(
         .map_err(|e| gave_up("the store", e))
 }
 
-/// The broker connection of `idem consume`: each call connects to `source` anew (owned
-/// and boxed, so the consumer's future is `Send` for every lifetime).
-pub(crate) fn consumer_connect(
+/// A visitor that records that the store was opened and reached it.
+#[derive(Clone)]
+struct Marked<V> {
+    inner: V,
+    visited: Arc<AtomicBool>,
+}
+
+impl<V: StoreVisitor + Send> StoreVisitor for Marked<V> {
+    type Output = V::Output;
+
+    async fn visit<S>(
+        self,
+        store: S,
+        db: Arc<dyn GrantDb>,
+        extras: crate::stores::Extras,
+    ) -> Result<Self::Output, CliError>
+    where
+        S: ClaimStore + Clone + 'static,
+        GrantHandler: Handler<S::Tx>,
+    {
+        self.visited.store(true, Ordering::SeqCst);
+        self.inner.visit(store, db, extras).await
+    }
+}
+
+/// The broker connection of `idem consume`: connected now (retried for the reconnect
+/// timeout, then announced on stderr), and the function that connects to `source` anew for
+/// each reconnect (owned and boxed, so the consumer's future is `Send` for every lifetime).
+/// Each connection prefetches two batches per worker.
+pub(crate) async fn connect_consumer(
     broker: &BrokerUrl,
     source: &str,
-    prefetch: usize,
-) -> impl FnMut() -> BoxFuture<'static, Result<AnyConsumer, Attempt<CliError>>> + Send {
+    config: &idem_runtime::supervise::SupervisorConfig,
+) -> Result<
+    (
+        AnyConsumer,
+        impl FnMut() -> BoxFuture<'static, Result<AnyConsumer, Attempt<CliError>>> + Send,
+    ),
+    CliError,
+> {
+    let what = format!("{} {}", broker.kind(), broker);
+    let (size, n) = (config.consumer.batch_size, config.consumer.concurrency);
+    let prefetch = 2 * n * size;
+    let hello = format!(
+        "idem consume: {} {source} → store; batch size {size}, concurrency {n}",
+        broker.kind()
+    );
     let (broker, source) = (broker.clone(), source.to_owned());
-    move || {
+    let mut connect = move || {
         let (b, s) = (broker.clone(), source.clone());
         async move {
             let what = format!("{} {}", b.kind(), b);
@@ -301,7 +346,13 @@ pub(crate) fn consumer_connect(
             r.map_err(|e| attempt(broker_error(&what, &e)))
         }
         .boxed()
-    }
+    };
+    let timeout = config.reconnect_timeout;
+    let first = idem_runtime::retry(&what, timeout, Backoff::default(), &mut connect)
+        .await
+        .map_err(|e| gave_up(&what, e))?;
+    eprintln!("{hello}");
+    Ok((first, connect))
 }
 
 /// The relay's publisher to `destination`: connected now (retried for `timeout`), and

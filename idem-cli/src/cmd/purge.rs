@@ -1,13 +1,14 @@
 //! `idem purge`: delete dedup records and published outbox rows older than a cutoff, in
 //! bounded batches (on the partitioned layout: drop whole monthly partitions), never below
-//! the retention floor unless told to.
+//! the retention floor unless told to. Postgres and SQLite stores alike.
 
 use std::time::Duration;
 
-use idem_store_postgres::{
-    PgConfig, PgError, PgStore, PurgeOptions, PurgeProgress, RetentionFloor,
-    DEFAULT_RETENTION_FLOOR,
+use idem_core::retention::{
+    PurgeOptions, PurgeProgress, PurgeReport, RetentionFloor, DEFAULT_RETENTION_FLOOR,
 };
+use idem_store_postgres::{PgConfig, PgStore};
+use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 /// A purge age: years count 366 days (a cutoff never younger than N calendar years).
 fn parse_age(s: &str) -> Result<Duration, String> {
@@ -26,14 +27,13 @@ fn parse_floor(s: &str) -> Result<RetentionFloor, String> {
 }
 
 use crate::cmd::parse_duration;
-use crate::error::error_chain;
-use crate::stores::{self, StoreUrl};
+use crate::stores::StoreUrl;
 use crate::CliError;
 
 /// Arguments of `idem purge`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The store: postgres://…
+    /// The store: sqlite://PATH or postgres://…
     #[arg(long)]
     store: String,
     /// The Postgres schema.
@@ -71,12 +71,15 @@ pub(crate) struct Args {
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    let url = match StoreUrl::parse(&args.store)? {
-        StoreUrl::Postgres(url) => url,
-        _ => return Err(CliError::usage("idem purge supports postgres:// stores")),
-    };
-    let schema = args.schema.unwrap_or_else(|| "public".to_owned());
-    stores::validate_identifier(&schema)?;
+    let store = StoreUrl::parse(&args.store)?;
+    if matches!(store, StoreUrl::Memory) {
+        return Err(CliError::usage("idem purge needs a durable store"));
+    }
+    if args.schema.is_some() && !matches!(store, StoreUrl::Postgres(_)) {
+        return Err(CliError::usage(
+            "--schema applies to postgres:// stores only",
+        ));
+    }
     // The brokers' redelivery horizons first: no cutoff inside them, whatever the floor.
     let sources = crate::horizon::pairs(&args.broker, &args.source)?;
     let horizons = crate::horizon::read(&sources).await?;
@@ -84,55 +87,69 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         eprintln!("purge: redelivery horizon of {h}");
     }
     crate::horizon::check(args.older_than, &horizons, args.horizon_margin)?;
-    let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
-    let store = PgStore::connect(&url, config).await?;
     let options = PurgeOptions::new(args.older_than)
         .with_floor(args.retention_floor.unwrap_or(DEFAULT_RETENTION_FLOOR))
         .allow_below_floor(args.allow_below_floor)
         .with_batch_size(usize::try_from(args.batch_size).unwrap_or(1000))
         .dry_run(args.dry_run);
-    let report = store
-        .purge(&options, |p: &PurgeProgress| {
-            eprintln!(
-                "purge: {} {} rows so far (+{})",
-                p.table.table_name(),
-                p.rows_so_far,
-                p.batch_rows
-            );
-        })
-        .await
-        .map_err(|e| match e {
-            PgError::BelowRetentionFloor { .. }
-            | PgError::InvalidOption { .. }
-            | PgError::InvalidSchema { .. } => CliError::usage(e.to_string()),
-            other => CliError::failed(error_chain(&other)),
-        })?;
-    println!("cutoff: {}", report.cutoff);
-    println!("dry_run: {}", report.dry_run);
-    println!("layout: {}", store.layout());
-    if store.layout() == idem_store_postgres::PgLayout::Partitioned {
-        for name in &report.partitions_dropped {
-            eprintln!(
-                "purge: partition {name} {}",
-                if report.dry_run {
-                    "would be dropped"
-                } else {
-                    "dropped"
-                }
-            );
-        }
-        for name in &report.partitions_kept {
-            eprintln!("purge: partition {name} kept: it holds claims made after the cutoff");
-        }
-        println!("partitions_dropped: {}", report.partitions_dropped.len());
-        println!("partitions_kept: {}", report.partitions_kept.len());
-        println!(
-            "partition_rows_estimate: {}",
-            report.partition_rows_estimate
+    let progress = |p: &PurgeProgress| {
+        eprintln!(
+            "purge: {} {} rows so far (+{})",
+            p.table.table_name(),
+            p.rows_so_far,
+            p.batch_rows
         );
-    }
+    };
+    let report = match store {
+        StoreUrl::Postgres(url) => {
+            let schema = args.schema.unwrap_or_else(|| "public".to_owned());
+            let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
+            let store = PgStore::connect(&url, config).await?;
+            let report = store.purge(&options, progress).await?;
+            println!("cutoff: {}", report.cutoff);
+            println!("dry_run: {}", report.dry_run);
+            println!("layout: {}", store.layout());
+            if store.layout() == idem_store_postgres::PgLayout::Partitioned {
+                partitions(&report);
+            }
+            report
+        }
+        StoreUrl::Sqlite(path) => {
+            let mut config = SqliteConfig::default();
+            config.create_if_missing = false;
+            let report = SqliteStore::connect(&path, config)
+                .await?
+                .purge(&options, progress)
+                .await?;
+            println!("cutoff: {}", report.cutoff);
+            println!("dry_run: {}", report.dry_run);
+            report
+        }
+        StoreUrl::Memory => unreachable!("refused above"),
+    };
     println!("dedup_records: {}", report.dedup_records);
     println!("outbox_events: {}", report.outbox_events);
     println!("batches: {}", report.batches);
     Ok(())
+}
+
+/// The partitions a purge of the partitioned layout dropped or kept.
+fn partitions(report: &PurgeReport) {
+    let verb = if report.dry_run {
+        "would be dropped"
+    } else {
+        "dropped"
+    };
+    for name in &report.partitions_dropped {
+        eprintln!("purge: partition {name} {verb}");
+    }
+    for name in &report.partitions_kept {
+        eprintln!("purge: partition {name} kept: it holds claims made after the cutoff");
+    }
+    println!("partitions_dropped: {}", report.partitions_dropped.len());
+    println!("partitions_kept: {}", report.partitions_kept.len());
+    println!(
+        "partition_rows_estimate: {}",
+        report.partition_rows_estimate
+    );
 }

@@ -17,7 +17,7 @@ pub struct TestSqlite {
 pub async fn fresh() -> TestSqlite {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("idem.db");
-    let store = SqliteStore::open(path.to_str().expect("utf-8 path"), SqliteConfig::default())
+    let store = SqliteStore::connect(path.to_str().expect("utf-8 path"), SqliteConfig::default())
         .await
         .expect("open");
     store.migrate().await.expect("migrate");
@@ -96,6 +96,6 @@ impl TestStore for TestSqlite {
     }
 
     async fn claim_count(&self, key: &IdempotencyKey) -> Result<u64, StoreError> {
-        Ok(u64::from(self.store.claim_of(key).await?.is_some()))
+        Ok(u64::from(self.store.inspect_key(key).await?.is_some()))
     }
 }

@@ -2,16 +2,31 @@
 //! at exit (`idem consume`, `idem demo`), on a task of its own: a delivery never waits for
 //! it. A failed flush keeps its counts for the next one and is logged (a warning when
 //! flushes start failing, then quietly until one succeeds again).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::sync::Arc;
+//! use idem_core::{GateObserver, OutcomeCountStore};
+//! use idem_runtime::tally::with_outcome_tally;
+//!
+//! # let metrics: Arc<dyn GateObserver> = Arc::new(idem_core::OutcomeTally::new());
+//! // A store that keeps no tally (None): the observer is the metrics alone.
+//! let (observer, flusher) = with_outcome_tally(metrics, None::<Arc<dyn OutcomeCountStore>>);
+//! assert!(flusher.is_none());
+//! # let _ = observer;
+//! # }
+//! ```
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{OutcomeCountStore, OutcomeTally};
+use idem_core::{FanOut, GateObserver, OutcomeCountStore, OutcomeTally};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// How often the tally is written.
-pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// The longest one flush may take (a store that does not answer: the flush is dropped
 /// and, being cancel-safe, keeps its counts for the next one).
@@ -21,8 +36,9 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// delays the exit by seconds, not by the pool's connect timeout.
 const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The running flusher of one tally.
-pub(crate) struct Flusher {
+/// The running flusher of one tally: stop it with [`finish`](Flusher::finish) to write
+/// what is left.
+pub struct Flusher {
     tally: Arc<OutcomeTally>,
     sink: Arc<dyn OutcomeCountStore>,
     stop: Option<oneshot::Sender<()>>,
@@ -66,7 +82,7 @@ async fn flush_logged(
 
 impl Flusher {
     /// Starts flushing `tally` into `sink` every `every`.
-    pub(crate) fn spawn(
+    pub fn spawn(
         tally: Arc<OutcomeTally>,
         sink: Arc<dyn OutcomeCountStore>,
         every: Duration,
@@ -100,7 +116,7 @@ impl Flusher {
     /// Stops the periodic flushes and writes what is left (up to three tries of two
     /// seconds, a short pause between). Returns whether everything counted was written;
     /// what could not be is logged as lost.
-    pub(crate) async fn finish(mut self) -> bool {
+    pub async fn finish(mut self) -> bool {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -125,10 +141,36 @@ impl Flusher {
     }
 }
 
+impl std::fmt::Debug for Flusher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flusher")
+            .field("running", &self.task.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Flusher {
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+    }
+}
+
+/// `observer` with an [`OutcomeTally`] beside it that a [`Flusher`] writes into `sink`
+/// every [`FLUSH_EVERY`] — when the store keeps outcome counts (`sink` is `Some`);
+/// otherwise `observer` alone. Call [`Flusher::finish`] at exit.
+pub fn with_outcome_tally(
+    observer: Arc<dyn GateObserver>,
+    sink: Option<Arc<dyn OutcomeCountStore>>,
+) -> (Arc<dyn GateObserver>, Option<Flusher>) {
+    match sink {
+        Some(sink) => {
+            let tally = Arc::new(OutcomeTally::new());
+            let flusher = Flusher::spawn(Arc::clone(&tally), sink, FLUSH_EVERY);
+            let both: Arc<dyn GateObserver> = Arc::new(FanOut::new(vec![observer, tally]));
+            (both, Some(flusher))
+        }
+        None => (observer, None),
     }
 }
