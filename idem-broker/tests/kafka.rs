@@ -22,7 +22,6 @@ use idem_core::{consumer, ConsumerConfig, Gate};
 use idem_grant::GrantDb;
 use idem_store_postgres::PgStore;
 use proptest::prelude::*;
-use rand::Rng;
 
 fn brokers() -> String {
     std::env::var("IDEM_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
@@ -31,7 +30,7 @@ fn brokers() -> String {
 /// The test broker with its own consumer group, so concurrent tests do not rebalance
 /// one another.
 fn broker() -> Broker {
-    let group = format!("idem-test-{:08x}", rand::thread_rng().gen::<u32>());
+    let group = format!("idem-test-{:08x}", rand::random::<u32>());
     broker_in(&group)
 }
 
@@ -63,7 +62,7 @@ fn broker_with(group: &str, partitions: u32) -> Broker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_commit_before_ack_is_redelivered_and_skipped() {
     // One partition: the scenario counts on the published order (duplicates last).
-    let group = format!("idem-test-{:08x}", rand::thread_rng().gen::<u32>());
+    let group = format!("idem-test-{:08x}", rand::random::<u32>());
     common::crash_after_commit_before_ack(broker_with(&group, 1)).await;
 }
 
@@ -233,7 +232,7 @@ fn spawn_member(group: &str, name: &str, store: &PgStore, args: &[&str]) -> Chil
 async fn two_members_one_killed_mid_run_exactly_once() {
     const N: usize = 400;
     const D: usize = 100;
-    let group = format!("idem-test-{:08x}", rand::thread_rng().gen::<u32>());
+    let group = format!("idem-test-{:08x}", rand::random::<u32>());
     let broker = Broker {
         // Longer than the session timeout (6 s) plus a rebalance.
         idle: Duration::from_secs(12),
@@ -383,7 +382,7 @@ async fn watch_commits(
 async fn a_member_joining_mid_run_takes_partitions_with_deliveries_in_flight() {
     const N: usize = 400;
     const D: usize = 50;
-    let group = format!("idem-test-{:08x}", rand::thread_rng().gen::<u32>());
+    let group = format!("idem-test-{:08x}", rand::random::<u32>());
     let url = BrokerUrl::parse(&format!(
         "{}&assignment={}",
         url_in(&group, 4),

@@ -487,22 +487,26 @@ mod rs {
         conn: Arc<Mutex<Option<ConnectionManager>>>,
     }
 
+    /// Sorts a redis-rs error into this crate's kinds. A server error inside a pipeline
+    /// comes back as one error whose kind is that of the first failing command (an
+    /// unknown code, such as `WRONGTYPE`, is `Extension`: refused); a reply that does not
+    /// convert to the expected type is `Parse` (the 0.x `TypeError`).
     fn map_err(action: &'static str, e: redis::RedisError) -> RedisError {
-        use redis::ErrorKind as K;
+        use redis::{ErrorKind as K, ServerErrorKind as S};
         if e.is_io_error()
             || e.is_connection_dropped()
             || e.is_connection_refusal()
             || e.is_timeout()
             || matches!(
                 e.kind(),
-                K::BusyLoadingError | K::TryAgain | K::ClusterDown | K::MasterDown
+                K::Server(S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown)
             )
         {
             RedisError::Unavailable {
                 action,
                 source: Box::new(e),
             }
-        } else if matches!(e.kind(), K::TypeError) {
+        } else if matches!(e.kind(), K::Parse | K::UnexpectedReturnType) {
             RedisError::UnexpectedReply {
                 action,
                 detail: e.to_string(),
@@ -532,10 +536,10 @@ mod rs {
                 return Ok(c.clone());
             }
             let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(self.timeout.max(Duration::from_millis(500)))
-                .set_response_timeout(self.timeout)
+                .set_connection_timeout(Some(self.timeout.max(Duration::from_millis(500))))
+                .set_response_timeout(Some(self.timeout))
                 .set_number_of_retries(1)
-                .set_max_delay(2_000);
+                .set_max_delay(Duration::from_secs(2));
             let c = ConnectionManager::new_with_config(self.client.clone(), config)
                 .await
                 .map_err(|e| map_err(action, e))?;
@@ -617,5 +621,72 @@ mod rs {
             }
             p.query_async(&mut c).await.map_err(|e| map_err(action, e))
         }
+    }
+}
+
+/// The redis-rs error mapping against the server at `IDEM_TEST_REDIS_URL` (default
+/// `redis://127.0.0.1:6379`): real replies of the client version in use, not made-up
+/// errors, so a change in how the client reports them fails here.
+#[cfg(all(test, feature = "redis-rs"))]
+mod rs_tests {
+    use std::time::Duration;
+
+    use super::rs::Lazy;
+    use crate::error::RedisError;
+
+    fn url() -> String {
+        std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    }
+
+    fn fresh_key(tag: &str) -> String {
+        format!("idem-test:rs-errors:{tag}:{:016x}", rand::random::<u64>())
+    }
+
+    #[tokio::test]
+    async fn a_wrong_type_inside_a_pipeline_is_refused() {
+        let c = Lazy::new(&url(), Duration::from_secs(3)).expect("url");
+        let list = fresh_key("list");
+        let free = fresh_key("free");
+        // A list under the key: `SET … GET` answers WRONGTYPE for it.
+        c.eval_each(
+            "setup",
+            "redis.call('RPUSH', KEYS[1], 'x'); redis.call('PEXPIRE', KEYS[1], 60000); return 1",
+            std::slice::from_ref(&list),
+            &[],
+        )
+        .await
+        .expect("setup");
+        let err = c
+            .set_nx_get("claim", &[free, list], "token", 60_000)
+            .await
+            .expect_err("WRONGTYPE");
+        assert!(
+            matches!(err, RedisError::Refused { action: "claim", .. }) && !err.is_retryable(),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reply_of_the_wrong_type_is_unexpected() {
+        let c = Lazy::new(&url(), Duration::from_secs(3)).expect("url");
+        let err = c
+            .eval_each("check", "return 'not a number'", &[fresh_key("any")], &[])
+            .await
+            .expect_err("a string where an integer was expected");
+        assert!(
+            matches!(err, RedisError::UnexpectedReply { action: "check", .. }),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unavailable() {
+        // Port 1 on loopback: nothing listens there, the connection is refused.
+        let c = Lazy::new("redis://127.0.0.1:1", Duration::from_secs(1)).expect("url");
+        let err = c.ping("ping").await.expect_err("nothing listens");
+        assert!(
+            matches!(err, RedisError::Unavailable { action: "ping", .. }) && err.is_retryable(),
+            "{err:?}"
+        );
     }
 }

@@ -11,7 +11,7 @@ use idem_core::{
     Publisher, RejectReason,
 };
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 /// A message held by the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,7 +159,7 @@ impl SimBroker {
             st.stats.redeliveries += 1;
         }
         let rate = st.expiry_rate;
-        if !msg.expired && rate > 0.0 && st.rng.gen_bool(rate) {
+        if !msg.expired && rate > 0.0 && st.rng.random_bool(rate) {
             msg.expired = true;
             st.stats.expired += 1;
             st.ready.push_front(msg.clone());
@@ -232,7 +232,7 @@ impl SimBroker {
                     }
                 }
                 let rate = st.redelivery_rate;
-                if !msg.echoed && rate > 0.0 && st.rng.gen_bool(rate) {
+                if !msg.echoed && rate > 0.0 && st.rng.random_bool(rate) {
                     st.stats.acks_lost += 1;
                     let mut msg = msg;
                     msg.echoed = true;

@@ -19,7 +19,7 @@ use idem_core::{
     Submission,
 };
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 use crate::harness::{Effect, TestStore};
 
@@ -220,7 +220,7 @@ impl FaultPlan {
             Mode::Scripted(map) => map.get(&point).is_some_and(|v| v.contains(&n)),
             Mode::Random { rate } => {
                 let rate = *rate;
-                rate > 0.0 && st.rng.gen_bool(rate)
+                rate > 0.0 && st.rng.random_bool(rate)
             }
         };
         if crash {
@@ -231,7 +231,7 @@ impl FaultPlan {
 
     /// A seeded coin (whether a crash during the commit happened after it took effect).
     pub fn coin(&self) -> bool {
-        self.lock().rng.gen_bool(0.5)
+        self.lock().rng.random_bool(0.5)
     }
 
     /// Crashes injected so far, by point.

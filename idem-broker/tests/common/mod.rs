@@ -26,7 +26,6 @@ use idem_core::{
 use idem_grant::GrantDb;
 use idem_store_postgres::{PgConfig, PgOutboxSource, PgStore};
 use idem_testkit::{Effect, Ledger, MemoryStore, MemoryTx};
-use rand::Rng;
 
 /// Per-broker facts the scenarios need.
 #[derive(Debug, Clone)]
@@ -74,7 +73,7 @@ pub async fn within<F: std::future::Future>(scenario: F) -> F::Output {
 
 /// A fresh queue/stream name.
 pub fn fresh_name(prefix: &str) -> String {
-    format!("idem-test-{prefix}-{:08x}", rand::thread_rng().gen::<u32>())
+    format!("idem-test-{prefix}-{:08x}", rand::random::<u32>())
 }
 
 /// The Postgres server under test.
@@ -91,7 +90,7 @@ pub async fn fresh_pg() -> PgStore {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default(),
-        rand::thread_rng().gen::<u32>()
+        rand::random::<u32>()
     );
     let store = PgStore::connect(
         &pg_url(),

@@ -15,7 +15,7 @@ use idem_testkit::sim::{drive_fed, SimConfig};
 use idem_testkit::SimBroker;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 use crate::stores::{self, Extras, StoreSpec, StoreVisitor};
 use crate::CliError;
@@ -220,10 +220,10 @@ impl Iterator for Generator {
         }
         let i = self.next;
         self.next += 1;
-        if self.poison_rate > 0.0 && self.rng.gen_bool(self.poison_rate) {
-            return Some(Message::Poison(poison(self.rng.gen(), i)));
+        if self.poison_rate > 0.0 && self.rng.random_bool(self.poison_rate) {
+            return Some(Message::Poison(poison(self.rng.random(), i)));
         }
-        let amount: i64 = self.rng.gen_range(1..=500_000);
+        let amount: i64 = self.rng.random_range(1..=500_000);
         let award_id = format!("{}{i:0width$}", self.prefix, width = self.width);
         let body = format!(
             r#"{{"award_id":"{award_id}","submission_timestamp":"2026-07-01T{:02}:{:02}:{:02}Z","amount_cents":{amount},"program":"demo"}}"#,

@@ -10,7 +10,6 @@ use idem_core::{Capabilities, ClaimStore, IdempotencyKey, OutboxEvent, OutboxWri
 use idem_store_postgres::error::map_sqlx;
 use idem_store_postgres::{PartitionMonth, PgConfig, PgLayout, PgStore, PgTx};
 use idem_testkit::{Effect, TestStore};
-use rand::Rng;
 use sqlx::Row;
 
 /// The server under test.
@@ -26,7 +25,7 @@ pub fn schema_name() -> String {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    format!("idem_t_{secs}_{:08x}", rand::thread_rng().gen::<u32>())
+    format!("idem_t_{secs}_{:08x}", rand::random::<u32>())
 }
 
 async fn drop_stale_schemas(store: &PgStore) {
