@@ -47,6 +47,7 @@ pub mod key;
 pub mod mutant;
 pub mod outbox;
 pub mod record;
+pub mod sql;
 pub mod store;
 pub mod tally;
 pub mod trace;

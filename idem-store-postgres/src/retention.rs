@@ -6,6 +6,8 @@ use std::time::Duration;
 use crate::error::{map_sqlx, PgError};
 use crate::inspect::Timestamp;
 use crate::store::PgStore;
+use crate::sql::statement;
+use idem_core::sql;
 
 /// The age below which records are not purged without an explicit override.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,8 +241,8 @@ impl PgStore {
         .await
         .map_err(|e| map_sqlx(e, "compute purge cutoff"))?;
         let cutoff_secs = cutoff_micros as f64 / 1e6;
-        let pm = self.table("processed_messages");
-        let ob = self.table("outbox");
+        let pm = self.sql_table("processed_messages");
+        let ob = self.sql_table("outbox");
         let mut report = PurgeReport {
             cutoff: Timestamp::from_unix_micros(cutoff_micros),
             dedup_records: 0,
@@ -257,37 +259,43 @@ impl PgStore {
             report.partitions_dropped = dropped.dropped;
             report.partitions_kept = dropped.kept;
             report.partition_rows_estimate = dropped.rows_estimate;
-            self.table(crate::partition::DEFAULT_PARTITION)
+            self.sql_table(crate::partition::DEFAULT_PARTITION)
         } else {
-            pm.clone()
+            pm
         };
         let targets = [
             (
                 PurgeTable::DedupRecords,
-                format!("SELECT count(*) FROM {dedup_table} WHERE claimed_at < to_timestamp($1)"),
-                format!(
+                statement(sql!(
+                    "SELECT count(*) FROM {dedup_table} WHERE claimed_at < to_timestamp($1)",
+                    dedup_table
+                )),
+                statement(sql!(
                     "DELETE FROM {dedup_table} WHERE idempotency_key IN (SELECT idempotency_key \
                      FROM {dedup_table} WHERE claimed_at < to_timestamp($1) LIMIT $2 \
-                     FOR UPDATE SKIP LOCKED)"
-                ),
+                     FOR UPDATE SKIP LOCKED)",
+                    dedup_table
+                )),
             ),
             (
                 PurgeTable::OutboxEvents,
-                format!(
+                statement(sql!(
                     "SELECT count(*) FROM {ob} WHERE published_at IS NOT NULL \
-                     AND created_at < to_timestamp($1)"
-                ),
-                format!(
+                     AND created_at < to_timestamp($1)",
+                    ob
+                )),
+                statement(sql!(
                     "DELETE FROM {ob} WHERE id IN (SELECT id FROM {ob} \
                      WHERE published_at IS NOT NULL AND created_at < to_timestamp($1) \
-                     LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                ),
+                     LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                    ob
+                )),
             ),
         ];
         for (table, count_sql, delete_sql) in &targets {
             let mut total = 0u64;
             if opts.dry_run {
-                let n: i64 = sqlx::query_scalar(count_sql)
+                let n: i64 = sqlx::query_scalar(count_sql.clone())
                     .bind(cutoff_secs)
                     .fetch_one(self.pool())
                     .await
@@ -313,7 +321,7 @@ impl PgStore {
                         .execute(&mut *tx)
                         .await
                         .map_err(|e| map_sqlx(e, "mark purge transaction"))?;
-                    let n = sqlx::query(delete_sql)
+                    let n = sqlx::query(delete_sql.clone())
                         .bind(cutoff_secs)
                         .bind(batch)
                         .execute(&mut *tx)

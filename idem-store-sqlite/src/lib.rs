@@ -31,12 +31,21 @@
 //! # Ok(()) }
 //! ```
 
+/// The current time as the stores write it (UTC, ISO 8601 with milliseconds), as a
+/// literal so that statements holding it are string literals too (`concat!`).
+macro_rules! now {
+    () => {
+        "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+    };
+}
+
 mod audit;
 mod config;
 mod error;
 pub mod identity;
 mod inspect;
 mod outbox;
+pub mod sql;
 mod store;
 
 pub use config::SqliteConfig;

@@ -3,8 +3,10 @@
 use std::str::FromStr;
 
 use async_trait::async_trait;
+use idem_core::ident::Ident;
+use idem_core::sql::SqlText;
 use idem_core::{
-    Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent,
+    sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent,
     OutboxWriter, StoreError,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -12,6 +14,7 @@ use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use crate::config::SqliteConfig;
 use crate::error::map;
+use crate::sql::statement;
 
 const MIGRATION: &str = include_str!("../migrations/0001_init.sql");
 /// The store's identity (see [`crate::identity`]).
@@ -21,7 +24,7 @@ const CLAIM_IDENTITY: &str = include_str!("../migrations/0003_claim_identity.sql
 /// The outcome tally (`idem_outcome_counts`, [`SqliteStore::add_outcome_counts`]).
 const OUTCOME_COUNTS: &str = include_str!("../migrations/0005_outcome_counts.sql");
 
-const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+const NOW: &str = now!();
 
 /// The embedded store. Clones share one connection pool.
 #[derive(Debug, Clone)]
@@ -207,25 +210,11 @@ impl SqliteStore {
     /// # Errors
     /// [`StoreError::Config`] for an invalid name, a store error if the query fails.
     pub async fn count(&self, table: &str) -> Result<i64, StoreError> {
-        let table = identifier(table)?;
-        sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM \"{table}\""))
+        let table = Ident::new(table)?;
+        sqlx::query_scalar::<_, i64>(statement(sql!("SELECT count(*) FROM {table}", table)))
             .fetch_one(&self.pool)
             .await
             .map_err(|e| map("counting rows", e))
-    }
-}
-
-/// Validates a plain SQL identifier.
-///
-/// # Errors
-/// [`StoreError::Config`] unless it matches `[A-Za-z_][A-Za-z0-9_]{0,62}`.
-pub(crate) fn identifier(name: &str) -> Result<&str, StoreError> {
-    if idem_core::ident::is_identifier(name) {
-        Ok(name)
-    } else {
-        Err(StoreError::Config(format!(
-            "{name:?} is not a valid SQL identifier"
-        )))
     }
 }
 
@@ -314,9 +303,11 @@ impl ClaimTx for SqliteTx {
         meta: &ClaimMeta,
     ) -> Result<ClaimOutcome, StoreError> {
         let stamp = meta.identity().map(|(_, ts)| ts);
-        let done = sqlx::query(&format!(
+        let done = sqlx::query(concat!(
             "INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp) \
-             VALUES (?, ?, {NOW}, ?) ON CONFLICT DO NOTHING"
+             VALUES (?, ?, ",
+            now!(),
+            ", ?) ON CONFLICT DO NOTHING"
         ))
         .bind(key.to_hex())
         .bind(&meta.subject)
@@ -338,22 +329,20 @@ impl ClaimTx for SqliteTx {
         let mut out = Vec::with_capacity(items.len());
         // SQLite allows 32766 bound variables; 3 per row, so chunk well below that.
         for chunk in items.chunks(4000) {
-            let mut sql = String::from(
+            let mut sql = SqlText::from_static(
                 "INSERT INTO processed_messages \
                  (idempotency_key, award_id, claimed_at, submission_timestamp) VALUES ",
             );
             for i in 0..chunk.len() {
                 if i > 0 {
-                    sql.push(',');
+                    sql.push(",");
                 }
-                sql.push_str("(?, ?, ");
-                sql.push_str(NOW);
-                sql.push_str(", ?)");
+                sql.push("(?, ?, ").push(NOW).push(", ?)");
             }
             // Any unique index: the key's, and the identity's (a row of this statement
             // included, so two payloads of one identity in one batch conflict too).
-            sql.push_str(" ON CONFLICT DO NOTHING RETURNING idempotency_key");
-            let mut q = sqlx::query(&sql);
+            sql.push(" ON CONFLICT DO NOTHING RETURNING idempotency_key");
+            let mut q = sqlx::query(statement(sql));
             for (key, meta) in chunk {
                 q = q
                     .bind(key.to_hex())
@@ -395,13 +384,19 @@ impl SqliteTx {
     /// [`StoreError::Rejected`] when a payload is not UTF-8 JSON, or the database's error.
     pub async fn enqueue_many(&mut self, events: &[OutboxEvent]) -> Result<(), StoreError> {
         for chunk in events.chunks(1000) {
-            let rows = vec![format!("(?, ?, ?, ?, ?, {NOW}, ?)"); chunk.len()].join(", ");
-            let sql = format!(
+            let mut sql = SqlText::from_static(
                 "INSERT INTO outbox \
                  (event_id, event_type, subject, idempotency_key, payload, created_at, traceparent) \
-                 VALUES {rows} ON CONFLICT (event_id) DO NOTHING"
+                 VALUES ",
             );
-            let mut q = sqlx::query(&sql);
+            for i in 0..chunk.len() {
+                sql.push(if i > 0 { ", " } else { "" })
+                    .push("(?, ?, ?, ?, ?, ")
+                    .push(NOW)
+                    .push(", ?)");
+            }
+            sql.push(" ON CONFLICT (event_id) DO NOTHING");
+            let mut q = sqlx::query(statement(sql));
             for event in chunk {
                 q = q
                     .bind(event.event_id.to_string())
@@ -430,10 +425,12 @@ fn payload_text(event: &OutboxEvent) -> Result<&str, StoreError> {
 impl OutboxWriter for SqliteTx {
     async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
         let payload = payload_text(event)?;
-        sqlx::query(&format!(
+        sqlx::query(concat!(
             "INSERT INTO outbox \
              (event_id, event_type, subject, idempotency_key, payload, created_at, traceparent) \
-             VALUES (?, ?, ?, ?, ?, {NOW}, ?) ON CONFLICT (event_id) DO NOTHING"
+             VALUES (?, ?, ?, ?, ?, ",
+            now!(),
+            ", ?) ON CONFLICT (event_id) DO NOTHING"
         ))
         .bind(event.event_id.to_string())
         .bind(&event.event_type)
