@@ -661,7 +661,13 @@ mod rs_tests {
             .await
             .expect_err("WRONGTYPE");
         assert!(
-            matches!(err, RedisError::Refused { action: "claim", .. }) && !err.is_retryable(),
+            matches!(
+                err,
+                RedisError::Refused {
+                    action: "claim",
+                    ..
+                }
+            ) && !err.is_retryable(),
             "{err:?}"
         );
     }
@@ -674,7 +680,13 @@ mod rs_tests {
             .await
             .expect_err("a string where an integer was expected");
         assert!(
-            matches!(err, RedisError::UnexpectedReply { action: "check", .. }),
+            matches!(
+                err,
+                RedisError::UnexpectedReply {
+                    action: "check",
+                    ..
+                }
+            ),
             "{err:?}"
         );
     }
