@@ -213,7 +213,10 @@ impl Outcome {
 ///
 /// The delay of attempt `n` (counted from 1) is `min(max, initial × 2^(n-1))`, and with
 /// jitter a deterministic fraction of it between one half and all of it (derived from the
-/// key and the attempt, so a replay sees the same delays).
+/// key and the attempt, so a replay sees the same delays). The growing, capped delay is
+/// the same `backon` exponential backoff as [`Backoff`](crate::outbox::Backoff)'s
+/// (doubling in `f32` seconds: a few parts in ten million off the exact double; `max`
+/// exact).
 ///
 /// ```
 /// use std::time::Duration;
@@ -266,16 +269,15 @@ impl RetryPolicy {
 
     /// The delay before redelivering attempt `attempt` (1 for the first delivery) of `key`.
     pub fn delay(&self, key: Option<&IdempotencyKey>, attempt: u32) -> Duration {
-        let shift = attempt.saturating_sub(1).min(30);
-        let full = self
-            .initial
-            .checked_mul(1u32 << shift)
-            .unwrap_or(self.max)
-            .min(self.max);
+        let full = crate::backoff::nth(crate::backoff::ceilings(self.initial, self.max), attempt);
         if !self.jitter {
             return full;
         }
-        // splitmix64 over the key's first bytes and the attempt: deterministic jitter.
+        // splitmix64 over the key's first bytes and the attempt: a deterministic fraction
+        // of the full delay, in thousandths from 500 to 1000. Not backon's jitter, which
+        // draws from a sequence: a nack delay must be a function of (key, attempt) alone,
+        // and idem-testkit's explorer (its states hash the pending delays) sees these
+        // exact values.
         let seed = key.map_or(0, |k| {
             let b = k.as_bytes();
             u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])

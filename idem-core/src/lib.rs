@@ -36,6 +36,7 @@
 //! ```
 
 pub mod audit;
+mod backoff;
 pub mod clock;
 pub mod consumer;
 pub mod delivery;

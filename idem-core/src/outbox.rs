@@ -13,6 +13,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use sha2::{Digest, Sha256};
 
+use crate::backoff;
 use crate::error::{Error, KeyError, PublishError, StoreError};
 use crate::key::{hex_lower, parse_hex32, IdempotencyKey};
 use crate::trace::{TraceParent, TRACEPARENT_HEADER};
@@ -272,17 +273,21 @@ pub struct RelayStats {
 }
 
 /// A growing, capped, jittered delay ("equal jitter"): attempt `n` (from 1) waits a
-/// random time in `[d/2, d]` where `d = min(initial × 2^(n-1), max)`.
+/// random time in `[d/2, d]` where `d = min(initial × 2^(n-1), max)`. Built on `backon`'s
+/// exponential backoff, which doubles in `f32` seconds: `d` can differ from the exact
+/// double by a few parts in ten million; `max` is exact and never exceeded.
 ///
 /// ```
 /// use std::time::Duration;
 /// use idem_core::outbox::Backoff;
 /// let b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// assert_eq!(b.ceiling(1), Duration::from_millis(100));
-/// assert_eq!(b.ceiling(4), Duration::from_millis(800));
+/// assert_eq!(b.ceiling(4).as_micros(), 800_000);
 /// assert_eq!(b.ceiling(u32::MAX), Duration::from_secs(5));
 /// let d = b.delay(4);
-/// assert!(d >= Duration::from_millis(400) && d <= Duration::from_millis(800));
+/// assert!(d >= Duration::from_millis(400) && d <= b.ceiling(4));
+/// // Or the whole sequence, attempt 1, 2, …, drawn once.
+/// assert!(b.delays().take(10).all(|d| d <= Duration::from_secs(5)));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -307,30 +312,20 @@ impl Backoff {
 
     /// The ceiling of attempt `attempt` (from 1), before jitter.
     pub fn ceiling(&self, attempt: u32) -> Duration {
-        let doublings = attempt.saturating_sub(1).min(30);
-        self.initial
-            .saturating_mul(1u32 << doublings)
-            .min(self.max)
-            .max(self.initial.min(self.max))
+        backoff::nth(backoff::ceilings(self.initial, self.max), attempt)
     }
 
     /// The delay before attempt `attempt` (from 1): a random time in `[c/2, c]`,
     /// `c` = [`ceiling`](Self::ceiling).
     pub fn delay(&self, attempt: u32) -> Duration {
-        let c = self.ceiling(attempt);
-        let half = c / 2;
-        let span = u64::try_from((c - half).as_nanos()).unwrap_or(u64::MAX);
-        half + Duration::from_nanos(random_u64() % span.saturating_add(1))
+        backoff::nth(self.delays(), attempt)
     }
-}
 
-/// A random number from the standard library's per-process random hasher keys (no
-/// dependency, good enough for jitter).
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x9e37_79b9_7f4a_7c15);
-    h.finish()
+    /// The delays of attempts 1, 2, … (endless), each drawn as [`delay`](Self::delay)
+    /// draws it: what a retry loop consumes one failure at a time.
+    pub fn delays(&self) -> impl Iterator<Item = Duration> + Send + Sync + Unpin {
+        backoff::jittered(self.initial, self.max, None)
+    }
 }
 
 /// A timer: returns a future that completes after the given time. `idem-core` has no
