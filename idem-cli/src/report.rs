@@ -187,8 +187,7 @@ fn all_days(r: &Report<'_>, max_days: i64) -> Vec<Day> {
     }
     (0..n)
         .map(|i| {
-            let (y, m, d) = Timestamp::from_unix_micros(first + i * day).date();
-            let name = format!("{y:04}-{m:02}-{d:02}");
+            let name = Timestamp::from_unix_micros(first + i * day).day();
             by_day.remove(&name).unwrap_or_else(|| Day::named(name))
         })
         .collect()

@@ -8,8 +8,12 @@
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use jiff::civil::{Date, DateTime, Time};
+use jiff::SignedDuration;
+
 /// A point in time, UTC, in microseconds since the Unix epoch. `Display` is RFC 3339
-/// with microseconds, e.g. `2026-07-01T09:00:00.000000Z`.
+/// with microseconds, e.g. `2026-07-01T09:00:00.000000Z` (the calendar is `jiff`'s; an
+/// instant beyond its years -9999 to 9999 shows as the nearest end of that range).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp {
     unix_micros: i64,
@@ -46,17 +50,43 @@ impl Timestamp {
 
     /// The UTC calendar date, `(year, month, day)`.
     pub fn date(self) -> (i64, u32, u32) {
-        civil_from_days(self.unix_micros.div_euclid(86_400_000_000))
+        let d = self.civil().date();
+        (
+            i64::from(d.year()),
+            d.month().unsigned_abs().into(),
+            d.day().unsigned_abs().into(),
+        )
+    }
+
+    /// The UTC calendar date as `YYYY-MM-DD`, the name of its day in the outcome tally
+    /// and in the audit report.
+    ///
+    /// ```
+    /// use idem_core::record::Timestamp;
+    /// let t = Timestamp::parse_rfc3339("2026-07-01T01:30:00+02:00").unwrap();
+    /// assert_eq!(t.day(), "2026-06-30");
+    /// ```
+    pub fn day(self) -> String {
+        self.civil().date().to_string()
     }
 
     /// The start (00:00:00Z) of the UTC day holding this instant.
     pub fn start_of_day(self) -> Self {
-        Self::from_unix_micros(self.unix_micros.div_euclid(86_400_000_000) * 86_400_000_000)
+        Self::from_unix_micros(self.unix_micros.div_euclid(MICROS_PER_DAY) * MICROS_PER_DAY)
+    }
+
+    /// The UTC civil date and time, held to `jiff`'s range (years -9999 to 9999: all
+    /// that RFC 3339's four-digit years can write, and more).
+    fn civil(self) -> DateTime {
+        EPOCH.saturating_add(SignedDuration::from_micros(self.unix_micros))
     }
 
     /// Parses RFC 3339 (`2026-07-01T09:00:00Z`, `…T09:00:00.123456+02:00`, a space or
     /// `t` for `T`, `z` for `Z`), or a bare date `2026-07-01` (its midnight UTC).
-    /// Fractions beyond microseconds are truncated.
+    /// Fractions beyond microseconds are truncated; a leap second (`:60`) is the next
+    /// minute's first. The shape is checked here (stricter than `jiff`'s own parser,
+    /// which also takes `+0200`, `T09` or a bracketed zone); dates and calendar
+    /// arithmetic are `jiff`'s.
     ///
     /// ```
     /// use idem_core::record::Timestamp;
@@ -67,31 +97,28 @@ impl Timestamp {
     /// ```
     pub fn parse_rfc3339(s: &str) -> Option<Self> {
         let b = s.as_bytes();
-        let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let num = |r: std::ops::Range<usize>| -> Option<i16> {
             let part = b.get(r)?;
             if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
                 return None;
             }
             std::str::from_utf8(part).ok()?.parse().ok()
         };
+        let two = |r: std::ops::Range<usize>| num(r).and_then(|n| i8::try_from(n).ok());
         if b.len() < 10 || b[4] != b'-' || b[7] != b'-' {
             return None;
         }
-        let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-        if !(1..=12).contains(&m) || d < 1 || d > days_in_month(y, m) {
-            return None;
-        }
-        let days = days_from_civil(y, m, d);
+        let date = Date::new(num(0..4)?, two(5..7)?, two(8..10)?).ok()?;
         if b.len() == 10 {
-            return Some(Self::from_unix_micros(days * 86_400_000_000));
+            return Self::from_civil(date.to_datetime(Time::midnight()), 0);
         }
         if b.len() < 20 || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
             return None;
         }
-        let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
-        if hh > 23 || mm > 59 || ss > 60 {
-            return None;
-        }
+        let (hh, mm, ss) = (two(11..13)?, two(14..16)?, two(17..19)?);
+        // A leap second is accepted as 59 plus one second.
+        let leap = i8::from(ss == 60);
+        let time = Time::new(hh, mm, ss - leap, 0).ok()?;
         let mut i = 19;
         let mut micros = 0i64;
         if b[i] == b'.' {
@@ -113,7 +140,7 @@ impl Timestamp {
                 if oh > 23 || om > 59 {
                     return None;
                 }
-                let o = oh * 3600 + om * 60;
+                let o = i64::from(oh) * 3600 + i64::from(om) * 60;
                 if *sign == b'+' {
                     o
                 } else {
@@ -122,62 +149,29 @@ impl Timestamp {
             }
             _ => return None,
         };
-        let secs = days * 86_400 + hh * 3600 + mm * 60 + ss - offset_secs;
-        Some(Self::from_unix_micros(secs * 1_000_000 + micros))
+        let t = Self::from_civil(date.to_datetime(time), i64::from(leap) - offset_secs)?;
+        Some(Self::from_unix_micros(t.unix_micros + micros))
+    }
+
+    /// The instant of the UTC civil time `dt`, plus `secs` seconds.
+    fn from_civil(dt: DateTime, secs: i64) -> Option<Self> {
+        let since_epoch = dt.duration_since(EPOCH) + SignedDuration::from_secs(secs);
+        i64::try_from(since_epoch.as_micros())
+            .ok()
+            .map(Self::from_unix_micros)
     }
 }
 
-fn is_leap(y: i64) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
-}
+/// Microseconds in a UTC day (Unix time has no leap seconds).
+const MICROS_PER_DAY: i64 = 86_400_000_000;
 
-fn days_in_month(y: i64, m: i64) -> i64 {
-    match m {
-        2 if is_leap(y) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Howard Hinnant's days_from_civil.
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Howard Hinnant's civil_from_days.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month as u32, day as u32)
-}
+/// The Unix epoch as a UTC civil time.
+const EPOCH: DateTime = jiff::civil::datetime(1970, 1, 1, 0, 0, 0, 0);
 
 impl fmt::Display for Timestamp {
+    /// RFC 3339, UTC, microseconds: `2026-07-01T09:00:00.000000Z`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let micros = self.unix_micros.rem_euclid(1_000_000);
-        let secs = self.unix_micros.div_euclid(1_000_000);
-        let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
-        let sod = secs.rem_euclid(86_400);
-        write!(
-            f,
-            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-            sod / 3600,
-            sod % 3600 / 60,
-            sod % 60
-        )
+        write!(f, "{:.6}Z", self.civil())
     }
 }
 
@@ -446,6 +440,97 @@ pub struct AuditStats {
 #[cfg(test)]
 mod tests {
     use super::Timestamp;
+
+    /// The hand-written calendar `jiff` replaced (Howard Hinnant's civil_from_days), kept
+    /// here as the oracle the stored text must stay byte-identical to.
+    fn reference(unix_micros: i64) -> String {
+        let micros = unix_micros.rem_euclid(1_000_000);
+        let secs = unix_micros.div_euclid(1_000_000);
+        let z = secs.div_euclid(86_400) + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        let sod = secs.rem_euclid(86_400);
+        format!(
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+            sod / 3600,
+            sod % 3600 / 60,
+            sod % 60
+        )
+    }
+
+    #[test]
+    fn the_text_is_byte_identical_to_the_hand_written_calendar_for_years_0_to_9999() {
+        let first = -62_167_219_200_000_000i64; // 0000-01-01T00:00:00Z
+        let last = 253_402_300_799_999_999i64; // 9999-12-31T23:59:59.999999Z
+        assert_eq!(
+            Timestamp::from_unix_micros(first).to_string(),
+            "0000-01-01T00:00:00.000000Z"
+        );
+        assert_eq!(
+            Timestamp::from_unix_micros(last).to_string(),
+            "9999-12-31T23:59:59.999999Z"
+        );
+        // Every 13th day (all weekdays, months and leap rules), at a time of day that moves.
+        let step = 13 * 86_400_000_000 + 3_723_456_789;
+        let mut micros = first;
+        let mut n = 0;
+        while micros <= last {
+            let t = Timestamp::from_unix_micros(micros);
+            let text = t.to_string();
+            assert_eq!(text, reference(micros));
+            assert_eq!(Timestamp::parse_rfc3339(&text), Some(t), "{text}");
+            assert_eq!(t.day(), text[..10]);
+            let (y, m, d) = t.date();
+            assert_eq!(format!("{y:04}-{m:02}-{d:02}"), text[..10]);
+            micros += step;
+            n += 1;
+        }
+        assert!(n > 280_000, "{n}");
+    }
+
+    #[test]
+    fn leap_seconds_offsets_and_fractions_parse_as_before() {
+        let p = |s| Timestamp::parse_rfc3339(s).map(|t| t.to_string());
+        assert_eq!(
+            p("2016-12-31T23:59:60Z").as_deref(),
+            Some("2017-01-01T00:00:00.000000Z")
+        );
+        assert_eq!(
+            p("0000-01-01T00:30:00+01:00").as_deref(),
+            Some("-000001-12-31T23:30:00.000000Z")
+        );
+        assert_eq!(
+            p("9999-12-31T23:59:59.123456789z").as_deref(),
+            Some("9999-12-31T23:59:59.123456Z")
+        );
+        assert_eq!(
+            p("9999-12-31").as_deref(),
+            Some("9999-12-31T00:00:00.000000Z")
+        );
+        assert_eq!(
+            p("2026-07-01t09:00:00.1-23:59").as_deref(),
+            Some("2026-07-02T08:59:00.100000Z")
+        );
+        for bad in [
+            "2026-07-01T09:00:00+24:00",
+            "2026-07-01T09:00:61Z",
+            "2026-07-01T09:60:00Z",
+            "2026-07-01T09:00:00+02",
+            "2026-07-01T09:00Z",
+            "2026-07-01T09:00:00Z[UTC]",
+            "+02026-07-01T09:00:00Z",
+            "2026-7-01",
+            "2026-07-01T09:00:00,5Z",
+        ] {
+            assert_eq!(Timestamp::parse_rfc3339(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn timestamps_render_as_rfc3339() {

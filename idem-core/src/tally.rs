@@ -52,8 +52,7 @@ fn day_number(t: Timestamp) -> i64 {
 }
 
 fn day_name(day: i64) -> String {
-    let (y, m, d) = Timestamp::from_unix_micros(day * 86_400_000_000).date();
-    format!("{y:04}-{m:02}-{d:02}")
+    Timestamp::from_unix_micros(day * 86_400_000_000).day()
 }
 
 /// `(day, outcome, reason)` of the counts not yet flushed.

@@ -311,12 +311,6 @@ impl SqliteStore {
     }
 }
 
-/// `YYYY-MM-DD` of a timestamp's UTC day.
-fn day_of(t: Timestamp) -> String {
-    let (y, m, d) = t.date();
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
 impl SqliteStore {
     /// Adds `counts` to the outcome tally (`idem_outcome_counts`, created by
     /// [`migrate`](SqliteStore::migrate)) in one statement, as `PgStore::add_outcome_counts`
@@ -378,10 +372,10 @@ impl SqliteStore {
         since: &str,
         until: &str,
     ) -> Result<Option<Vec<OutcomeCount>>, SqliteError> {
-        let lo = day_of(bound("since", since)?);
+        let lo = bound("since", since)?.day();
         let until = bound("until", until)?;
         // The last day that starts before `until`.
-        let hi = day_of(Timestamp::from_unix_micros(until.unix_micros() - 1));
+        let hi = Timestamp::from_unix_micros(until.unix_micros() - 1).day();
         let exists: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_outcome_counts'",
         )
