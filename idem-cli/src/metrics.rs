@@ -1,41 +1,74 @@
 //! The `--metrics-addr` endpoint of `idem consume` and `idem relay`: a tiny HTTP server
 //! answering every request with the Prometheus text exposition format (version 0.0.4),
-//! rendered afresh on each scrape ([`serve`]), and the pieces it is made of:
+//! rendered afresh on each scrape ([`serve`]) by `prometheus-client` from a
+//! [`Registry`], and the metrics it holds:
 //!
 //! - [`StageMetrics`], a [`GateObserver`] recording how long each step of the gate took
 //!   (claim, handler, commit, ack) and how many acks failed after a successful commit;
-//! - [`filter_text`]: the front filter's hits, errors and bypassed lookups;
-//! - [`backlog_text`]: the outbox backlog and the age of its oldest unpublished event,
-//!   measured in the store at scrape time;
+//! - [`FilterCollector`]: the front filter's hits, errors and bypassed lookups, read from
+//!   its [`FilterStats`] at scrape time;
+//! - [`BacklogCollector`]: the outbox backlog and the age of its oldest unpublished
+//!   event, measured in the store at each scrape;
 //! - [`RelayCounters`]: events published and batches retried by the relay.
+//!
+//! `prometheus-client` appends `_total` to a counter's name: counters are registered
+//! without it (`idem_relay_published` is served as `idem_relay_published_total`).
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use idem_core::gate::ATTEMPTS_EXHAUSTED;
+use idem_core::outbox::OutboxBacklog;
 use idem_core::{FilterStats, GateObserver, Outcome, OutcomeKind, Stage};
 use idem_grant::GrantDb;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::error::error_chain;
 use crate::CliError;
 
-/// Renders the exposition text; called on every scrape.
-pub(crate) type Render = Arc<dyn Fn() -> BoxFuture<'static, String> + Send + Sync>;
-
 /// How long a scrape may wait for the store before the backlog is reported as unknown.
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Binds `addr` now (a taken port is the caller's mistake, exit 2) and serves `render`'s
-/// text to every HTTP request on it, in the background, until the process ends.
-pub(crate) async fn serve(addr: SocketAddr, render: Render) -> Result<(), CliError> {
+/// What an endpoint serves: the metrics registered in `registry`, then, once there is a
+/// store, its outbox backlog measured at the scrape.
+pub(crate) struct Exposition {
+    registry: Registry,
+    store: Arc<OnceLock<Arc<dyn GrantDb>>>,
+}
+
+impl Exposition {
+    /// The exposition text of this scrape.
+    pub(crate) async fn render(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_text::encode(&mut text, &self.registry);
+        if let Some(db) = self.store.get() {
+            let mut scrape = Registry::default();
+            scrape.register_collector(Box::new(BacklogCollector::measure(db.as_ref()).await));
+            let _ = prometheus_text::encode(&mut text, &scrape);
+        }
+        text
+    }
+}
+
+/// Binds `addr` now (a taken port is the caller's mistake, exit 2) and serves
+/// `exposition`'s text to every HTTP request on it, in the background, until the process
+/// ends.
+pub(crate) async fn serve(addr: SocketAddr, exposition: Exposition) -> Result<(), CliError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| CliError::usage(format!("--metrics-addr {addr}: {e}")))?;
+    let exposition = Arc::new(exposition);
     tokio::spawn(async move {
         loop {
             let mut stream = match listener.accept().await {
@@ -47,14 +80,15 @@ pub(crate) async fn serve(addr: SocketAddr, render: Render) -> Result<(), CliErr
                     continue;
                 }
             };
-            let render = Arc::clone(&render);
+            let exposition = Arc::clone(&exposition);
             tokio::spawn(async move {
                 // The request itself does not matter: every path gets the metrics.
                 let mut buf = [0u8; 1024];
                 let _ = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf)).await;
-                let body = render().await;
+                let body = exposition.render().await;
                 let response = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    prometheus_text::CONTENT_TYPE,
                     body.len()
                 );
                 let _ = stream.write_all(response.as_bytes()).await;
@@ -65,97 +99,117 @@ pub(crate) async fn serve(addr: SocketAddr, render: Render) -> Result<(), CliErr
     Ok(())
 }
 
-/// One metric's `# HELP` and `# TYPE` lines.
-fn header(s: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+/// Encodes one metric of a collector.
+fn encode_one(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    metric: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    let m = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+    metric.encode(m)
 }
 
-/// The front filter's counters.
-pub(crate) fn filter_text(stats: &FilterStats) -> String {
-    let mut s = String::new();
-    for (name, help, value) in [
-        (
-            "idem_front_filter_hits_total",
-            "Deliveries the front filter answered as already done (no store round trip).",
-            stats.hits(),
-        ),
-        (
-            "idem_front_filter_errors_total",
-            "Front filter lookups or marks that failed (the store decided instead).",
-            stats.errors(),
-        ),
-        (
-            "idem_front_filter_bypassed_total",
-            "Lookups skipped while the filter's circuit breaker was open.",
-            stats.bypassed(),
-        ),
-    ] {
-        header(&mut s, name, "counter", help);
-        let _ = writeln!(s, "{name} {value}");
-    }
-    s
-}
+/// The front filter's counters, read from its [`FilterStats`] at each scrape; nothing
+/// until the store (and so the filter, if any) is open.
+#[derive(Debug)]
+pub(crate) struct FilterCollector(Arc<OnceLock<Arc<FilterStats>>>);
 
-/// The outbox backlog gauges, measured now in `db` (at most [`STORE_TIMEOUT`]). When the
-/// store cannot answer, `idem_outbox_backlog_up` is 0 and the two gauges are left out
-/// rather than reported stale.
-pub(crate) async fn backlog_text(db: &dyn GrantDb) -> String {
-    let mut s = String::new();
-    let measured = tokio::time::timeout(STORE_TIMEOUT, db.outbox_backlog()).await;
-    let backlog = match measured {
-        Ok(Ok(b)) => Some(b),
-        Ok(Err(e)) => {
-            tracing::debug!(target: "idem::metrics", error = %error_chain(&e), "measuring the outbox backlog failed");
-            None
+impl Collector for FilterCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(stats) = self.0.get() else {
+            return Ok(());
+        };
+        for (name, help, value) in [
+            (
+                "idem_front_filter_hits",
+                "Deliveries the front filter answered as already done (no store round trip).",
+                stats.hits(),
+            ),
+            (
+                "idem_front_filter_errors",
+                "Front filter lookups or marks that failed (the store decided instead).",
+                stats.errors(),
+            ),
+            (
+                "idem_front_filter_bypassed",
+                "Lookups skipped while the filter's circuit breaker was open.",
+                stats.bypassed(),
+            ),
+        ] {
+            encode_one(&mut encoder, name, help, &ConstCounter::new(value))?;
         }
-        Err(_) => None,
-    };
-    if let Some(b) = backlog {
-        header(
-            &mut s,
-            "idem_outbox_backlog",
-            "gauge",
-            "Outbox events committed but not yet published.",
-        );
-        let _ = writeln!(s, "idem_outbox_backlog {}", b.pending);
-        header(
-            &mut s,
-            "idem_outbox_oldest_unpublished_age_seconds",
-            "gauge",
-            "Age of the oldest unpublished outbox event (0 when none is pending).",
-        );
-        let age = b.oldest_age.map_or(0.0, |d| d.as_secs_f64());
-        let _ = writeln!(s, "idem_outbox_oldest_unpublished_age_seconds {age:.3}");
+        Ok(())
     }
-    header(
-        &mut s,
-        "idem_outbox_backlog_up",
-        "gauge",
-        "1 when this scrape could measure the outbox backlog in the store, else 0.",
-    );
-    let _ = writeln!(s, "idem_outbox_backlog_up {}", u8::from(backlog.is_some()));
-    s
+}
+
+/// The outbox backlog gauges of one scrape, measured in the store (at most
+/// [`STORE_TIMEOUT`]) by [`measure`](Self::measure). When the store could not answer,
+/// `idem_outbox_backlog_up` is 0 and the two gauges are left out rather than reported
+/// stale.
+#[derive(Debug)]
+pub(crate) struct BacklogCollector(Option<OutboxBacklog>);
+
+impl BacklogCollector {
+    /// Measures the backlog in `db` now.
+    pub(crate) async fn measure(db: &dyn GrantDb) -> Self {
+        match tokio::time::timeout(STORE_TIMEOUT, db.outbox_backlog()).await {
+            Ok(Ok(b)) => Self(Some(b)),
+            Ok(Err(e)) => {
+                tracing::debug!(target: "idem::metrics", error = %error_chain(&e), "measuring the outbox backlog failed");
+                Self(None)
+            }
+            Err(_) => Self(None),
+        }
+    }
+}
+
+impl Collector for BacklogCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        if let Some(b) = &self.0 {
+            let pending = i64::try_from(b.pending).unwrap_or(i64::MAX);
+            encode_one(
+                &mut encoder,
+                "idem_outbox_backlog",
+                "Outbox events committed but not yet published.",
+                &ConstGauge::new(pending),
+            )?;
+            let age = b.oldest_age.map_or(0.0, |d| d.as_secs_f64());
+            encode_one(
+                &mut encoder,
+                "idem_outbox_oldest_unpublished_age_seconds",
+                "Age of the oldest unpublished outbox event (0 when none is pending).",
+                &ConstGauge::new(age),
+            )?;
+        }
+        encode_one(
+            &mut encoder,
+            "idem_outbox_backlog_up",
+            "1 when this scrape could measure the outbox backlog in the store, else 0.",
+            &ConstGauge::new(i64::from(self.0.is_some())),
+        )
+    }
 }
 
 /// The relay's counters, shared between its loop and the metrics endpoint.
 #[derive(Debug, Default)]
 pub(crate) struct RelayCounters {
     /// Events published and marked.
-    pub(crate) published: AtomicU64,
+    published: Counter,
     /// Batches published and marked.
-    pub(crate) batches: AtomicU64,
+    batches: Counter,
     /// Batches that failed (store or broker) and were released for another try.
-    pub(crate) retries: AtomicU64,
+    retries: Counter,
     /// Events moved aside after the broker refused them again and again.
-    pub(crate) moved_aside: AtomicU64,
+    moved_aside: Counter,
     /// When the last batch was marked published.
     pub(crate) last_published: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl idem_core::RelayObserver for RelayCounters {
     fn published(&self, events: usize) {
-        self.published.fetch_add(events as u64, Ordering::Relaxed);
-        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.published.inc_by(events as u64);
+        self.batches.inc();
         let now = std::time::Instant::now();
         *self
             .last_published
@@ -164,77 +218,69 @@ impl idem_core::RelayObserver for RelayCounters {
     }
 
     fn failed(&self, _error: &idem_core::Error, _retry_in: Duration) {
-        self.retries.fetch_add(1, Ordering::Relaxed);
+        self.retries.inc();
     }
 
     fn moved_aside(&self, events: u64, _reason: &str) {
-        self.moved_aside.fetch_add(events, Ordering::Relaxed);
+        self.moved_aside.inc_by(events);
+    }
+}
+
+impl RelayCounters {
+    /// Registers the counters in `registry`.
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "idem_relay_published",
+            "Outbox events published to the broker and marked published.",
+            self.published.clone(),
+        );
+        registry.register(
+            "idem_relay_batches",
+            "Outbox batches published and marked.",
+            self.batches.clone(),
+        );
+        registry.register(
+            "idem_relay_retries",
+            "Outbox batches that failed (store or broker) and were retried.",
+            self.retries.clone(),
+        );
+        registry.register(
+            "idem_relay_moved_aside",
+            "Outbox events moved aside after the broker refused them max_publish_attempts times.",
+            self.moved_aside.clone(),
+        );
+    }
+
+    /// What `idem relay --metrics-addr` serves: these counters and `db`'s backlog.
+    pub(crate) fn exposition(&self, db: Arc<dyn GrantDb>) -> Exposition {
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        let store = Arc::new(OnceLock::new());
+        let _ = store.set(db);
+        Exposition { registry, store }
     }
 }
 
 /// Serves the relay's counters and the store's outbox backlog at `addr`.
 pub(crate) async fn serve_relay(
     addr: SocketAddr,
-    counters: Arc<RelayCounters>,
+    counters: &RelayCounters,
     db: Arc<dyn GrantDb>,
 ) -> Result<(), CliError> {
-    let render: Render = Arc::new(move || {
-        let (c, db) = (Arc::clone(&counters), Arc::clone(&db));
-        Box::pin(async move {
-            let mut s = c.render();
-            s.push_str(&backlog_text(db.as_ref()).await);
-            s
-        })
-    });
-    serve(addr, render).await
+    serve(addr, counters.exposition(db)).await
 }
 
-impl RelayCounters {
-    /// The counters' exposition text.
-    pub(crate) fn render(&self) -> String {
-        let mut s = String::new();
-        for (name, help, value) in [
-            (
-                "idem_relay_published_total",
-                "Outbox events published to the broker and marked published.",
-                &self.published,
-            ),
-            (
-                "idem_relay_batches_total",
-                "Outbox batches published and marked.",
-                &self.batches,
-            ),
-            (
-                "idem_relay_retries_total",
-                "Outbox batches that failed (store or broker) and were retried.",
-                &self.retries,
-            ),
-            (
-                "idem_relay_moved_aside_total",
-                "Outbox events moved aside after the broker refused them max_publish_attempts times.",
-                &self.moved_aside,
-            ),
-        ] {
-            header(&mut s, name, "counter", help);
-            let _ = writeln!(s, "{name} {}", value.load(Ordering::Relaxed));
-        }
-        s
-    }
+/// The `outcome` label of `idem_deliveries_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
 }
 
-/// What `idem consume --metrics-addr` serves: deliveries by outcome, settle failures,
-/// the gate's stage histograms, and once the store is open the front filter's counters
-/// and the outbox backlog.
-#[derive(Default)]
-pub(crate) struct ConsumeMetrics {
-    by_kind: [AtomicU64; 6],
-    settle_failures: AtomicU64,
-    stages: Arc<StageMetrics>,
-    opened: OnceLock<Opened>,
+/// The `stage` label of `idem_stage_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabel {
+    stage: &'static str,
 }
-
-/// The opened store and its front filter's counters.
-type Opened = (Arc<dyn GrantDb>, Option<Arc<FilterStats>>);
 
 const KINDS: [OutcomeKind; 6] = [
     OutcomeKind::Processed,
@@ -245,13 +291,46 @@ const KINDS: [OutcomeKind; 6] = [
     OutcomeKind::Conflict,
 ];
 
+/// What `idem consume --metrics-addr` serves: deliveries by outcome, settle failures,
+/// the gate's stage histograms, and once the store is open the front filter's counters
+/// and the outbox backlog.
+pub(crate) struct ConsumeMetrics {
+    /// `idem_deliveries_total`, one counter per outcome (all six exported from the start).
+    deliveries: Family<OutcomeLabel, Counter>,
+    /// The family's counters in [`KINDS`] order.
+    by_kind: [Counter; 6],
+    settle_failures: Counter,
+    stages: Arc<StageMetrics>,
+    filter: Arc<OnceLock<Arc<FilterStats>>>,
+    store: Arc<OnceLock<Arc<dyn GrantDb>>>,
+}
+
+impl Default for ConsumeMetrics {
+    fn default() -> Self {
+        let deliveries = Family::<OutcomeLabel, Counter>::default();
+        let by_kind = KINDS.map(|k| {
+            deliveries.get_or_create_owned(&OutcomeLabel {
+                outcome: k.as_str(),
+            })
+        });
+        Self {
+            deliveries,
+            by_kind,
+            settle_failures: Counter::default(),
+            stages: Arc::default(),
+            filter: Arc::default(),
+            store: Arc::default(),
+        }
+    }
+}
+
 impl ConsumeMetrics {
     /// Counts one settled delivery (and logs a failed settlement).
     pub(crate) fn record(&self, o: &Outcome) {
         let i = KINDS.iter().position(|k| *k == o.kind()).unwrap_or(4);
-        self.by_kind[i].fetch_add(1, Ordering::Relaxed);
+        self.by_kind[i].inc();
         if let Some(e) = o.settle_error() {
-            self.settle_failures.fetch_add(1, Ordering::Relaxed);
+            self.settle_failures.inc();
             tracing::warn!(target: "idem::consume", outcome = o.kind().as_str(), error = %e, "settling a delivery failed");
         }
     }
@@ -259,7 +338,11 @@ impl ConsumeMetrics {
     /// The store is open: its backlog and filter counters are served from now on (a
     /// reconnect to the store keeps the first, the same database).
     pub(crate) fn opened(&self, db: Arc<dyn GrantDb>, filter: Option<Arc<FilterStats>>) {
-        let _ = self.opened.set((db, filter));
+        if self.store.set(db).is_ok() {
+            if let Some(f) = filter {
+                let _ = self.filter.set(f);
+            }
+        }
     }
 
     /// The gate observer feeding the stage histograms.
@@ -267,57 +350,39 @@ impl ConsumeMetrics {
         Arc::clone(&self.stages) as Arc<dyn GateObserver>
     }
 
-    /// The counters' and histograms' exposition text.
-    pub(crate) fn counters_text(&self) -> String {
-        let mut s = String::new();
-        header(
-            &mut s,
-            "idem_deliveries_total",
-            "counter",
+    /// The registry of everything but the backlog.
+    fn registry(&self) -> Registry {
+        let mut registry = Registry::default();
+        registry.register(
+            "idem_deliveries",
             "Deliveries settled, by outcome.",
+            self.deliveries.clone(),
         );
-        for (k, n) in KINDS.iter().zip(&self.by_kind) {
-            let _ = writeln!(
-                s,
-                "idem_deliveries_total{{outcome=\"{}\"}} {}",
-                k.as_str(),
-                n.load(Ordering::Relaxed)
-            );
-        }
-        header(
-            &mut s,
-            "idem_settle_failures_total",
-            "counter",
+        registry.register(
+            "idem_settle_failures",
             "Acks, nacks or dead-letters that failed.",
+            self.settle_failures.clone(),
         );
-        let failures = self.settle_failures.load(Ordering::Relaxed);
-        let _ = writeln!(s, "idem_settle_failures_total {failures}");
-        s.push_str(&self.stages.render());
-        s
+        self.stages.register(&mut registry);
+        registry.register_collector(Box::new(FilterCollector(Arc::clone(&self.filter))));
+        registry
     }
 
-    async fn render(&self) -> String {
-        let mut s = self.counters_text();
-        if let Some((db, filter)) = self.opened.get() {
-            if let Some(f) = filter {
-                s.push_str(&filter_text(f));
-            }
-            s.push_str(&backlog_text(db.as_ref()).await);
+    /// What the endpoint serves.
+    pub(crate) fn exposition(&self) -> Exposition {
+        Exposition {
+            registry: self.registry(),
+            store: Arc::clone(&self.store),
         }
-        s
     }
 }
 
 /// Serves `metrics` at `addr`.
 pub(crate) async fn serve_consume(
     addr: SocketAddr,
-    metrics: Arc<ConsumeMetrics>,
+    metrics: &ConsumeMetrics,
 ) -> Result<(), CliError> {
-    let render: Render = Arc::new(move || {
-        let m = Arc::clone(&metrics);
-        Box::pin(async move { m.render().await })
-    });
-    serve(addr, render).await
+    serve(addr, metrics.exposition()).await
 }
 
 /// Bucket upper bounds, in seconds (a commit's WAL flush is ~1-5 ms; a slow handler or a
@@ -328,35 +393,30 @@ pub(crate) const BUCKETS: [f64; 14] = [
 
 const STAGES: [Stage; 4] = [Stage::Claim, Stage::Handler, Stage::Commit, Stage::Ack];
 
-/// One histogram: cumulative-on-render bucket counts, a sum in nanoseconds, a count.
-#[derive(Debug, Default)]
-struct Histogram {
-    /// Per bucket (not cumulative), plus the overflow (`+Inf`) slot.
-    buckets: [AtomicU64; BUCKETS.len() + 1],
-    sum_nanos: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Histogram {
-    fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let i = BUCKETS
-            .iter()
-            .position(|&le| secs <= le)
-            .unwrap_or(BUCKETS.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// A [`GateObserver`] recording stage latencies (lock-free: atomics only).
-#[derive(Debug, Default)]
+/// A [`GateObserver`] recording stage latencies.
+#[derive(Debug)]
 pub(crate) struct StageMetrics {
+    /// `idem_stage_duration_seconds`, one histogram per stage (all four exported from the
+    /// start).
+    family: Family<StageLabel, Histogram, fn() -> Histogram>,
+    /// The family's histograms in [`STAGES`] order.
     stages: [Histogram; 4],
-    ack_failures_after_commit: AtomicU64,
-    attempts_exhausted: AtomicU64,
+    ack_failures_after_commit: Counter,
+    attempts_exhausted: Counter,
+}
+
+impl Default for StageMetrics {
+    fn default() -> Self {
+        let family: Family<StageLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(BUCKETS));
+        let stages = STAGES.map(|s| family.get_or_create_owned(&StageLabel { stage: s.as_str() }));
+        Self {
+            family,
+            stages,
+            ack_failures_after_commit: Counter::default(),
+            attempts_exhausted: Counter::default(),
+        }
+    }
 }
 
 fn index(stage: Stage) -> usize {
@@ -369,78 +429,38 @@ fn index(stage: Stage) -> usize {
 }
 
 impl StageMetrics {
-    /// The Prometheus text exposition of the histograms and the counter.
-    pub(crate) fn render(&self) -> String {
-        let mut s = String::new();
-        s.push_str(
-            "# HELP idem_stage_duration_seconds Time spent in each step of the gate \
-             (a batch counts once).\n# TYPE idem_stage_duration_seconds histogram\n",
+    /// Registers the histograms and the two counters in `registry`.
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "idem_stage_duration_seconds",
+            "Time spent in each step of the gate (a batch counts once).",
+            self.family.clone(),
         );
-        for stage in STAGES {
-            let h = &self.stages[index(stage)];
-            let name = stage.as_str();
-            // Read the count first: buckets observed after it may make +Inf exceed it
-            // by a few, never fall below it.
-            let mut cumulative = 0u64;
-            for (i, le) in BUCKETS.iter().enumerate() {
-                cumulative += h.buckets[i].load(Ordering::Relaxed);
-                let _ = writeln!(
-                    s,
-                    "idem_stage_duration_seconds_bucket{{stage=\"{name}\",le=\"{le}\"}} {cumulative}"
-                );
-            }
-            cumulative += h.buckets[BUCKETS.len()].load(Ordering::Relaxed);
-            let _ = writeln!(
-                s,
-                "idem_stage_duration_seconds_bucket{{stage=\"{name}\",le=\"+Inf\"}} {cumulative}"
-            );
-            let sum = h.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-            let _ = writeln!(
-                s,
-                "idem_stage_duration_seconds_sum{{stage=\"{name}\"}} {sum}"
-            );
-            let _ = writeln!(
-                s,
-                "idem_stage_duration_seconds_count{{stage=\"{name}\"}} {cumulative}"
-            );
-        }
-        s.push_str(
-            "# HELP idem_ack_failures_after_commit_total Commits whose ack then failed \
-             (the redelivery is skipped as a duplicate).\n\
-             # TYPE idem_ack_failures_after_commit_total counter\n",
+        registry.register(
+            "idem_ack_failures_after_commit",
+            "Commits whose ack then failed (the redelivery is skipped as a duplicate).",
+            self.ack_failures_after_commit.clone(),
         );
-        let _ = writeln!(
-            s,
-            "idem_ack_failures_after_commit_total {}",
-            self.ack_failures_after_commit.load(Ordering::Relaxed)
+        registry.register(
+            "idem_attempts_exhausted",
+            "Deliveries dead-lettered because their attempts reached --max-attempts (the reason is the last error).",
+            self.attempts_exhausted.clone(),
         );
-        s.push_str(
-            "# HELP idem_attempts_exhausted_total Deliveries dead-lettered because their \
-             attempts reached --max-attempts (the reason is the last error).\n\
-             # TYPE idem_attempts_exhausted_total counter\n",
-        );
-        let _ = writeln!(
-            s,
-            "idem_attempts_exhausted_total {}",
-            self.attempts_exhausted.load(Ordering::Relaxed)
-        );
-        s
     }
 }
 
 impl GateObserver for StageMetrics {
     fn stage(&self, stage: Stage, elapsed: Duration) {
-        self.stages[index(stage)].observe(elapsed);
+        self.stages[index(stage)].observe(elapsed.as_secs_f64());
     }
 
     fn outcome(&self, outcome: &Outcome) {
         match outcome {
             Outcome::Processed { settle: Err(_), .. } => {
-                self.ack_failures_after_commit
-                    .fetch_add(1, Ordering::Relaxed);
+                self.ack_failures_after_commit.inc();
             }
             Outcome::Rejected { reason, .. } if reason.code == ATTEMPTS_EXHAUSTED => {
-                self.attempts_exhausted.fetch_add(1, Ordering::Relaxed);
+                self.attempts_exhausted.inc();
             }
             _ => {}
         }
@@ -457,6 +477,23 @@ mod tests {
             .unwrap_or_else(|| panic!("no line starting {prefix:?} in\n{text}"))
     }
 
+    /// The value of the sample `name` (labels included).
+    fn value(text: &str, name: &str) -> f64 {
+        line(text, &format!("{name} "))
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} has no number in\n{text}"))
+    }
+
+    fn stage_text(m: &StageMetrics) -> String {
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let mut t = String::new();
+        prometheus_text::encode(&mut t, &registry).unwrap();
+        t
+    }
+
     #[test]
     fn exposition_text_has_cumulative_buckets_sum_and_count() {
         let m = StageMetrics::default();
@@ -465,10 +502,13 @@ mod tests {
         m.stage(Stage::Commit, Duration::from_millis(3));
         m.stage(Stage::Commit, Duration::from_secs(30)); // +Inf only
         m.stage(Stage::Claim, Duration::from_millis(1)); // exactly on a bound: <= 0.001
-        let t = m.render();
+        let t = stage_text(&m);
 
         assert!(
-            t.contains("# TYPE idem_stage_duration_seconds histogram\n"),
+            t.contains(
+                "# HELP idem_stage_duration_seconds Time spent in each step of the gate (a batch counts once).\n\
+                 # TYPE idem_stage_duration_seconds histogram\n"
+            ),
             "{t}"
         );
         assert!(
@@ -476,39 +516,31 @@ mod tests {
             "{t}"
         );
         let b = |stage: &str, le: &str| {
-            line(
+            value(
                 &t,
-                &format!("idem_stage_duration_seconds_bucket{{stage=\"{stage}\",le=\"{le}\"}} "),
+                &format!("idem_stage_duration_seconds_bucket{{stage=\"{stage}\",le=\"{le}\"}}"),
             )
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .to_owned()
         };
-        assert_eq!(b("commit", "0.0005"), "1");
-        assert_eq!(b("commit", "0.001"), "1");
-        assert_eq!(b("commit", "0.005"), "3");
-        assert_eq!(b("commit", "10"), "3");
-        assert_eq!(b("commit", "+Inf"), "4");
-        assert_eq!(b("claim", "0.0005"), "0");
-        assert_eq!(b("claim", "0.001"), "1");
-        assert_eq!(b("handler", "+Inf"), "0");
+        assert_eq!(b("commit", "0.0005"), 1.0);
+        assert_eq!(b("commit", "0.001"), 1.0);
+        assert_eq!(b("commit", "0.005"), 3.0);
+        assert_eq!(b("commit", "1"), 3.0);
+        assert_eq!(b("commit", "10"), 3.0);
+        assert_eq!(b("commit", "+Inf"), 4.0);
+        assert_eq!(b("claim", "0.0005"), 0.0);
+        assert_eq!(b("claim", "0.001"), 1.0);
+        assert_eq!(b("handler", "+Inf"), 0.0);
         assert_eq!(
-            line(&t, "idem_stage_duration_seconds_count{stage=\"commit\"}"),
-            "idem_stage_duration_seconds_count{stage=\"commit\"} 4"
+            value(&t, "idem_stage_duration_seconds_count{stage=\"commit\"}"),
+            4.0
         );
+        let sum = value(&t, "idem_stage_duration_seconds_sum{stage=\"commit\"}");
+        assert!((sum - 30.0063).abs() < 1e-9, "{sum}");
         assert_eq!(
-            line(&t, "idem_stage_duration_seconds_sum{stage=\"commit\"}"),
-            "idem_stage_duration_seconds_sum{stage=\"commit\"} 30.0063"
+            value(&t, "idem_stage_duration_seconds_sum{stage=\"ack\"}"),
+            0.0
         );
-        assert_eq!(
-            line(&t, "idem_stage_duration_seconds_sum{stage=\"ack\"}"),
-            "idem_stage_duration_seconds_sum{stage=\"ack\"} 0"
-        );
-        assert_eq!(
-            line(&t, "idem_ack_failures_after_commit_total"),
-            "idem_ack_failures_after_commit_total 0"
-        );
+        assert_eq!(value(&t, "idem_ack_failures_after_commit_total"), 0.0);
         // Every sample line is `name{labels} value` or `name value`, value a number.
         for l in t.lines().filter(|l| !l.starts_with('#')) {
             let v = l.rsplit(' ').next().unwrap();
@@ -521,18 +553,131 @@ mod tests {
         );
     }
 
-    #[test]
-    fn metrics_text_counts_outcomes() {
+    #[tokio::test]
+    async fn consume_metrics_count_outcomes_and_name_every_counter_as_before() {
         let m = ConsumeMetrics::default();
-        m.by_kind[0].fetch_add(3, Ordering::Relaxed);
-        let text = m.counters_text();
+        let key = idem_core::IdempotencyKey::derive("A", "t", b"{}").unwrap();
+        for _ in 0..3 {
+            m.record(&Outcome::Processed {
+                key,
+                settle: Ok(()),
+            });
+        }
+        m.record(&Outcome::Processed {
+            key,
+            settle: Err(idem_core::AckError::new("connection lost", true, None)),
+        });
+        let text = m.exposition().render().await;
         assert!(
-            text.contains("idem_deliveries_total{outcome=\"processed\"} 3"),
+            text.contains("\nidem_deliveries_total{outcome=\"processed\"} 4\n"),
             "{text}"
         );
+        for kind in KINDS.iter().skip(1) {
+            let sample = format!(
+                "\nidem_deliveries_total{{outcome=\"{}\"}} 0\n",
+                kind.as_str()
+            );
+            assert!(text.contains(&sample), "{sample} in\n{text}");
+        }
+        for (name, kind, help) in [
+            ("idem_deliveries_total", "counter", "Deliveries settled, by outcome."),
+            ("idem_settle_failures_total", "counter", "Acks, nacks or dead-letters that failed."),
+            (
+                "idem_attempts_exhausted_total",
+                "counter",
+                "Deliveries dead-lettered because their attempts reached --max-attempts (the reason is the last error).",
+            ),
+        ] {
+            let header = format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
+            assert!(text.contains(&header), "{header} in\n{text}");
+        }
+        assert_eq!(value(&text, "idem_settle_failures_total"), 1.0);
+        // No store yet: no filter counters, no backlog.
+        assert!(!text.contains("idem_front_filter"), "{text}");
+        assert!(!text.contains("idem_outbox"), "{text}");
+    }
+
+    #[test]
+    fn the_filter_collector_reads_the_stats_at_each_scrape() {
+        let slot = Arc::new(OnceLock::new());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(FilterCollector(Arc::clone(&slot))));
+        let render = || {
+            let mut t = String::new();
+            prometheus_text::encode(&mut t, &registry).unwrap();
+            t
+        };
+        assert_eq!(render(), "");
+        let stats = Arc::new(FilterStats::default());
+        let _ = slot.set(Arc::clone(&stats));
+        let t = render();
         assert!(
-            text.contains("idem_deliveries_total{outcome=\"duplicate\"} 0"),
-            "{text}"
+            t.contains(
+                "# HELP idem_front_filter_hits_total Deliveries the front filter answered as already done (no store round trip).\n\
+                 # TYPE idem_front_filter_hits_total counter\n\
+                 idem_front_filter_hits_total 0\n"
+            ),
+            "{t}"
+        );
+        assert_eq!(value(&t, "idem_front_filter_errors_total"), 0.0);
+        assert_eq!(value(&t, "idem_front_filter_bypassed_total"), 0.0);
+    }
+
+    fn backlog_text(c: BacklogCollector) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(c));
+        let mut t = String::new();
+        prometheus_text::encode(&mut t, &registry).unwrap();
+        t
+    }
+
+    #[test]
+    fn the_backlog_collector_reports_what_it_measured_or_that_it_could_not() {
+        let t = backlog_text(BacklogCollector(Some(OutboxBacklog {
+            pending: 20,
+            oldest_age: Some(Duration::from_millis(1500)),
+        })));
+        assert!(
+            t.contains(
+                "# HELP idem_outbox_backlog Outbox events committed but not yet published.\n\
+                 # TYPE idem_outbox_backlog gauge\nidem_outbox_backlog 20\n"
+            ),
+            "{t}"
+        );
+        assert_eq!(value(&t, "idem_outbox_oldest_unpublished_age_seconds"), 1.5);
+        assert_eq!(value(&t, "idem_outbox_backlog_up"), 1.0);
+        let none = backlog_text(BacklogCollector(Some(OutboxBacklog {
+            pending: 0,
+            oldest_age: None,
+        })));
+        assert_eq!(
+            value(&none, "idem_outbox_oldest_unpublished_age_seconds"),
+            0.0
+        );
+        let down = backlog_text(BacklogCollector(None));
+        assert_eq!(value(&down, "idem_outbox_backlog_up"), 0.0);
+        assert!(!down.contains("idem_outbox_backlog "), "{down}");
+        assert!(!down.contains("oldest"), "{down}");
+    }
+
+    #[test]
+    fn relay_counters_keep_their_names() {
+        use idem_core::RelayObserver as _;
+        let c = RelayCounters::default();
+        c.published(5);
+        c.published(2);
+        c.moved_aside(1, "refused");
+        let mut registry = Registry::default();
+        c.register(&mut registry);
+        let mut t = String::new();
+        prometheus_text::encode(&mut t, &registry).unwrap();
+        assert_eq!(value(&t, "idem_relay_published_total"), 7.0);
+        assert_eq!(value(&t, "idem_relay_batches_total"), 2.0);
+        assert_eq!(value(&t, "idem_relay_retries_total"), 0.0);
+        assert_eq!(value(&t, "idem_relay_moved_aside_total"), 1.0);
+        assert!(
+            t.contains("# TYPE idem_relay_published_total counter\n"),
+            "{t}"
         );
     }
 
@@ -548,9 +693,7 @@ mod tests {
             key,
             settle: Err(idem_core::AckError::new("connection lost", true, None)),
         });
-        assert!(m
-            .render()
-            .contains("\nidem_ack_failures_after_commit_total 1\n"));
+        assert!(stage_text(&m).contains("\nidem_ack_failures_after_commit_total 1\n"));
     }
 
     #[test]
@@ -563,6 +706,6 @@ mod tests {
         m.outcome(&reject(ATTEMPTS_EXHAUSTED));
         m.outcome(&reject("not_json"));
         m.outcome(&reject(ATTEMPTS_EXHAUSTED));
-        assert!(m.render().contains("\nidem_attempts_exhausted_total 2\n"));
+        assert!(stage_text(&m).contains("\nidem_attempts_exhausted_total 2\n"));
     }
 }

@@ -82,7 +82,7 @@ fn scrape(addr: &str) -> Option<String> {
     s.read_to_string(&mut text).ok()?;
     assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
     assert!(
-        text.contains("Content-Type: text/plain; version=0.0.4"),
+        text.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"),
         "{text}"
     );
     Some(text.split_once("\r\n\r\n").expect("a body").1.to_owned())

@@ -123,7 +123,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let spec = StoreSpec::new(&args.store, args.schema, args.front_filter)?;
     let metrics = Arc::new(crate::metrics::ConsumeMetrics::default());
     if let Some(addr) = args.metrics_addr {
-        crate::metrics::serve_consume(addr, Arc::clone(&metrics)).await?;
+        crate::metrics::serve_consume(addr, &metrics).await?;
     }
     let (started, timeout) = (Instant::now(), args.reconnect_timeout);
     let config = SupervisorConfig::new(ConsumerConfig::new(args.concurrency, args.batch_size))

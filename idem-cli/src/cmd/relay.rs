@@ -69,7 +69,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let counters = Arc::new(RelayCounters::default());
     let store = super::open_durable(&spec, !args.no_migrate, timeout).await?;
     if let Some(addr) = args.metrics_addr {
-        crate::metrics::serve_relay(addr, Arc::clone(&counters), store.db()).await?;
+        crate::metrics::serve_relay(addr, &counters, store.db()).await?;
     }
     let options = idem_runtime::relay_options()
         .batch_size(args.batch_size as usize)
