@@ -132,8 +132,8 @@ impl SqliteStore {
         if page.is_empty() {
             return Ok(());
         }
-        let keys: Vec<String> = page.iter().map(|c| json_string(&c.key)).collect();
-        let keys = format!("[{}]", keys.join(","));
+        let keys: Vec<&str> = page.iter().map(|c| c.key.as_str()).collect();
+        let keys = json(&keys)?;
         let rows = sqlx::query(
             "SELECT id, event_id, event_type, subject, idempotency_key, created_at, published_at \
              FROM outbox WHERE idempotency_key IN (SELECT value FROM json_each(?1)) ORDER BY id",
@@ -164,20 +164,13 @@ impl SqliteStore {
     }
 }
 
-/// `s` as a JSON string literal.
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// `v` as the JSON text of a statement parameter (read back with `json_each`).
+fn json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Other {
+        message: "encoding a statement parameter as JSON".to_owned(),
+        retryable: false,
+        source: Some(e.into()),
+    })
 }
 
 impl SqliteStore {
@@ -339,12 +332,7 @@ impl SqliteStore {
                     c.day
                 )));
             }
-            rows.push(format!(
-                "[{},{},{},{n}]",
-                json_string(&c.day),
-                json_string(&c.outcome),
-                json_string(&c.reason)
-            ));
+            rows.push((c.day.as_str(), c.outcome.as_str(), c.reason.as_str(), n));
         }
         sqlx::query(
             "INSERT INTO idem_outcome_counts (day, outcome, reason, count) \
@@ -353,7 +341,7 @@ impl SqliteStore {
              FROM json_each(?1) WHERE true GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 \
              ON CONFLICT (day, outcome, reason) DO UPDATE SET count = count + excluded.count",
         )
-        .bind(format!("[{}]", rows.join(",")))
+        .bind(json(&rows)?)
         .execute(self.pool())
         .await
         .map_err(|e| map("adding outcome counts", e))?;
@@ -439,5 +427,48 @@ mod tests {
             stored_ceil(t("2026-07-01T11:00:00.123+02:00")),
             "2026-07-01T09:00:00.123Z"
         );
+    }
+
+    /// The stored text is SQLite's own (`strftime('%Y-%m-%dT%H:%M:%fZ', …)`, what the
+    /// store writes), byte for byte: over years 0000-9999, and for now.
+    #[tokio::test]
+    async fn bounds_are_written_as_sqlite_writes_timestamps() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:")
+            .await
+            .expect("in-memory SQLite");
+        let sqlite = |secs: i64, ms: i64| {
+            let pool = pool.clone();
+            async move {
+                let text: String = sqlx::query_scalar(
+                    "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', ?1, 'unixepoch', ?2)",
+                )
+                .bind(secs)
+                .bind(format!("+{}.{:03} seconds", ms / 1000, ms % 1000))
+                .fetch_one(&pool)
+                .await
+                .expect("strftime");
+                text
+            }
+        };
+        let first = -62_167_219_200i64; // 0000-01-01T00:00:00Z
+        let last = 253_402_300_799i64; // 9999-12-31T23:59:59Z
+        let mut secs = first;
+        let mut n = 0;
+        while secs <= last {
+            let ms = (secs.rem_euclid(997) * 7) % 1000;
+            let stored = sqlite(secs, ms).await;
+            let t = Timestamp::from_unix_micros(secs * 1_000_000 + ms * 1000);
+            assert_eq!(stored_ceil(t), stored, "{secs} s + {ms} ms");
+            assert_eq!(parse_stored(Some(stored.clone())), Some(t), "{stored}");
+            secs += 3_652 * 86_400 + 4_321;
+            n += 1;
+        }
+        assert!(n > 900, "{n}");
+        let now: String = sqlx::query_scalar("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
+            .fetch_one(&pool)
+            .await
+            .expect("now");
+        let t = parse_stored(Some(now.clone())).expect("SQLite's now parses");
+        assert_eq!(stored_ceil(t), now);
     }
 }

@@ -202,16 +202,37 @@ async fn queue_attributes(
     Ok(out.attributes.unwrap_or_default())
 }
 
-/// The value of `"key"` in a flat JSON object (a string or a bare number), enough for an
-/// SQS redrive policy.
-fn json_field(json: &str, key: &str) -> Option<String> {
-    let at = json.find(&format!("\"{key}\""))? + key.len() + 2;
-    let rest = json[at..].trim_start().strip_prefix(':')?.trim_start();
-    if let Some(quoted) = rest.strip_prefix('"') {
-        quoted.find('"').map(|end| quoted[..end].to_owned())
-    } else {
-        let end = rest.find([',', '}']).unwrap_or(rest.len());
-        Some(rest[..end].trim().to_owned())
+/// A queue's redrive policy, the JSON its `RedrivePolicy` attribute holds.
+#[derive(Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RedrivePolicy {
+    /// The dead-letter queue's ARN.
+    #[serde(default)]
+    dead_letter_target_arn: String,
+    /// Receives before SQS moves a message there (written as a number or a string).
+    #[serde(default, deserialize_with = "receive_count")]
+    max_receive_count: Option<u32>,
+}
+
+/// `maxReceiveCount`, a number or a numeric string (`None` when neither).
+fn receive_count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    use serde::Deserialize as _;
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    })
+}
+
+impl RedrivePolicy {
+    /// The policy an attribute holds; an unreadable one reads as empty (no target).
+    fn parse(attribute: &str) -> Self {
+        serde_json::from_str(attribute).unwrap_or_default()
+    }
+
+    /// The attribute's JSON text.
+    fn to_attribute(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
     }
 }
 
@@ -315,10 +336,11 @@ pub(crate) async fn ensure_queues(
         })?;
     let mut attrs = vec![(
         QueueAttributeName::RedrivePolicy,
-        format!(
-            r#"{{"deadLetterTargetArn":"{dead_arn}","maxReceiveCount":{}}}"#,
-            config.max_receive_count
-        ),
+        RedrivePolicy {
+            dead_letter_target_arn: dead_arn.clone(),
+            max_receive_count: Some(config.max_receive_count),
+        }
+        .to_attribute(),
     )];
     if let Some(r) = config.retention {
         attrs.push((
@@ -360,14 +382,15 @@ async fn check_source(
             tracing::warn!(target: "idem::broker", broker = BROKER, queue = %q, "the queue has no redrive policy: a message its consumers keep crashing on is received again and again (the gate dead-letters only failures it sees)");
         }
         Some(policy) => {
-            let target = json_field(policy, "deadLetterTargetArn").unwrap_or_default();
+            let policy = RedrivePolicy::parse(policy);
+            let target = policy.dead_letter_target_arn;
             if target != dead_arn {
                 return Err(config_error(format!(
                     "queue {q} redrives to {target:?}, not to idem's dead-letter queue {dead_arn:?}: \
                      dead letters would be split between two queues"
                 )));
             }
-            let count = json_field(policy, "maxReceiveCount").and_then(|c| c.parse::<u32>().ok());
+            let count = policy.max_receive_count;
             if count.is_none_or(|c| c < config.max_receive_count) {
                 return Err(config_error(format!(
                     "queue {q} moves a message to the dead-letter queue after {} receives \
@@ -462,13 +485,31 @@ mod tests {
     #[test]
     fn redrive_policy_fields() {
         let p = r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:q-dead-letter","maxReceiveCount":10}"#;
+        let policy = RedrivePolicy::parse(p);
         assert_eq!(
-            json_field(p, "deadLetterTargetArn").as_deref(),
-            Some("arn:aws:sqs:us-east-1:1:q-dead-letter")
+            policy,
+            RedrivePolicy {
+                dead_letter_target_arn: "arn:aws:sqs:us-east-1:1:q-dead-letter".to_owned(),
+                max_receive_count: Some(10),
+            }
         );
-        assert_eq!(json_field(p, "maxReceiveCount").as_deref(), Some("10"));
-        let quoted = r#"{"maxReceiveCount": "5", "deadLetterTargetArn": "a"}"#;
-        assert_eq!(json_field(quoted, "maxReceiveCount").as_deref(), Some("5"));
-        assert_eq!(json_field(quoted, "missing"), None);
+        // Written back byte for byte, fields in this order.
+        assert_eq!(policy.to_attribute(), p);
+        let quoted =
+            RedrivePolicy::parse(r#"{"maxReceiveCount": "5", "deadLetterTargetArn": "a"}"#);
+        assert_eq!(quoted.max_receive_count, Some(5));
+        assert_eq!(quoted.dead_letter_target_arn, "a");
+        let odd = RedrivePolicy::parse(r#"{"maxReceiveCount": "many"}"#);
+        assert_eq!(
+            (odd.dead_letter_target_arn.as_str(), odd.max_receive_count),
+            ("", None)
+        );
+        assert_eq!(RedrivePolicy::parse("not json"), RedrivePolicy::default());
+        // An ARN with a quote would have broken the hand-written JSON.
+        let q = RedrivePolicy {
+            dead_letter_target_arn: "a\"b".to_owned(),
+            max_receive_count: Some(3),
+        };
+        assert_eq!(RedrivePolicy::parse(&q.to_attribute()), q);
     }
 }

@@ -26,6 +26,7 @@ use std::time::Duration;
 use idem_core::record::{BusinessTable, ClaimRecord, Timestamp};
 use idem_store_postgres::{PgConfig, PgError, PgStore, DEFAULT_RETENTION_FLOOR};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
+use serde::Serialize;
 
 use crate::cmd::parse_duration;
 use crate::error::error_chain;
@@ -209,7 +210,7 @@ async fn export(args: ExportArgs) -> Result<(), CliError> {
     };
     let summary = {
         let mut write = |r: &ClaimRecord| {
-            out.write_all(audit_line(r).as_bytes())?;
+            serde_json::to_writer(&mut out, &AuditLine::new(r))?;
             out.write_all(b"\n")
         };
         match &store {
@@ -305,36 +306,99 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// One line of format `idem-audit/1` (without the newline).
-pub(crate) fn audit_line(r: &ClaimRecord) -> String {
-    fn s(v: &str) -> String {
-        serde_json::Value::from(v).to_string()
+/// One line of format `idem-audit/1`: a dedup record, its fields in this order.
+#[derive(Serialize)]
+pub(crate) struct AuditLine<'a> {
+    format: &'static str,
+    idempotency_key: &'a str,
+    award_id: Option<&'a str>,
+    #[serde(serialize_with = "rfc3339")]
+    claimed_at: Option<Timestamp>,
+    events: Vec<EventLine<'a>>,
+}
+
+/// One outbox event of an [`AuditLine`] (never its payload).
+#[derive(Serialize)]
+struct EventLine<'a> {
+    event_id: Option<&'a str>,
+    event_type: &'a str,
+    #[serde(serialize_with = "rfc3339")]
+    created_at: Option<Timestamp>,
+    #[serde(serialize_with = "rfc3339")]
+    published_at: Option<Timestamp>,
+}
+
+/// A timestamp as its RFC 3339 text, or `null`.
+fn rfc3339<S: serde::Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.collect_str(t),
+        None => s.serialize_none(),
     }
-    fn opt(v: Option<&str>) -> String {
-        v.map_or_else(|| "null".to_owned(), s)
+}
+
+impl<'a> AuditLine<'a> {
+    /// The line of `r`.
+    pub(crate) fn new(r: &'a ClaimRecord) -> Self {
+        Self {
+            format: FORMAT,
+            idempotency_key: &r.key,
+            award_id: r.award_id.as_deref(),
+            claimed_at: r.claimed_at,
+            events: r
+                .events
+                .iter()
+                .map(|e| EventLine {
+                    event_id: e.event_id.as_deref(),
+                    event_type: &e.event_type,
+                    created_at: e.created_at,
+                    published_at: e.published_at,
+                })
+                .collect(),
+        }
     }
-    fn ts(t: Option<Timestamp>) -> String {
-        opt(t.map(|t| t.to_string()).as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::record::OutboxRecord;
+
+    fn line(r: &ClaimRecord) -> String {
+        serde_json::to_string(&AuditLine::new(r)).unwrap()
     }
-    let events: Vec<String> = r
-        .events
-        .iter()
-        .map(|e| {
+
+    #[test]
+    fn an_audit_line_has_its_fields_in_order_with_nulls_and_escapes() {
+        let t = |s| Timestamp::parse_rfc3339(s);
+        let mut r = ClaimRecord::new(
+            "ab".repeat(32),
+            Some("A-\"1\"\\\n".to_owned()),
+            t("2026-07-01T09:00:00.5Z"),
+        );
+        r.events.push(OutboxRecord::new(
+            1,
+            Some("cd".repeat(32)),
+            "disbursement.recorded".to_owned(),
+            Some("A".to_owned()),
+            t("2026-07-01T09:00:00Z"),
+            None,
+        ));
+        r.events
+            .push(OutboxRecord::new(2, None, "x".to_owned(), None, None, None));
+        let key = "ab".repeat(32);
+        let event = "cd".repeat(32);
+        assert_eq!(
+            line(&r),
             format!(
-                "{{\"event_id\":{},\"event_type\":{},\"created_at\":{},\"published_at\":{}}}",
-                opt(e.event_id.as_deref()),
-                s(&e.event_type),
-                ts(e.created_at),
-                ts(e.published_at),
+                r#"{{"format":"idem-audit/1","idempotency_key":"{key}","award_id":"A-\"1\"\\\n","claimed_at":"2026-07-01T09:00:00.500000Z","events":[{{"event_id":"{event}","event_type":"disbursement.recorded","created_at":"2026-07-01T09:00:00.000000Z","published_at":null}},{{"event_id":null,"event_type":"x","created_at":null,"published_at":null}}]}}"#
             )
-        })
-        .collect();
-    format!(
-        "{{\"format\":{},\"idempotency_key\":{},\"award_id\":{},\"claimed_at\":{},\"events\":[{}]}}",
-        s(FORMAT),
-        s(&r.key),
-        opt(r.award_id.as_deref()),
-        ts(r.claimed_at),
-        events.join(",")
-    )
+        );
+        let bare = ClaimRecord::new(key.clone(), None, None);
+        assert_eq!(
+            line(&bare),
+            format!(
+                r#"{{"format":"idem-audit/1","idempotency_key":"{key}","award_id":null,"claimed_at":null,"events":[]}}"#
+            )
+        );
+    }
 }

@@ -185,6 +185,16 @@ fn poison(kind: u64, i: u64) -> Vec<u8> {
     }
 }
 
+/// A generated submission, its fields in this order (the body's bytes, and so its key,
+/// are a pure function of the seed).
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    award_id: &'a str,
+    submission_timestamp: &'a str,
+    amount_cents: i64,
+    program: &'static str,
+}
+
 /// The run's messages, generated one at a time from the seed: the same seed gives the
 /// same sequence, so the verdict regenerates it instead of keeping it (memory does not
 /// grow with `--submissions`). Award ids are `{prefix}{i}` with `i` zero-padded to one
@@ -225,13 +235,19 @@ impl Iterator for Generator {
         }
         let amount: i64 = self.rng.random_range(1..=500_000);
         let award_id = format!("{}{i:0width$}", self.prefix, width = self.width);
-        let body = format!(
-            r#"{{"award_id":"{award_id}","submission_timestamp":"2026-07-01T{:02}:{:02}:{:02}Z","amount_cents":{amount},"program":"demo"}}"#,
+        let submission_timestamp = format!(
+            "2026-07-01T{:02}:{:02}:{:02}Z",
             (i / 3600) % 24,
             (i / 60) % 60,
             i % 60
-        )
-        .into_bytes();
+        );
+        let body = serde_json::to_vec(&Body {
+            award_id: &award_id,
+            submission_timestamp: &submission_timestamp,
+            amount_cents: amount,
+            program: "demo",
+        })
+        .unwrap_or_default();
         match parse_submission(&body, DEFAULT_MAX_BODY) {
             Ok(sub) => Some(Message::Valid {
                 body,
@@ -576,6 +592,28 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generated_body_keeps_its_bytes() {
+        let mut g = Generator {
+            rng: StdRng::seed_from_u64(7),
+            next: 3661,
+            submissions: 3662,
+            poison_rate: 0.0,
+            prefix: "A-x-".to_owned(),
+            width: 7,
+        };
+        let Some(Message::Valid { body, amount, .. }) = g.next() else {
+            panic!("not a valid message");
+        };
+        assert_eq!(
+            String::from_utf8(body).expect("utf-8"),
+            format!(
+                r#"{{"award_id":"A-x-0003661","submission_timestamp":"2026-07-01T01:01:01Z","amount_cents":{amount},"program":"demo"}}"#
+            )
+        );
+        assert!(g.next().is_none());
+    }
 
     #[test]
     fn claim_latency_buckets_are_within_a_few_percent() {
