@@ -11,7 +11,8 @@
 //!   event, measured in the store at each scrape;
 //! - [`RelayCounters`]: events published and batches retried by the relay.
 //!
-//! `prometheus-client` appends `_total` to a counter's name: counters are registered
+//! `prometheus-client` ends each help text with a period itself: help texts are registered
+//! without one. It also appends `_total` to a counter's name: counters are registered
 //! without it (`idem_relay_published` is served as `idem_relay_published_total`).
 
 use std::net::SocketAddr;
@@ -231,22 +232,22 @@ impl RelayCounters {
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "idem_relay_published",
-            "Outbox events published to the broker and marked published.",
+            "Outbox events published to the broker and marked published",
             self.published.clone(),
         );
         registry.register(
             "idem_relay_batches",
-            "Outbox batches published and marked.",
+            "Outbox batches published and marked",
             self.batches.clone(),
         );
         registry.register(
             "idem_relay_retries",
-            "Outbox batches that failed (store or broker) and were retried.",
+            "Outbox batches that failed (store or broker) and were retried",
             self.retries.clone(),
         );
         registry.register(
             "idem_relay_moved_aside",
-            "Outbox events moved aside after the broker refused them max_publish_attempts times.",
+            "Outbox events moved aside after the broker refused them max_publish_attempts times",
             self.moved_aside.clone(),
         );
     }
@@ -355,12 +356,12 @@ impl ConsumeMetrics {
         let mut registry = Registry::default();
         registry.register(
             "idem_deliveries",
-            "Deliveries settled, by outcome.",
+            "Deliveries settled, by outcome",
             self.deliveries.clone(),
         );
         registry.register(
             "idem_settle_failures",
-            "Acks, nacks or dead-letters that failed.",
+            "Acks, nacks or dead-letters that failed",
             self.settle_failures.clone(),
         );
         self.stages.register(&mut registry);
@@ -433,17 +434,17 @@ impl StageMetrics {
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "idem_stage_duration_seconds",
-            "Time spent in each step of the gate (a batch counts once).",
+            "Time spent in each step of the gate (a batch counts once)",
             self.family.clone(),
         );
         registry.register(
             "idem_ack_failures_after_commit",
-            "Commits whose ack then failed (the redelivery is skipped as a duplicate).",
+            "Commits whose ack then failed (the redelivery is skipped as a duplicate)",
             self.ack_failures_after_commit.clone(),
         );
         registry.register(
             "idem_attempts_exhausted",
-            "Deliveries dead-lettered because their attempts reached --max-attempts (the reason is the last error).",
+            "Deliveries dead-lettered because their attempts reached --max-attempts (the reason is the last error)",
             self.attempts_exhausted.clone(),
         );
     }
