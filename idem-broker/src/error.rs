@@ -10,6 +10,18 @@ pub enum BrokerError {
     /// The broker URL cannot be used (bad syntax, unknown scheme, bad parameter).
     #[error("invalid broker URL: {0}")]
     InvalidUrl(String),
+    /// A parameter in the broker URL's query that this broker does not take, one given
+    /// twice, or a value it cannot use (each broker's `Config::from_url` lists its
+    /// parameters).
+    #[error("invalid broker URL parameter {param}={value:?}: {reason}")]
+    InvalidParam {
+        /// The parameter's name.
+        param: String,
+        /// The value given.
+        value: String,
+        /// What is wrong, and what would do.
+        reason: String,
+    },
     /// The scheme is known but its adapter is not compiled into this build.
     #[error("{scheme}:// brokers are not supported in this build ({hint})")]
     Unsupported {
@@ -73,6 +85,7 @@ impl BrokerError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::InvalidUrl(_)
+            | Self::InvalidParam { .. }
             | Self::Unsupported { .. }
             | Self::InvalidName { .. }
             | Self::Config { .. } => false,
@@ -125,6 +138,16 @@ mod tests {
     #[test]
     fn retryability_follows_the_variant() {
         assert!(!BrokerError::InvalidUrl("x".into()).is_retryable());
+        let param = BrokerError::InvalidParam {
+            param: "ack_wait".into(),
+            value: "soon".into(),
+            reason: "not a duration".into(),
+        };
+        assert!(!param.is_retryable());
+        assert_eq!(
+            param.to_string(),
+            "invalid broker URL parameter ack_wait=\"soon\": not a duration"
+        );
         assert!(!BrokerError::Unsupported {
             scheme: "sqs".into(),
             hint: "later".into()

@@ -239,7 +239,8 @@ fn age_of_unix_millis(ms: i128) -> Duration {
 async fn sqs(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerError> {
     use aws_sdk_sqs::types::QueueAttributeName;
     crate::sqs::check_name(name)?;
-    let client = crate::sqs::client(url.sqs_endpoint().as_deref()).await;
+    let endpoint = crate::sqs::SqsConfig::from_url(url, name)?.endpoint;
+    let client = crate::sqs::client(endpoint.as_deref()).await;
     let q = crate::sqs::queue_name(name);
     let queue_url = match client.get_queue_url().queue_name(&q).send().await {
         Ok(out) => out.queue_url.ok_or_else(|| missing(name, "SQS queue"))?,
@@ -285,7 +286,7 @@ async fn sqs(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerE
 #[cfg(feature = "nats")]
 async fn nats(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerError> {
     crate::nats::check_name(name)?;
-    let c = url.nats(name);
+    let c = crate::nats::NatsConfig::from_url(url, name)?;
     let js = crate::nats::connect(&c.url).await?;
     let stream_name = crate::nats::stream_name(name);
     let mut stream = js
@@ -332,7 +333,7 @@ async fn nats(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broker
 async fn redis(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerError> {
     use fred::prelude::*;
     crate::redis_streams::check_name(name)?;
-    let c = url.redis_streams(name);
+    let c = crate::redis_streams::RedisStreamsConfig::from_url(url, name)?;
     let client = crate::redis_streams::connect(&c.url).await?;
     let broker = crate::redis_streams::BROKER;
     let kind: String = client
@@ -381,7 +382,7 @@ async fn kafka(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broke
     use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
     use rdkafka::client::DefaultClientContext;
     crate::kafka::check_name(name)?;
-    let c = url.kafka(name)?;
+    let c = crate::kafka::KafkaConfig::from_url(url, name)?;
     let broker = crate::kafka::BROKER;
     let admin: AdminClient<DefaultClientContext> = crate::kafka::base_config(&c.brokers)
         .create()

@@ -119,11 +119,19 @@ mod tests {
                 .expect("subcommand")
                 .render_long_help()
                 .to_string();
-            for scheme in ["amqp://", "nats://", "redis://", "sqs://", "kafka://"] {
-                assert!(
-                    help.contains(scheme),
-                    "{sub} --help lacks {scheme}:\n{help}"
-                );
+            for name in [
+                "amqp://",
+                "nats://",
+                "redis://",
+                "sqs://",
+                "kafka://",
+                "RabbitMQ",
+                "NATS JetStream",
+                "Redis Streams",
+                "Amazon SQS",
+                "Kafka",
+            ] {
+                assert!(help.contains(name), "{sub} --help lacks {name}:\n{help}");
             }
         }
     }

@@ -40,6 +40,13 @@
 //!   id and type in headers.
 //! - **Counting** ([`pending_count`]): per partition, the high watermark minus the
 //!   group's committed offset (or the low watermark when nothing was committed).
+//! - **URL parameters** (`kafka://127.0.0.1:9092?group=billing`, read by
+//!   [`KafkaConfig::from_url`], whose table gives their defaults and ranges): `group`
+//!   (default `idem`), `partitions` (default 4) and `replication` (default
+//!   `min(3, brokers)`) of a topic created here, `session_timeout` (default `10s`),
+//!   `max_poll_interval` (default `5m`), `assignment` (default `cooperative-sticky`),
+//!   `batch_messages` (the producer's record-batch size) and `queued_kbytes` (default
+//!   4096). The URL's authority is the bootstrap list; any other parameter is an error.
 //! - **tansu 0.6** (the test broker) differs from Kafka in ways that matter here:
 //!   its fetch starts at the first record batch whose base offset is at or after the
 //!   requested offset, skipping the rest of a batch a committed offset points into

@@ -1,11 +1,26 @@
-//! How to reach a JetStream stream.
+//! How to reach a JetStream stream, and its URL settings.
 
 use std::time::Duration;
+
+use crate::any::{BrokerKind, BrokerUrl};
+use crate::setting::duration_in;
+use crate::BrokerError;
 
 /// The default `max_deliver`: twice the core's default `max_attempts`.
 pub const DEFAULT_MAX_DELIVER: i64 = 20;
 
 /// A JetStream stream and how to consume it.
+///
+/// [`from_url`](Self::from_url) reads idem's settings from a `nats://` or `tls://` URL's
+/// query (`nats://127.0.0.1:4222?ack_wait=5s`):
+///
+/// | parameter | default | value |
+/// |---|---|---|
+/// | `ack_wait` | `30s` | how long the server waits for an ack before redelivering: a [duration](crate::parse_duration) of at least 1 ms |
+/// | `durable` | `idem` | the durable consumer's name: not empty, no whitespace, `.`, `*`, `>`, `/`, `\` or control characters |
+/// | `max_deliver` | `20` ([`DEFAULT_MAX_DELIVER`]) | the durable's redelivery limit: at least 1, or `-1` for none |
+///
+/// async-nats reads no query parameters: any other is an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NatsConfig {
@@ -32,6 +47,48 @@ pub struct NatsConfig {
 }
 
 impl NatsConfig {
+    /// idem's settings in the URL query (the table above).
+    pub(crate) const URL_SETTINGS: &'static [&'static str] =
+        &["ack_wait", "durable", "max_deliver"];
+
+    /// The configuration of subject `name` at `url`, with the URL's settings (the table
+    /// above) over the defaults of [`new`](Self::new).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_broker::any::BrokerUrl;
+    /// use idem_broker::nats::NatsConfig;
+    /// let url = BrokerUrl::parse("nats://127.0.0.1:4222?ack_wait=5s&max_deliver=-1")?;
+    /// let c = NatsConfig::from_url(&url, "grants")?;
+    /// assert_eq!((c.ack_wait, c.max_deliver), (Duration::from_secs(5), -1));
+    /// assert_eq!(c.url, "nats://127.0.0.1:4222");
+    /// # Ok::<(), idem_broker::BrokerError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`BrokerError::InvalidParam`] naming a bad setting; [`BrokerError::InvalidUrl`]
+    /// for another broker's URL.
+    pub fn from_url(url: &BrokerUrl, name: impl Into<String>) -> Result<Self, BrokerError> {
+        url.expect_kind(BrokerKind::Nats)?;
+        let mut c = Self::new(url.client_url(), name);
+        if let Some(d) = url.setting(
+            "ack_wait",
+            duration_in(Duration::from_millis(1)..=Duration::MAX),
+        )? {
+            c.ack_wait = d;
+        }
+        if let Some(d) = url.setting("durable", durable_name)? {
+            c.durable = d;
+        }
+        if let Some(n) = url.setting("max_deliver", |s| match s.trim().parse::<i64>() {
+            Ok(n) if n == -1 || n >= 1 => Ok(n),
+            _ => Err("must be a whole number of at least 1, or -1 for none".to_owned()),
+        })? {
+            c.max_deliver = n;
+        }
+        Ok(c)
+    }
+
     /// A configuration with the defaults above and a prefetch of 64.
     pub fn new(url: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
@@ -77,5 +134,84 @@ impl NatsConfig {
     pub fn with_prefetch(mut self, prefetch: usize) -> Self {
         self.prefetch = prefetch.max(1);
         self
+    }
+}
+
+/// A JetStream durable consumer name, as the server takes it.
+fn durable_name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    match s
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '.' | '*' | '>' | '/' | '\\'))
+    {
+        Some(c) => Err(format!(
+            "a durable name cannot contain {c:?} (no whitespace, '.', '*', '>', '/', '\\')"
+        )),
+        None => Ok(s.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(query: &str) -> Result<NatsConfig, BrokerError> {
+        NatsConfig::from_url(&BrokerUrl::parse(&format!("nats://h:4222{query}"))?, "s")
+    }
+
+    #[test]
+    fn defaults_and_every_setting() {
+        let d = read("").unwrap();
+        assert_eq!(d.url, "nats://h:4222");
+        assert_eq!(d.name, "s");
+        assert_eq!(d.ack_wait, Duration::from_secs(30));
+        assert_eq!(d.durable, "idem");
+        assert_eq!(d.max_deliver, DEFAULT_MAX_DELIVER);
+        let c = read("?ack_wait=2s&durable=d-1_x&max_deliver=5").unwrap();
+        assert_eq!(c.url, "nats://h:4222");
+        assert_eq!(c.ack_wait, Duration::from_secs(2));
+        assert_eq!(c.durable, "d-1_x");
+        assert_eq!(c.max_deliver, 5);
+        assert_eq!(
+            read("?ack_wait=1500ms").unwrap().ack_wait,
+            Duration::from_millis(1_500)
+        );
+        assert_eq!(
+            read("?ack_wait=45").unwrap().ack_wait,
+            Duration::from_secs(45)
+        );
+        assert_eq!(read("?max_deliver=-1").unwrap().max_deliver, -1);
+    }
+
+    #[test]
+    fn bad_values_name_their_parameter() {
+        for (query, param, reason) in [
+            ("?ack_wait=soon", "ack_wait", "invalid duration"),
+            ("?ack_wait=0s", "ack_wait", "at least 1ms"),
+            ("?ack_wait=", "ack_wait", "empty"),
+            ("?durable=", "durable", "not be empty"),
+            ("?durable=a.b", "durable", "'.'"),
+            ("?durable=a%20b", "durable", "' '"),
+            ("?durable=a*", "durable", "'*'"),
+            ("?max_deliver=0", "max_deliver", "-1 for none"),
+            ("?max_deliver=-2", "max_deliver", "-1 for none"),
+            ("?max_deliver=many", "max_deliver", "-1 for none"),
+            ("?ack_wait=1s&ack_wait=2s", "ack_wait", "more than once"),
+            ("?group=g", "group", "unknown parameter"),
+        ] {
+            match read(query) {
+                Err(BrokerError::InvalidParam {
+                    param: p,
+                    reason: r,
+                    ..
+                }) => {
+                    assert_eq!(p, param, "{query}");
+                    assert!(r.contains(reason), "{query}: {r}");
+                }
+                other => panic!("{query}: {other:?}"),
+            }
+        }
     }
 }

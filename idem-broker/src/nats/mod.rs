@@ -26,6 +26,10 @@
 //! - **Counting** ([`pending_count`]): the durable consumer's pending (not yet delivered)
 //!   plus ack-pending (delivered, not acked) messages; the stream's messages when the
 //!   durable does not exist yet (it is not created here).
+//! - **URL parameters** (`nats://127.0.0.1:4222?ack_wait=5s`, read by
+//!   [`NatsConfig::from_url`], whose table gives their defaults and values): `ack_wait`
+//!   (default `30s`), `durable` (default `idem`) and `max_deliver` (default 20, `-1` for
+//!   none). async-nats reads no query parameters: any other is an error.
 
 mod config;
 mod consumer;

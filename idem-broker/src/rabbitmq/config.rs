@@ -1,6 +1,21 @@
-//! How to reach a RabbitMQ queue.
+//! How to reach a RabbitMQ queue, and its URL settings.
+
+use crate::any::{BrokerKind, BrokerUrl};
+use crate::setting::number_in;
+use crate::BrokerError;
 
 /// A RabbitMQ queue and how to consume it.
+///
+/// [`from_url`](Self::from_url) reads idem's settings from an `amqp://` or `amqps://`
+/// URL's query (`amqp://guest:guest@127.0.0.1:5672/%2f?queue_type=classic`):
+///
+/// | parameter | default | value |
+/// |---|---|---|
+/// | `queue_type` | `quorum` | `quorum` or `classic`: the [`QueueType`] declared for `NAME` and `NAME.dead-letter` |
+/// | `delivery_limit` | `20` ([`DEFAULT_DELIVERY_LIMIT`]) | a quorum queue's `x-delivery-limit`, `0` to `4294967295` (`0`: none); not with `queue_type=classic` |
+///
+/// The client's own parameters (`heartbeat`, `connection_timeout`, `frame_max`,
+/// `channel_max`, `auth_mechanism`) stay in the URL for lapin; any other is an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RabbitConfig {
@@ -53,7 +68,9 @@ impl std::str::FromStr for QueueType {
         match s {
             "quorum" => Ok(Self::Quorum),
             "classic" => Ok(Self::Classic),
-            other => Err(format!("queue_type {other:?}: use quorum or classic")),
+            other => Err(format!(
+                "{other:?} is not a queue type: use quorum or classic"
+            )),
         }
     }
 }
@@ -62,6 +79,51 @@ impl std::str::FromStr for QueueType {
 pub const DEFAULT_DELIVERY_LIMIT: u32 = 20;
 
 impl RabbitConfig {
+    /// idem's settings in the URL query (the table above).
+    pub(crate) const URL_SETTINGS: &'static [&'static str] = &["queue_type", "delivery_limit"];
+    /// The query parameters lapin reads, left in the URL handed to it.
+    pub(crate) const CLIENT_PARAMS: &'static [&'static str] = &[
+        "heartbeat",
+        "connection_timeout",
+        "frame_max",
+        "channel_max",
+        "auth_mechanism",
+    ];
+
+    /// The configuration of queue `name` at `url`, with the URL's settings (the table
+    /// above) over the defaults of [`new`](Self::new).
+    ///
+    /// ```
+    /// use idem_broker::any::BrokerUrl;
+    /// use idem_broker::rabbitmq::{QueueType, RabbitConfig};
+    /// let url = BrokerUrl::parse("amqp://127.0.0.1:5672/%2f?queue_type=classic")?;
+    /// let c = RabbitConfig::from_url(&url, "grants")?;
+    /// assert_eq!((c.queue_type, c.url.as_str()), (QueueType::Classic, "amqp://127.0.0.1:5672/%2f"));
+    /// # Ok::<(), idem_broker::BrokerError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`BrokerError::InvalidParam`] naming a bad setting; [`BrokerError::InvalidUrl`]
+    /// for another broker's URL.
+    pub fn from_url(url: &BrokerUrl, name: impl Into<String>) -> Result<Self, BrokerError> {
+        url.expect_kind(BrokerKind::RabbitMq)?;
+        let mut c = Self::new(url.client_url(), name);
+        if let Some(t) = url.setting("queue_type", str::parse)? {
+            c.queue_type = t;
+        }
+        if let Some(n) = url.setting("delivery_limit", number_in(0..=u32::MAX))? {
+            if c.queue_type == QueueType::Classic {
+                return Err(BrokerError::InvalidParam {
+                    param: "delivery_limit".to_owned(),
+                    value: n.to_string(),
+                    reason: "a classic queue has no delivery limit (queue_type=classic)".to_owned(),
+                });
+            }
+            c.delivery_limit = n;
+        }
+        Ok(c)
+    }
+
     /// A configuration with a prefetch of 64, a quorum queue and a delivery limit of 20.
     pub fn new(url: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
@@ -109,5 +171,68 @@ impl RabbitConfig {
             .saturating_mul(batch_size.max(1))
             .saturating_mul(2)
             .min(usize::from(u16::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(query: &str) -> Result<RabbitConfig, BrokerError> {
+        RabbitConfig::from_url(
+            &BrokerUrl::parse(&format!("amqp://h:5672/%2f{query}"))?,
+            "q",
+        )
+    }
+
+    #[test]
+    fn defaults_and_every_setting() {
+        let d = read("").unwrap();
+        assert_eq!(d.url, "amqp://h:5672/%2f");
+        assert_eq!(d.name, "q");
+        assert_eq!((d.queue_type, d.delivery_limit), (QueueType::Quorum, 20));
+        let c = read("?queue_type=quorum&delivery_limit=0").unwrap();
+        assert_eq!((c.queue_type, c.delivery_limit), (QueueType::Quorum, 0));
+        assert_eq!(c.url, "amqp://h:5672/%2f");
+        let c = read("?delivery_limit=7").unwrap();
+        assert_eq!(c.delivery_limit, 7);
+        let c = read("?queue_type=classic").unwrap();
+        assert_eq!(c.queue_type, QueueType::Classic);
+        // lapin's own parameters stay in its URL
+        let c = read("?heartbeat=10&queue_type=classic").unwrap();
+        assert_eq!(c.url, "amqp://h:5672/%2f?heartbeat=10");
+    }
+
+    #[test]
+    fn bad_values_name_their_parameter() {
+        for (query, param, reason) in [
+            ("?queue_type=stream", "queue_type", "quorum or classic"),
+            ("?queue_type=", "queue_type", "quorum or classic"),
+            ("?delivery_limit=many", "delivery_limit", "whole number"),
+            ("?delivery_limit=-1", "delivery_limit", "whole number"),
+            (
+                "?delivery_limit=4294967296",
+                "delivery_limit",
+                "whole number",
+            ),
+            (
+                "?queue_type=classic&delivery_limit=5",
+                "delivery_limit",
+                "classic queue",
+            ),
+            ("?delivery_limt=5", "delivery_limt", "unknown parameter"),
+        ] {
+            match read(query) {
+                Err(BrokerError::InvalidParam {
+                    param: p,
+                    reason: r,
+                    ..
+                }) => {
+                    assert_eq!(p, param, "{query}");
+                    assert!(r.contains(reason), "{query}: {r}");
+                }
+                other => panic!("{query}: {other:?}"),
+            }
+        }
     }
 }

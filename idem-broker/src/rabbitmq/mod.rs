@@ -32,6 +32,12 @@
 //!   `message_id`, `mandatory`, confirmed.
 //! - **Counting** ([`pending_count`]): the queue's ready messages (a passive declare).
 //!   AMQP does not report unacked ones; they count again once their channel closes.
+//! - **URL parameters** (`amqp://guest:guest@127.0.0.1:5672/%2f?queue_type=classic`,
+//!   read by [`RabbitConfig::from_url`], whose table gives their defaults and values):
+//!   `queue_type` (`quorum` or `classic`) and `delivery_limit` (a quorum queue's
+//!   `x-delivery-limit`, `0` for none). lapin's own `heartbeat`, `connection_timeout`,
+//!   `frame_max`, `channel_max` and `auth_mechanism` stay in the URL; any other
+//!   parameter is an error.
 
 mod config;
 mod consumer;

@@ -1,8 +1,26 @@
-//! How to reach a Redis stream.
+//! How to reach a Redis stream, and its URL settings.
 
 use std::time::Duration;
 
+use crate::any::{BrokerKind, BrokerUrl};
+use crate::setting::{self, duration_in};
+use crate::BrokerError;
+
 /// A Redis stream and how to consume it.
+///
+/// [`from_url`](Self::from_url) reads idem's settings from a `redis://` or `rediss://`
+/// URL's query (`redis://127.0.0.1:6379/0?min_idle=5s`); each duration is a
+/// [duration](crate::parse_duration) of at least 1 ms:
+///
+/// | parameter | default | value |
+/// |---|---|---|
+/// | `group` | `idem` | the consumer group: not empty |
+/// | `consumer` | unique per process and connect | this consumer's name in the group: not empty |
+/// | `min_idle` | `30s` | pending entries of a silent consumer are taken over after this |
+/// | `block` | `1s` | how long one `XREADGROUP` blocks waiting for new entries |
+/// | `forget_after` | `1h` | idle consumers with nothing pending are removed from the group after this |
+///
+/// fred reads no query parameters from a `redis://` URL: any other is an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisStreamsConfig {
@@ -30,6 +48,49 @@ pub struct RedisStreamsConfig {
 }
 
 impl RedisStreamsConfig {
+    /// idem's settings in the URL query (the table above).
+    pub(crate) const URL_SETTINGS: &'static [&'static str] =
+        &["group", "consumer", "min_idle", "block", "forget_after"];
+
+    /// The configuration of stream `name` at `url`, with the URL's settings (the table
+    /// above) over the defaults of [`new`](Self::new).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_broker::any::BrokerUrl;
+    /// use idem_broker::redis_streams::RedisStreamsConfig;
+    /// let url = BrokerUrl::parse("redis://127.0.0.1:6379/0?min_idle=500ms&group=g")?;
+    /// let c = RedisStreamsConfig::from_url(&url, "grants")?;
+    /// assert_eq!((c.group.as_str(), c.min_idle), ("g", Duration::from_millis(500)));
+    /// assert_eq!(c.url, "redis://127.0.0.1:6379/0");
+    /// # Ok::<(), idem_broker::BrokerError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`BrokerError::InvalidParam`] naming a bad setting; [`BrokerError::InvalidUrl`]
+    /// for another broker's URL.
+    pub fn from_url(url: &BrokerUrl, name: impl Into<String>) -> Result<Self, BrokerError> {
+        url.expect_kind(BrokerKind::RedisStreams)?;
+        let positive = || duration_in(Duration::from_millis(1)..=Duration::MAX);
+        let mut c = Self::new(url.client_url(), name);
+        if let Some(g) = url.setting("group", setting::name)? {
+            c.group = g;
+        }
+        if let Some(n) = url.setting("consumer", setting::name)? {
+            c.consumer = n;
+        }
+        if let Some(d) = url.setting("min_idle", positive())? {
+            c.min_idle = d;
+        }
+        if let Some(d) = url.setting("block", positive())? {
+            c.block = d;
+        }
+        if let Some(d) = url.setting("forget_after", positive())? {
+            c.forget_after = d;
+        }
+        Ok(c)
+    }
+
     /// A configuration with the defaults above and a prefetch of 64.
     pub fn new(url: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
@@ -107,4 +168,64 @@ fn unique_consumer_name() -> String {
         nanos,
         SEQ.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(query: &str) -> Result<RedisStreamsConfig, BrokerError> {
+        RedisStreamsConfig::from_url(&BrokerUrl::parse(&format!("redis://h:6379/0{query}"))?, "s")
+    }
+
+    #[test]
+    fn defaults_and_every_setting() {
+        let d = read("").unwrap();
+        assert_eq!(d.url, "redis://h:6379/0");
+        assert_eq!(d.name, "s");
+        assert_eq!(d.group, "idem");
+        assert!(d.consumer.starts_with("idem-"), "{}", d.consumer);
+        assert_eq!(d.min_idle, Duration::from_secs(30));
+        assert_eq!(d.block, Duration::from_secs(1));
+        assert_eq!(d.forget_after, Duration::from_secs(3_600));
+        let c = read("?group=g&consumer=c1&min_idle=500ms&block=200ms&forget_after=2h").unwrap();
+        assert_eq!(c.url, "redis://h:6379/0");
+        assert_eq!((c.group.as_str(), c.consumer.as_str()), ("g", "c1"));
+        assert_eq!(c.min_idle, Duration::from_millis(500));
+        assert_eq!(c.block, Duration::from_millis(200));
+        assert_eq!(c.forget_after, Duration::from_secs(7_200));
+        assert_eq!(
+            read("?min_idle=5").unwrap().min_idle,
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_parameter() {
+        for (query, param, reason) in [
+            ("?group=", "group", "not be empty"),
+            ("?consumer=", "consumer", "not be empty"),
+            ("?consumer=%20c", "consumer", "whitespace"),
+            ("?min_idle=soon", "min_idle", "invalid duration"),
+            ("?min_idle=0", "min_idle", "at least 1ms"),
+            ("?block=0ms", "block", "at least 1ms"),
+            ("?block=500us", "block", "at least 1ms"),
+            ("?forget_after=-1h", "forget_after", "negative"),
+            ("?forget_after=0s", "forget_after", "at least 1ms"),
+            ("?group=a&group=b", "group", "more than once"),
+            ("?durable=d", "durable", "unknown parameter"),
+        ] {
+            match read(query) {
+                Err(BrokerError::InvalidParam {
+                    param: p,
+                    reason: r,
+                    ..
+                }) => {
+                    assert_eq!(p, param, "{query}");
+                    assert!(r.contains(reason), "{query}: {r}");
+                }
+                other => panic!("{query}: {other:?}"),
+            }
+        }
+    }
 }

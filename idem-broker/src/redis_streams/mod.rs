@@ -26,6 +26,11 @@
 //!   (pipelined, then every reply awaited).
 //! - **Counting** ([`pending_count`]): the group's lag (entries not yet delivered) plus
 //!   its pending entries list (delivered, not acked).
+//! - **URL parameters** (`redis://127.0.0.1:6379/0?min_idle=5s`, read by
+//!   [`RedisStreamsConfig::from_url`], whose table gives their defaults and values):
+//!   `group` (default `idem`), `consumer` (default unique per process), `min_idle`
+//!   (default `30s`), `block` (default `1s`) and `forget_after` (default `1h`). fred reads
+//!   no query parameters from a `redis://` URL: any other is an error.
 //!
 //! Durability is the server's: with `appendonly yes` (and `appendfsync always` for
 //! zero loss) an acknowledged `XADD` survives a restart.

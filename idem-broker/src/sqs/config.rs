@@ -1,6 +1,13 @@
-//! How to reach an SQS queue, and how idem creates one.
+//! How to reach an SQS queue, how idem creates one, and its URL settings.
 
 use std::time::Duration;
+
+use crate::any::{BrokerKind, BrokerUrl};
+use crate::setting::{number_in, whole_seconds_in};
+use crate::BrokerError;
+
+/// The longest visibility timeout SQS allows: 12 hours.
+const MAX_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(43_200);
 
 /// How long the dead-letter queue keeps a message: 14 days, the most SQS allows, so that
 /// a dead letter is not dropped before someone looks at it.
@@ -13,6 +20,22 @@ pub const DEAD_LETTER_RETENTION: Duration = Duration::from_secs(1_209_600);
 pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 10;
 
 /// An SQS queue and how to consume it.
+///
+/// [`from_url`](Self::from_url) reads an `sqs://` URL: its authority is the endpoint
+/// (`sqs://127.0.0.1:5000` is `http://127.0.0.1:5000`, such as moto; `sqs://` takes the
+/// usual AWS variables), and idem's settings ride in its query
+/// (`sqs://127.0.0.1:5000?visibility_timeout=10s`). SQS counts in seconds, so each
+/// duration is a [duration](crate::parse_duration) of whole seconds:
+///
+/// | parameter | default | value |
+/// |---|---|---|
+/// | `visibility_timeout` | `30s` | `1s` to `12h`; kept extended while a delivery is unsettled |
+/// | `wait` | `1s` | the long poll, `0s` to `20s` |
+/// | `retention` | SQS's 4 days | `60s` to `14d` (`1209600`): the `MessageRetentionPeriod` of a source queue created here |
+/// | `max_receive_count` | `10` ([`DEFAULT_MAX_RECEIVE_COUNT`]) | `1` to `1000`: the redrive policy's `maxReceiveCount` to `NAME.dead-letter` of a source queue created here (the core's `max_attempts`) |
+///
+/// Any other query parameter, a path, a user or a password is an error (credentials
+/// come from the AWS variables).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SqsConfig {
@@ -43,6 +66,57 @@ pub struct SqsConfig {
 }
 
 impl SqsConfig {
+    /// idem's settings in the URL query (the table above).
+    pub(crate) const URL_SETTINGS: &'static [&'static str] = &[
+        "visibility_timeout",
+        "wait",
+        "retention",
+        "max_receive_count",
+    ];
+
+    /// The configuration of queue `name` at `url`, with the URL's endpoint and settings
+    /// (the table above) over the defaults of [`new`](Self::new).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_broker::any::BrokerUrl;
+    /// use idem_broker::sqs::SqsConfig;
+    /// let url = BrokerUrl::parse("sqs://127.0.0.1:5000?visibility_timeout=10s&wait=0")?;
+    /// let c = SqsConfig::from_url(&url, "grants")?;
+    /// assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
+    /// assert_eq!((c.visibility_timeout, c.wait), (Duration::from_secs(10), Duration::ZERO));
+    /// assert_eq!(SqsConfig::from_url(&BrokerUrl::parse("sqs://")?, "grants")?.endpoint, None);
+    /// # Ok::<(), idem_broker::BrokerError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`BrokerError::InvalidParam`] naming a bad setting; [`BrokerError::InvalidUrl`]
+    /// for a path or credentials in the URL, or another broker's URL.
+    pub fn from_url(url: &BrokerUrl, name: impl Into<String>) -> Result<Self, BrokerError> {
+        url.expect_kind(BrokerKind::Sqs)?;
+        let mut c = Self::new(endpoint_of(url)?, name);
+        let secs = Duration::from_secs;
+        if let Some(d) = url.setting(
+            "visibility_timeout",
+            whole_seconds_in(secs(1)..=MAX_VISIBILITY_TIMEOUT),
+        )? {
+            c.visibility_timeout = d;
+        }
+        if let Some(d) = url.setting("wait", whole_seconds_in(secs(0)..=secs(20)))? {
+            c.wait = d;
+        }
+        if let Some(d) = url.setting(
+            "retention",
+            whole_seconds_in(secs(60)..=DEAD_LETTER_RETENTION),
+        )? {
+            c.retention = Some(d);
+        }
+        if let Some(n) = url.setting("max_receive_count", number_in(1..=1000))? {
+            c.max_receive_count = n;
+        }
+        Ok(c)
+    }
+
     /// A configuration with the defaults above and a prefetch of 20.
     pub fn new(endpoint: Option<String>, name: impl Into<String>) -> Self {
         Self {
@@ -89,5 +163,125 @@ impl SqsConfig {
     pub fn with_max_receive_count(mut self, n: u32) -> Self {
         self.max_receive_count = n.clamp(1, 1000);
         self
+    }
+}
+
+/// The endpoint of an `sqs://HOST[:PORT]` URL (`http://HOST[:PORT]`), or `None` for the
+/// environment's (`sqs://`).
+fn endpoint_of(url: &BrokerUrl) -> Result<Option<String>, BrokerError> {
+    let u = url::Url::parse(url.client_url())
+        .map_err(|e| BrokerError::InvalidUrl(format!("{url}: {e}")))?;
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(BrokerError::InvalidUrl(format!(
+            "{url}: sqs:// takes no credentials (they come from the AWS variables)"
+        )));
+    }
+    if !matches!(u.path(), "" | "/") {
+        return Err(BrokerError::InvalidUrl(format!(
+            "{url}: sqs:// takes no path (the queue is the NAME given with it)"
+        )));
+    }
+    Ok(u.host_str()
+        .filter(|h| !h.is_empty())
+        .map(|host| match u.port() {
+            Some(p) => format!("http://{host}:{p}"),
+            None => format!("http://{host}"),
+        }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(url: &str) -> Result<SqsConfig, BrokerError> {
+        SqsConfig::from_url(&BrokerUrl::parse(url)?, "q")
+    }
+
+    #[test]
+    fn endpoint_defaults_and_every_setting() {
+        let d = read("sqs://127.0.0.1:5000").unwrap();
+        assert_eq!(d.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
+        assert_eq!(d.name, "q");
+        assert_eq!(d.visibility_timeout, Duration::from_secs(30));
+        assert_eq!(d.wait, Duration::from_secs(1));
+        assert_eq!(d.retention, None);
+        assert_eq!(d.max_receive_count, DEFAULT_MAX_RECEIVE_COUNT);
+        assert_eq!(read("sqs://").unwrap().endpoint, None);
+        assert_eq!(
+            read("sqs://localstack").unwrap().endpoint.as_deref(),
+            Some("http://localstack")
+        );
+        let c = read("sqs://h:1?visibility_timeout=2m&wait=0s&retention=48h&max_receive_count=3")
+            .unwrap();
+        assert_eq!(c.endpoint.as_deref(), Some("http://h:1"));
+        assert_eq!(c.visibility_timeout, Duration::from_secs(120));
+        assert_eq!(c.wait, Duration::ZERO);
+        assert_eq!(c.retention, Some(Duration::from_secs(48 * 3_600)));
+        assert_eq!(c.max_receive_count, 3);
+        let edges = read("sqs://?visibility_timeout=12h&wait=20&retention=14d").unwrap();
+        assert_eq!(edges.visibility_timeout, MAX_VISIBILITY_TIMEOUT);
+        assert_eq!(edges.wait, Duration::from_secs(20));
+        assert_eq!(edges.retention, Some(DEAD_LETTER_RETENTION));
+    }
+
+    #[test]
+    fn bad_values_name_their_parameter() {
+        for (query, param, reason) in [
+            (
+                "visibility_timeout=soon",
+                "visibility_timeout",
+                "invalid duration",
+            ),
+            (
+                "visibility_timeout=0",
+                "visibility_timeout",
+                "from 1s to 12h",
+            ),
+            (
+                "visibility_timeout=13h",
+                "visibility_timeout",
+                "from 1s to 12h",
+            ),
+            (
+                "visibility_timeout=1500ms",
+                "visibility_timeout",
+                "whole number of seconds",
+            ),
+            ("wait=21s", "wait", "from 0s to 20s"),
+            ("wait=soon", "wait", "invalid duration"),
+            ("retention=59s", "retention", "from 1m to 14days"),
+            ("retention=15d", "retention", "from 1m to 14days"),
+            ("max_receive_count=0", "max_receive_count", "from 1 to 1000"),
+            (
+                "max_receive_count=1001",
+                "max_receive_count",
+                "from 1 to 1000",
+            ),
+            (
+                "max_receive_count=ten",
+                "max_receive_count",
+                "from 1 to 1000",
+            ),
+            ("wait=1&wait=2", "wait", "more than once"),
+            ("region=eu-west-1", "region", "unknown parameter"),
+        ] {
+            match read(&format!("sqs://h:1?{query}")) {
+                Err(BrokerError::InvalidParam {
+                    param: p,
+                    reason: r,
+                    ..
+                }) => {
+                    assert_eq!(p, param, "{query}");
+                    assert!(r.contains(reason), "{query}: {r}");
+                }
+                other => panic!("{query}: {other:?}"),
+            }
+        }
+        for url in ["sqs://key:secret@h:1", "sqs://h:1/queue"] {
+            match read(url) {
+                Err(BrokerError::InvalidUrl(m)) => assert!(!m.contains("secret"), "{m}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
     }
 }

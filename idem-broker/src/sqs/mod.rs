@@ -33,6 +33,12 @@
 //!   [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) message attribute and, on a
 //!   FIFO queue, as the deduplication id (the subject is the message group).
 //! - **Counting** ([`pending_count`]): visible + in flight + delayed messages.
+//! - **URL parameters** (`sqs://127.0.0.1:5000?visibility_timeout=10s`, read by
+//!   [`SqsConfig::from_url`], whose table gives their defaults and ranges):
+//!   `visibility_timeout` (default `30s`), `wait` (the long poll, default `1s`),
+//!   `retention` (of a source queue created here, default SQS's 4 days) and
+//!   `max_receive_count` (its redrive policy, default 10), all durations in whole
+//!   seconds. Any other parameter is an error.
 //!
 //! The endpoint, region and credentials come from the usual AWS variables
 //! (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, …); an `sqs://HOST:PORT` URL

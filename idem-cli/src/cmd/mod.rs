@@ -78,21 +78,14 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
-/// A positive duration: seconds as a number (`3`, `0.5`) or a `humantime` duration
-/// (`500ms`, `2m`, `1h 30m`).
+/// A positive duration (`--exit-when-idle`, `--reconnect-timeout`), in idem's one
+/// duration grammar ([`parse_duration`]): seconds as a number (`3`, `0.5`) or a
+/// `humantime` duration (`500ms`, `2m`, `1h 30m`).
 pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs > 0.0 && secs < 1e9 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-        return Err(format!("{s:?} is not a positive number of seconds"));
-    }
-    match humantime::parse_duration(s.trim()) {
+    match parse_duration(s) {
         Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err(format!("{s:?} is not a positive duration")),
-        Err(e) => Err(format!(
-            "invalid duration {s:?} ({e}): e.g. 30s, 500ms, 15m, 1h 30m"
-        )),
+        Ok(_) => Err(format!("{:?} is not a positive duration", s.trim())),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -127,36 +120,17 @@ fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, 
     }
 }
 
-/// A retention duration: `30s`, `15m`, `12h`, `90d`, `2w`, `3y` (a year is 365 days), or
-/// any other `humantime` duration (`1y 6months`, where a month is 30.44 days).
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let unit_secs = match unit {
-        "s" => Some(1),
-        "m" => Some(60),
-        "h" => Some(3600),
-        "d" => Some(86_400),
-        "w" => Some(7 * 86_400),
-        "y" => Some(365 * 86_400),
-        _ => None,
-    };
-    if let (Ok(n), Some(secs)) = (num.parse::<u64>(), unit_secs) {
-        return n
-            .checked_mul(secs)
-            .map(Duration::from_secs)
-            .ok_or_else(|| format!("duration {s:?} is too large"));
-    }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("invalid duration {s:?} ({e}): e.g. 30s, 15m, 12h, 90d, 3y"))
-}
+/// A duration of any length (retentions, windows, margins): idem's one grammar, shared
+/// with the broker URL parameters (`30s`, `15m`, `12h`, `90d`, `2w`, `3y` where a year is
+/// 365 days, `1y 6months` where a month is 30.44 days, or a bare number of seconds).
+pub(crate) use idem_broker::parse_duration;
 
 /// A broker error as the command reports it: the caller's mistake exits 2, a failure 1.
 pub(crate) fn broker_error(context: &str, e: &BrokerError) -> CliError {
     let msg = format!("{context}: {}", error_chain(e));
     match e {
         BrokerError::InvalidUrl(_)
+        | BrokerError::InvalidParam { .. }
         | BrokerError::Unsupported { .. }
         | BrokerError::InvalidName { .. } => CliError::usage(msg),
         _ => CliError::failed(msg),

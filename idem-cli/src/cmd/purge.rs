@@ -14,7 +14,7 @@ use idem_store_sqlite::{SqliteConfig, SqliteStore};
 fn parse_age(s: &str) -> Result<Duration, String> {
     match s.strip_suffix('y').map(str::parse::<u64>) {
         Some(Ok(n)) => Ok(Duration::from_secs(n.saturating_mul(366 * 86_400))),
-        _ => parse_duration(s),
+        _ => parse_duration(s).map_err(|e| e.to_string()),
     }
 }
 
@@ -22,7 +22,9 @@ fn parse_age(s: &str) -> Result<Duration, String> {
 fn parse_floor(s: &str) -> Result<RetentionFloor, String> {
     match s.strip_suffix('y').map(str::parse::<u32>) {
         Some(Ok(n)) => Ok(RetentionFloor::Years(n)),
-        _ => parse_duration(s).map(RetentionFloor::from),
+        _ => parse_duration(s)
+            .map(RetentionFloor::from)
+            .map_err(|e| e.to_string()),
     }
 }
 
