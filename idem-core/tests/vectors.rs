@@ -1,14 +1,45 @@
 //! The reference vectors: every key must match byte for byte.
 
 use base64::Engine as _;
+use std::path::{Path, PathBuf};
+
 use idem_core::IdempotencyKey;
 
-fn vectors_path() -> std::path::PathBuf {
+/// The copy kept in this crate (`tests/vectors/seed-keys.json`), so the test runs in any
+/// clone; `IDEM_SEED_VECTORS` points it at another file.
+fn vectors_path() -> PathBuf {
     if let Ok(p) = std::env::var("IDEM_SEED_VECTORS") {
         return p.into();
     }
-    // The workspace sits beside `shared/` (../shared from the repository root).
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors/seed-keys.json")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/seed-keys.json")
+}
+
+/// The reference design's own file, where the workspace sits beside `shared/` (as it is
+/// developed): the copy above must be byte-identical to it.
+fn reference_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors/seed-keys.json")
+}
+
+#[test]
+fn the_kept_copy_is_the_reference_file() {
+    let reference = reference_path();
+    let Ok(want) = std::fs::read(&reference) else {
+        // A clone away from the reference design: the copy is all there is. Say so in
+        // the output rather than pass silently.
+        eprintln!(
+            "{} not found: the kept copy is checked against the keys only",
+            reference.display()
+        );
+        return;
+    };
+    let kept = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/seed-keys.json");
+    let got = std::fs::read(&kept).expect("the kept copy");
+    assert!(
+        got == want,
+        "{} differs from {}: copy the reference file again",
+        kept.display(),
+        reference.display()
+    );
 }
 
 #[test]
