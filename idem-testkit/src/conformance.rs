@@ -733,7 +733,7 @@ where
         tx: &mut Tx,
         sub: &idem_core::Submission<()>,
     ) -> Result<(), idem_core::HandlerError> {
-        let body = format!("{{\"subject\": \"{}\"}}", sub.subject);
+        let body = serde_json::json!({ "subject": sub.subject }).to_string();
         tx.enqueue(&idem_core::OutboxEvent::new(
             sub.key,
             "trace.test",

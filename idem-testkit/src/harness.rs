@@ -183,12 +183,18 @@ impl<S: TestStore> Handler<S::Tx> for EffectHandlerFor<S> {
                 sub.key,
                 "effect.recorded",
                 sub.subject.clone(),
-                format!("{{\"subject\":\"{}\"}}", sub.subject.escape_default()),
+                effect_event_body(&sub.subject),
             );
             S::enqueue(tx, &ev).await?;
         }
         Ok(())
     }
+}
+
+/// The body of the event [`EffectHandler`] writes: `{"subject": …}`, JSON whatever the
+/// subject holds (quotes, backslashes, non-ASCII).
+pub fn effect_event_body(subject: &str) -> String {
+    serde_json::json!({ "subject": subject }).to_string()
 }
 
 /// [`EffectHandler`] bound to one store type (the handler trait is generic over the
@@ -244,5 +250,19 @@ where
 
     async fn claim_count(&self, key: &IdempotencyKey) -> Result<u64, StoreError> {
         self.inner().claim_count(key).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::effect_event_body;
+
+    #[test]
+    fn event_bodies_are_json_for_any_subject() {
+        for subject in ["A-1", "say \"hi\"", "back\\slash", "Zoë 名", "tab\there\n"] {
+            let body = effect_event_body(subject);
+            let v: serde_json::Value = serde_json::from_str(&body).expect(&body);
+            assert_eq!(v["subject"], subject, "{body}");
+        }
     }
 }
