@@ -78,6 +78,12 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
+/// `--broker`'s help, one text for every command that takes a broker.
+pub(crate) const BROKER_HELP: &str = "The broker URL: amqp:// (RabbitMQ), nats:// (NATS \
+    JetStream), redis:// (Redis Streams), sqs:// (Amazon SQS) or kafka:// (Kafka). idem's \
+    settings ride in its query, e.g. nats://127.0.0.1:4222?ack_wait=5s (each broker's \
+    parameters: idem-broker docs).";
+
 /// A positive duration (`--exit-when-idle`, `--reconnect-timeout`), in idem's one
 /// duration grammar ([`parse_duration`]): seconds as a number (`3`, `0.5`) or a
 /// `humantime` duration (`500ms`, `2m`, `1h 30m`).

@@ -16,10 +16,7 @@ const CHUNK: usize = 1_000;
 /// Arguments of `idem publish`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The broker URL: amqp:// (RabbitMQ), nats:// (NATS JetStream), redis:// (Redis
-    /// Streams), sqs:// (Amazon SQS) or kafka:// (Kafka). idem's settings ride in its query,
-    /// e.g. nats://127.0.0.1:4222?ack_wait=5s (each broker's parameters: idem-broker docs).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", help = super::BROKER_HELP)]
     broker: String,
     /// The queue / stream to publish to (created if missing).
     #[arg(long, value_name = "NAME")]
