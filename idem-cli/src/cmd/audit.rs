@@ -245,7 +245,7 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
         &args.amount_column,
         &args.subject_column,
     )
-    .map_err(CliError::usage)?;
+    .map_err(|e| CliError::usage(e.to_string()))?;
     // The report shows the floor as a duration: three calendar years at most 1096 days.
     let floor = args
         .retention_floor
