@@ -278,7 +278,7 @@ impl Shared {
                 "BEGIN; SET LOCAL lock_timeout = '{ms}ms'",
                 ms = t.as_millis()
             )),
-            None => SqlStr::from_static("BEGIN"),
+            None => sqlx::SqlSafeStr::into_sql_str("BEGIN"),
         };
         // Channel names are identifiers of at most 63 bytes; a truncated name shared by
         // two schemas only causes a spurious wake-up.

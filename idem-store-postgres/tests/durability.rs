@@ -95,7 +95,7 @@ async fn values_postgres_refuses_for_good_are_rejected() {
     tx.rollback().await.expect("rollback");
 
     let short = store.table("short_codes");
-    sqlx::query(&format!("CREATE TABLE {short} (code varchar(8) NOT NULL)"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE {short} (code varchar(8) NOT NULL)")))
         .execute(store.pool())
         .await
         .expect("create");
@@ -106,7 +106,7 @@ async fn values_postgres_refuses_for_good_are_rejected() {
             .expect("claim"),
         ClaimOutcome::Claimed
     );
-    let e = sqlx::query(&format!("INSERT INTO {short} (code) VALUES ($1)"))
+    let e = sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {short} (code) VALUES ($1)")))
         .bind("longer than eight")
         .execute(tx.conn())
         .await
@@ -115,10 +115,10 @@ async fn values_postgres_refuses_for_good_are_rejected() {
     check(e, "22001");
     tx.rollback().await.expect("rollback");
 
-    let claimed: i64 = sqlx::query_scalar(&format!(
+    let claimed: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {}",
         store.table("processed_messages")
-    ))
+    )))
     .fetch_one(store.pool())
     .await
     .expect("count");
@@ -196,10 +196,10 @@ async fn the_identity_is_created_once_counted_and_rotated() {
         rotated.store_id,
         "two schemas, two identities"
     );
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP TABLE {}",
         other.table("idem_store_identity")
-    ))
+    )))
     .execute(other.pool())
     .await
     .expect("drop");

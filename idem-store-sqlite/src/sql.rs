@@ -20,11 +20,14 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Arc;
+
 use idem_core::sql::SqlText;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 /// `text` as sqlx's query string. Safe by construction: an [`SqlText`] holds only
-/// program text, quoted validated identifiers and integers.
+/// program text, quoted validated identifiers and integers. The string is shared, so a
+/// statement kept for reuse is cheap to clone.
 pub fn statement(text: SqlText) -> SqlStr {
-    AssertSqlSafe(text.into_string()).into_sql_str()
+    AssertSqlSafe(Arc::<str>::from(text.into_string())).into_sql_str()
 }
