@@ -34,7 +34,7 @@ async fn as_role(schema: &str, role: &str) -> PgStore {
         .after_connect(move |conn, _| {
             let set = set.clone();
             Box::pin(async move {
-                conn.execute(set.as_str()).await?;
+                conn.execute(sqlx::AssertSqlSafe(set)).await?;
                 Ok(())
             })
         })
@@ -77,7 +77,9 @@ async fn the_documented_grants_keep_evidence_safe() {
     }
     owner
         .pool()
-        .execute(grants(&schema, &consumer, &relay, &auditor).as_str())
+        .execute(sqlx::AssertSqlSafe(grants(
+            &schema, &consumer, &relay, &auditor,
+        )))
         .await
         .expect("the README's GRANTs");
 
