@@ -189,10 +189,12 @@ fn export_writes_the_window_in_order_as_json_lines() {
     );
 
     rt.block_on(async {
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
-            .execute(store.pool())
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{schema}\" CASCADE"
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
     });
 }
 
@@ -277,10 +279,12 @@ fn migrate_append_only_installs_the_trigger() {
         .await
         .expect_err("DELETE refused");
         assert!(err.to_string().contains("append-only"), "{err}");
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
-            .execute(store.pool())
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{schema}\" CASCADE"
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
     });
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}", dir.path().join("m.db").display());

@@ -579,9 +579,9 @@ mod postgres {
             "SELECT count(*) FROM {t}",
             t = table(store, name)
         )))
-            .fetch_one(store.pool())
-            .await
-            .map_err(|e| map_sqlx(e, "counting rows"))?;
+        .fetch_one(store.pool())
+        .await
+        .map_err(|e| map_sqlx(e, "counting rows"))?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 }

@@ -3,8 +3,8 @@
 use async_trait::async_trait;
 use idem_core::sql::SqlText;
 use idem_core::{
-    sql, ClaimMeta, ClaimTx, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent, OutboxWriter,
-    RejectReason, StoreError, Submission,
+    sql, ClaimMeta, ClaimTx, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent,
+    OutboxWriter, RejectReason, StoreError, Submission,
 };
 
 use crate::canonical::KeyDerivation;

@@ -433,8 +433,8 @@ impl PgStore {
                     pm,
                     part
                 )))
-                    .await
-                    .map_err(|e| map_sqlx(e, "detach partition"))?;
+                .await
+                .map_err(|e| map_sqlx(e, "detach partition"))?;
             }
             let late: bool = sqlx::query_scalar(statement(late_sql))
                 .bind(cutoff_secs)

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::outbox::MovedAside;
 use idem_core::{
-    sql, EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, StoreError,
-    TraceParent,
+    sql, EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource,
+    StoreError, TraceParent,
 };
 use sqlx::postgres::PgListener;
 use sqlx::{Postgres, Row, SqlStr, Transaction};
@@ -93,18 +93,25 @@ impl SourceSql {
                    EXISTS (SELECT 1 FROM {ob} e WHERE e.subject = c.subject AND e.id < c.id \
                      AND {e_live} AND e.id NOT IN (SELECT id FROM c)) AS blocked, \
                    c.traceparent \
-                 FROM c ORDER BY c.id", trace, ob, live, e_live
+                 FROM c ORDER BY c.id",
+                trace,
+                ob,
+                live,
+                e_live
             )),
             mark_published: statement(sql!(
-                "UPDATE {ob} SET published_at = now() WHERE id = ANY($1::bigint[])", ob
+                "UPDATE {ob} SET published_at = now() WHERE id = ANY($1::bigint[])",
+                ob
             )),
             record_failure: statement(sql!(
                 "UPDATE {ob} SET publish_attempts = publish_attempts + 1, last_error = $2, \
                    failed_at = CASE WHEN publish_attempts + 1 >= $3 THEN now() END \
-                 WHERE id = ANY($1::bigint[]) RETURNING failed_at IS NOT NULL", ob
+                 WHERE id = ANY($1::bigint[]) RETURNING failed_at IS NOT NULL",
+                ob
             )),
             moved_aside: statement(sql!(
-                "SELECT count(*) FROM {ob} WHERE published_at IS NULL AND failed_at IS NOT NULL", ob
+                "SELECT count(*) FROM {ob} WHERE published_at IS NULL AND failed_at IS NOT NULL",
+                ob
             )),
         }
     }

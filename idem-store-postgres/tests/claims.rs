@@ -175,10 +175,12 @@ async fn a_missing_table_is_a_configuration_error_and_a_dead_server_is_unavailab
 async fn unique_violations_are_recognised_by_sqlstate() {
     let store = common::fresh_pg().await;
     let t = store.table("uniq");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE {t} (id int primary key)")))
-        .execute(store.pool())
-        .await
-        .expect("create");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {t} (id int primary key)"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("create");
     sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {t} VALUES (1)")))
         .execute(store.pool())
         .await

@@ -95,10 +95,12 @@ async fn values_postgres_refuses_for_good_are_rejected() {
     tx.rollback().await.expect("rollback");
 
     let short = store.table("short_codes");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE {short} (code varchar(8) NOT NULL)")))
-        .execute(store.pool())
-        .await
-        .expect("create");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {short} (code varchar(8) NOT NULL)"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("create");
     let mut tx = store.begin().await.expect("begin");
     assert_eq!(
         tx.claim(&key("too-long"), &ClaimMeta::new("t"))
@@ -106,12 +108,14 @@ async fn values_postgres_refuses_for_good_are_rejected() {
             .expect("claim"),
         ClaimOutcome::Claimed
     );
-    let e = sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {short} (code) VALUES ($1)")))
-        .bind("longer than eight")
-        .execute(tx.conn())
-        .await
-        .map_err(|e| map_sqlx(e, "write the business row"))
-        .expect_err("too long");
+    let e = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {short} (code) VALUES ($1)"
+    )))
+    .bind("longer than eight")
+    .execute(tx.conn())
+    .await
+    .map_err(|e| map_sqlx(e, "write the business row"))
+    .expect_err("too long");
     check(e, "22001");
     tx.rollback().await.expect("rollback");
 

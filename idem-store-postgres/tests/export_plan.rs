@@ -28,10 +28,13 @@ async fn seed(store: &PgStore) {
     .execute(store.pool())
     .await
     .expect("seed claims");
-    sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {}", store.table("processed_messages"))))
-        .execute(store.pool())
-        .await
-        .expect("analyze");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ANALYZE {}",
+        store.table("processed_messages")
+    )))
+    .execute(store.pool())
+    .await
+    .expect("analyze");
 }
 
 /// The sum of a numeric field over every node of an `EXPLAIN (FORMAT JSON)` text.

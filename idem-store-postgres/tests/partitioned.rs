@@ -51,10 +51,13 @@ async fn partition_of(store: &PgStore, subject: &str) -> String {
 }
 
 async fn count(store: &PgStore, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {}", store.table(table))))
-        .fetch_one(store.pool())
-        .await
-        .expect("count")
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        store.table(table)
+    )))
+    .fetch_one(store.pool())
+    .await
+    .expect("count")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,10 +178,13 @@ async fn fill(store: &PgStore, months: &[PartitionMonth], per_month: i64) {
         .await
         .expect("fill a partition");
     }
-    sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {}", store.table("processed_messages"))))
-        .execute(store.pool())
-        .await
-        .expect("analyze");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ANALYZE {}",
+        store.table("processed_messages")
+    )))
+    .execute(store.pool())
+    .await
+    .expect("analyze");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

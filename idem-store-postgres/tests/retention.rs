@@ -64,10 +64,13 @@ async fn seed(store: &PgStore, n: usize, old: usize, age_days: u64, published: u
 }
 
 async fn count(store: &PgStore, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {}", store.table(table))))
-        .fetch_one(store.pool())
-        .await
-        .expect("count")
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        store.table(table)
+    )))
+    .fetch_one(store.pool())
+    .await
+    .expect("count")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -245,8 +245,7 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
         &args.business_table,
         &args.amount_column,
         &args.subject_column,
-    )
-    ?;
+    )?;
     // The report shows the floor as a duration: three calendar years at most 1096 days.
     let floor = args
         .retention_floor

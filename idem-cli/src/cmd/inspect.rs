@@ -11,7 +11,7 @@ use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 use crate::cmd::parse_duration;
-use crate::stores::{self, StoreUrl};
+use crate::stores::StoreUrl;
 use crate::CliError;
 
 /// Arguments of `idem inspect`.

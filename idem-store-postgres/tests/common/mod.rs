@@ -44,9 +44,11 @@ async fn drop_stale_schemas(store: &PgStore) {
         let name: String = row.get(0);
         let born: Option<u64> = name.split('_').nth(2).and_then(|s| s.parse().ok());
         if born.is_some_and(|b| b + 3600 < now) {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")))
-                .execute(store.pool())
-                .await;
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS \"{name}\" CASCADE"
+            )))
+            .execute(store.pool())
+            .await;
         }
     }
 }
@@ -64,10 +66,13 @@ pub async fn bare_store(config: impl FnOnce(PgConfig) -> PgConfig) -> PgStore {
             url()
         )
     });
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{}\"", store.schema())))
-        .execute(store.pool())
-        .await
-        .expect("create schema");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA \"{}\"",
+        store.schema()
+    )))
+    .execute(store.pool())
+    .await
+    .expect("create schema");
     store
 }
 
