@@ -32,7 +32,7 @@ use crate::store::SqliteStore;
 /// The relay's columns, added to an outbox created before them. `traceparent` is each
 /// event's W3C trace context (`idem_core::trace`): NULL for an untraced event and for
 /// rows written before the column existed.
-const COLUMNS: [(&'static str, &'static str); 6] = [
+const COLUMNS: [(&str, &str); 6] = [
     ("publish_attempts", "INTEGER NOT NULL DEFAULT 0"),
     ("last_error", "TEXT"),
     ("failed_at", "TEXT"),
