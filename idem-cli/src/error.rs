@@ -39,6 +39,14 @@ impl From<StoreError> for CliError {
     }
 }
 
+/// A name from the command line (a schema, a table, a column) that cannot go into SQL
+/// is bad input: its message names it.
+impl From<idem_core::ident::InvalidIdent> for CliError {
+    fn from(e: idem_core::ident::InvalidIdent) -> Self {
+        Self::Usage(e.to_string())
+    }
+}
+
 impl From<idem_store_postgres::PgError> for CliError {
     fn from(e: idem_store_postgres::PgError) -> Self {
         use idem_store_postgres::PgError as E;
@@ -58,9 +66,10 @@ impl From<idem_store_sqlite::SqliteError> for CliError {
         use idem_store_sqlite::SqliteError as E;
         match e {
             E::Store(s) => s.into(),
-            E::BelowRetentionFloor { .. } | E::InvalidOption(_) | E::InvalidTimestamp { .. } => {
-                Self::Usage(e.to_string())
-            }
+            E::BelowRetentionFloor { .. }
+            | E::InvalidOption(_)
+            | E::InvalidName(_)
+            | E::InvalidTimestamp { .. } => Self::Usage(e.to_string()),
             other => Self::Failed(error_chain(&other)),
         }
     }

@@ -500,7 +500,7 @@ pub(crate) fn render(r: &Report<'_>) -> String {
         .iter()
         .fold((0, 0), |(e, p), d| (e + d.events, p + d.published));
     let claims_by_day: u64 = st.days.iter().map(|d| d.claims).sum();
-    let table = esc(&r.business.table);
+    let table = esc(r.business.table.as_str());
     let mut h = String::new();
     let _ = write!(
         h,
@@ -622,8 +622,8 @@ generated <span id="generated">{generated}</span> by idem {version}. Times are U
             i128::from(st.unpublished),
             &thousands(i128::from(st.unpublished))
         ),
-        amount = esc(&r.business.amount_column),
-        subject = esc(&r.business.subject_column),
+        amount = esc(r.business.amount_column.as_str()),
+        subject = esc(r.business.subject_column.as_str()),
         outcomes = outcome_totals(r.stats.outcomes.as_deref(), rec.claims),
     );
 

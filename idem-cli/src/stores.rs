@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use idem_core::ident::Ident;
 use idem_core::{ClaimStore, FilterStats, Filtered, Handler, OutcomeCountStore, StoreError};
 use idem_grant::{GrantBook, GrantDb, GrantHandler};
 use idem_store_postgres::{PgConfig, PgIdentitySession, PgStore};
@@ -117,7 +118,7 @@ impl StoreSpec {
             ));
         }
         if let Some(s) = &schema {
-            validate_identifier(s)?;
+            Ident::new(s)?;
         }
         if let Some(f) = &front_filter {
             if !f.starts_with("redis://") && !f.starts_with("rediss://") {
@@ -132,17 +133,6 @@ impl StoreSpec {
             pg_layout: None,
             pg_partition_window: None,
         })
-    }
-}
-
-/// Validates a schema name as a plain SQL identifier.
-pub(crate) fn validate_identifier(name: &str) -> Result<(), CliError> {
-    if idem_core::ident::is_identifier(name) {
-        Ok(())
-    } else {
-        Err(CliError::usage(format!(
-            "invalid schema name {name:?}: use letters, digits and _ (at most 63, not starting with a digit)"
-        )))
     }
 }
 

@@ -62,10 +62,10 @@ async fn seed(store: &PgStore) -> Vec<IdempotencyKey> {
         }
         tx.commit().await.unwrap();
         let at = format!("2026-07-01T09:00:0{}Z", if i == 5 { 2 } else { i });
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {} SET claimed_at = $1::timestamptz WHERE idempotency_key = $2",
             store.table("processed_messages")
-        ))
+        )))
         .bind(at)
         .bind(key.to_hex())
         .execute(store.pool())
@@ -189,10 +189,12 @@ fn export_writes_the_window_in_order_as_json_lines() {
     );
 
     rt.block_on(async {
-        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-            .execute(store.pool())
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{schema}\" CASCADE"
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
     });
 }
 
@@ -269,18 +271,20 @@ fn migrate_append_only_installs_the_trigger() {
         let mut tx = store.begin().await.unwrap();
         tx.claim(&key, &ClaimMeta::new("A-1")).await.unwrap();
         tx.commit().await.unwrap();
-        let err = sqlx::query(&format!(
+        let err = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DELETE FROM {}",
             store.table("processed_messages")
-        ))
+        )))
         .execute(store.pool())
         .await
         .expect_err("DELETE refused");
         assert!(err.to_string().contains("append-only"), "{err}");
-        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-            .execute(store.pool())
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{schema}\" CASCADE"
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
     });
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}", dir.path().join("m.db").display());

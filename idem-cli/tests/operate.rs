@@ -160,7 +160,7 @@ fn sql(statements: &[String]) {
             .await
             .expect("connect to Postgres");
         for s in statements {
-            sqlx::query(s)
+            sqlx::query(sqlx::AssertSqlSafe(s.as_str()))
                 .execute(store.pool())
                 .await
                 .unwrap_or_else(|e| panic!("{s}: {e}"));

@@ -447,7 +447,7 @@ fn report_of_a_postgres_demo_renders_in_chromium_and_agrees_with_the_store() {
         let q = |sql: String| {
             let pool = s.pool().clone();
             async move {
-                sqlx::query_scalar::<_, i64>(&sql)
+                sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
                     .fetch_one(&pool)
                     .await
                     .expect("count")

@@ -136,6 +136,13 @@ impl StoreError {
     }
 }
 
+/// A name from configuration that cannot go into SQL is a configuration error.
+impl From<crate::ident::InvalidIdent> for StoreError {
+    fn from(e: crate::ident::InvalidIdent) -> Self {
+        Self::Config(e.to_string())
+    }
+}
+
 /// Acknowledging, nacking or dead-lettering a delivery failed.
 #[derive(Debug, thiserror::Error)]
 #[error("broker settlement failed: {message}")]

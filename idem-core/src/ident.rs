@@ -4,6 +4,7 @@
 //! statements as identifiers (they cannot be bound as parameters). [`Ident`] accepts only
 //! plain identifiers — `[A-Za-z_][A-Za-z0-9_]{0,62}`, which every SQL database reads the
 //! same way quoted or not — and quotes them, so a name can never break out of its place.
+//! The statements they go into are assembled with [`crate::sql`].
 
 use std::fmt;
 
@@ -55,6 +56,22 @@ impl Ident {
         }
     }
 
+    /// A name written in the program (a table of the store, a column).
+    ///
+    /// # Panics
+    /// When `name` is not a plain identifier: a bug in the program, not bad input.
+    ///
+    /// ```
+    /// let t = idem_core::ident::Ident::from_static("processed_messages");
+    /// assert_eq!(t.as_str(), "processed_messages");
+    /// ```
+    pub fn from_static(name: &'static str) -> Self {
+        match Self::new(name) {
+            Ok(ident) => ident,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     /// The name as given.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -64,6 +81,12 @@ impl Ident {
     pub fn quoted(&self) -> String {
         // A valid identifier holds no quote; nothing to escape.
         format!("\"{}\"", self.0)
+    }
+}
+
+impl AsRef<str> for Ident {
+    fn as_ref(&self) -> &str {
+        &self.0
     }
 }
 
@@ -96,5 +119,11 @@ mod tests {
             assert!(!is_identifier(bad), "{bad}");
             assert!(Ident::new(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "invalid name")]
+    fn from_static_refuses_a_bad_constant() {
+        let _ = Ident::from_static("a-b");
     }
 }

@@ -49,6 +49,7 @@ pub mod mutant;
 pub mod outbox;
 pub mod record;
 pub mod retention;
+pub mod sql;
 pub mod store;
 pub mod tally;
 pub mod trace;

@@ -11,6 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use jiff::civil::{Date, DateTime, Time};
 use jiff::SignedDuration;
 
+use crate::ident::{Ident, InvalidIdent};
+
 /// A point in time, UTC, in microseconds since the Unix epoch. `Display` is RFC 3339
 /// with microseconds, e.g. `2026-07-01T09:00:00.000000Z` (the calendar is `jiff`'s; an
 /// instant beyond its years -9999 to 9999 shows as the nearest end of that range).
@@ -260,43 +262,37 @@ pub struct AuditSummary {
 #[non_exhaustive]
 pub struct BusinessTable {
     /// The table.
-    pub table: String,
+    pub table: Ident,
     /// Its amount column (an integer).
-    pub amount_column: String,
+    pub amount_column: Ident,
     /// Its subject column (award id).
-    pub subject_column: String,
+    pub subject_column: Ident,
 }
 
 impl BusinessTable {
     /// A table with these columns (`idempotency_key` is always the key column).
     ///
     /// # Errors
-    /// The name that is not a plain identifier (`[A-Za-z_][A-Za-z0-9_]{0,62}`).
-    pub fn new(table: &str, amount_column: &str, subject_column: &str) -> Result<Self, String> {
-        for n in [table, amount_column, subject_column] {
-            let mut chars = n.chars();
-            let ok = n.len() <= 63
-                && chars
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !ok {
-                return Err(format!("{n:?} is not a plain SQL identifier"));
-            }
-        }
+    /// [`InvalidIdent`] for the first name that is not a plain identifier
+    /// (`[A-Za-z_][A-Za-z0-9_]{0,62}`).
+    pub fn new(
+        table: &str,
+        amount_column: &str,
+        subject_column: &str,
+    ) -> Result<Self, InvalidIdent> {
         Ok(Self {
-            table: table.to_owned(),
-            amount_column: amount_column.to_owned(),
-            subject_column: subject_column.to_owned(),
+            table: Ident::new(table)?,
+            amount_column: Ident::new(amount_column)?,
+            subject_column: Ident::new(subject_column)?,
         })
     }
 
     /// The grant pipeline's `disbursements(award_id, amount_cents, idempotency_key)`.
     pub fn disbursements() -> Self {
         Self {
-            table: "disbursements".into(),
-            amount_column: "amount_cents".into(),
-            subject_column: "award_id".into(),
+            table: Ident::from_static("disbursements"),
+            amount_column: Ident::from_static("amount_cents"),
+            subject_column: Ident::from_static("award_id"),
         }
     }
 }

@@ -134,6 +134,10 @@ mod sqlite {
     use super::*;
     use crate::handler::GrantBook;
     use crate::submission::Grant;
+    use idem_core::ident::Ident;
+    use idem_core::sql;
+    use idem_core::sql::SqlText;
+    use idem_store_sqlite::sql::statement;
     use idem_store_sqlite::{SqliteStore, SqliteTx};
 
     fn err(what: &str, e: sqlx::Error) -> StoreError {
@@ -148,13 +152,14 @@ mod sqlite {
     impl GrantBook for SqliteTx {
         async fn record_disbursement(
             &mut self,
-            table: &str,
+            table: &SqlText,
             grant: &Grant,
             key: &IdempotencyKey,
         ) -> Result<(), StoreError> {
-            sqlx::query(&format!(
-                "INSERT INTO {table} (award_id, amount_cents, idempotency_key) VALUES (?, ?, ?)"
-            ))
+            sqlx::query(statement(sql!(
+                "INSERT INTO {table} (award_id, amount_cents, idempotency_key) VALUES (?, ?, ?)",
+                table
+            )))
             .bind(&grant.award_id)
             .bind(grant.amount_cents)
             .bind(key.to_hex())
@@ -166,17 +171,20 @@ mod sqlite {
 
         async fn record_batch(
             &mut self,
-            table: &str,
+            table: &SqlText,
             items: &[(&Grant, &IdempotencyKey)],
             events: &[idem_core::OutboxEvent],
         ) -> Result<(), StoreError> {
             // One multi-row INSERT per chunk (3 bound variables a row, far below SQLite's limit).
             for chunk in items.chunks(1000) {
-                let rows = vec!["(?, ?, ?)"; chunk.len()].join(", ");
-                let sql = format!(
-                    "INSERT INTO {table} (award_id, amount_cents, idempotency_key) VALUES {rows}"
+                let mut sql = sql!(
+                    "INSERT INTO {table} (award_id, amount_cents, idempotency_key) VALUES ",
+                    table
                 );
-                let mut q = sqlx::query(&sql);
+                for i in 0..chunk.len() {
+                    sql.push(if i > 0 { ", (?, ?, ?)" } else { "(?, ?, ?)" });
+                }
+                let mut q = sqlx::query(statement(sql));
                 for (grant, key) in chunk {
                     q = q
                         .bind(grant.award_id.clone())
@@ -237,7 +245,8 @@ mod sqlite {
 
         async fn check_grants(&self) -> Result<(), StoreError> {
             for table in CONSUMER_TABLES {
-                sqlx::query(&format!("SELECT 1 FROM \"{table}\" LIMIT 0"))
+                let t = Ident::from_static(table);
+                sqlx::query(statement(sql!("SELECT 1 FROM {t} LIMIT 0", t)))
                     .execute(self.pool())
                     .await
                     .map_err(|e| {
@@ -311,7 +320,7 @@ mod memory {
     impl GrantBook for MemoryTx {
         async fn record_disbursement(
             &mut self,
-            table: &str,
+            table: &idem_core::sql::SqlText,
             grant: &Grant,
             key: &IdempotencyKey,
         ) -> Result<(), StoreError> {
@@ -319,7 +328,7 @@ mod memory {
             row.insert("award_id".into(), grant.award_id.clone());
             row.insert("amount_cents".into(), grant.amount_cents.to_string());
             row.insert("idempotency_key".into(), key.to_hex());
-            self.insert(table, row);
+            self.insert(table.as_str(), row);
             Ok(())
         }
     }
@@ -374,21 +383,32 @@ mod postgres {
     use super::*;
     use crate::handler::GrantBook;
     use crate::submission::Grant;
+    use idem_core::ident::Ident;
+    use idem_core::sql;
+    use idem_core::sql::SqlText;
     use idem_core::OutboxEvent;
     use idem_store_postgres::error::map_sqlx;
+    use idem_store_postgres::sql::statement;
     use idem_store_postgres::{PgStore, PgTx};
+
+    /// `"schema"."name"` for a table of the store's schema.
+    fn table(store: &PgStore, name: &'static str) -> SqlText {
+        let name = Ident::from_static(name);
+        sql!("{schema}.{name}", schema = store.schema_ident(), name)
+    }
 
     #[async_trait]
     impl GrantBook for PgTx {
         async fn record_disbursement(
             &mut self,
-            table: &str,
+            table: &SqlText,
             grant: &Grant,
             key: &IdempotencyKey,
         ) -> Result<(), StoreError> {
-            sqlx::query(&format!(
-                "INSERT INTO {table} (award_id, amount_cents, idempotency_key) VALUES ($1, $2, $3)"
-            ))
+            sqlx::query(statement(sql!(
+                "INSERT INTO {table} (award_id, amount_cents, idempotency_key) VALUES ($1, $2, $3)",
+                table
+            )))
             .bind(&grant.award_id)
             .bind(grant.amount_cents)
             .bind(key.to_hex())
@@ -400,17 +420,18 @@ mod postgres {
 
         async fn record_batch(
             &mut self,
-            table: &str,
+            table: &SqlText,
             items: &[(&Grant, &IdempotencyKey)],
             events: &[OutboxEvent],
         ) -> Result<(), StoreError> {
             let awards: Vec<&str> = items.iter().map(|(g, _)| g.award_id.as_str()).collect();
             let amounts: Vec<i64> = items.iter().map(|(g, _)| g.amount_cents).collect();
             let keys: Vec<String> = items.iter().map(|(_, k)| k.to_hex()).collect();
-            sqlx::query(&format!(
+            sqlx::query(statement(sql!(
                 "INSERT INTO {table} (award_id, amount_cents, idempotency_key) \
-                 SELECT * FROM unnest($1::text[], $2::int8[], $3::text[])"
-            ))
+                 SELECT * FROM unnest($1::text[], $2::int8[], $3::text[])",
+                table
+            )))
             .bind(&awards)
             .bind(&amounts)
             .bind(&keys)
@@ -425,7 +446,7 @@ mod postgres {
     impl GrantDb for PgStore {
         async fn migrate_grants(&self) -> Result<(), StoreError> {
             self.migrate().await?;
-            let table = self.table(GRANT_TABLE);
+            let table = table(self, GRANT_TABLE);
             // Several consumers may start at once: serialise the DDL with an advisory
             // lock, as the store's own migration does, so concurrent CREATEs cannot deadlock.
             let mut tx = self
@@ -439,17 +460,21 @@ mod postgres {
                 .await
                 .map_err(|e| map_sqlx(e, "lock for grant migration"))?;
             let ddl = [
-                format!(
+                sql!(
                     "CREATE TABLE IF NOT EXISTS {table} (
                         award_id text NOT NULL,
                         amount_cents bigint NOT NULL CHECK (amount_cents >= 0),
                         idempotency_key text NOT NULL
-                     )"
+                     )",
+                    table
                 ),
-                format!("CREATE INDEX IF NOT EXISTS disbursements_award_id ON {table} (award_id)"),
+                sql!(
+                    "CREATE INDEX IF NOT EXISTS disbursements_award_id ON {table} (award_id)",
+                    table
+                ),
             ];
-            for statement in &ddl {
-                sqlx::query(statement)
+            for text in ddl {
+                sqlx::query(statement(text))
                     .execute(&mut *tx)
                     .await
                     .map_err(|e| map_sqlx(e, "creating the disbursements table"))?;
@@ -461,10 +486,10 @@ mod postgres {
         }
 
         async fn ledger(&self) -> Result<Vec<LedgerRow>, StoreError> {
-            let rows = sqlx::query_as::<_, LedgerTuple>(&format!(
-                "SELECT idempotency_key, award_id, amount_cents FROM {}",
-                self.table(GRANT_TABLE)
-            ))
+            let rows = sqlx::query_as::<_, LedgerTuple>(statement(sql!(
+                "SELECT idempotency_key, award_id, amount_cents FROM {t}",
+                t = table(self, GRANT_TABLE)
+            )))
             .fetch_all(self.pool())
             .await
             .map_err(|e| map_sqlx(e, "reading disbursements"))?;
@@ -484,20 +509,21 @@ mod postgres {
         }
 
         async fn check_grants(&self) -> Result<(), StoreError> {
-            for table in CONSUMER_TABLES {
-                sqlx::query(&format!("SELECT 1 FROM {} LIMIT 0", self.table(table)))
+            for name in CONSUMER_TABLES {
+                let t = table(self, name);
+                sqlx::query(statement(sql!("SELECT 1 FROM {t} LIMIT 0", t = &t)))
                     .execute(self.pool())
                     .await
-                    .map_err(|e| map_sqlx(e, &format!("checking {}", self.table(table))))?;
+                    .map_err(|e| map_sqlx(e, &format!("checking {t}")))?;
             }
             Ok(())
         }
 
         async fn claim_rows_with_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
-            let n: i64 = sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM {} WHERE starts_with(award_id, $1)",
-                self.table("processed_messages")
-            ))
+            let n: i64 = sqlx::query_scalar(statement(sql!(
+                "SELECT count(*) FROM {t} WHERE starts_with(award_id, $1)",
+                t = table(self, "processed_messages")
+            )))
             .bind(prefix)
             .fetch_one(self.pool())
             .await
@@ -506,11 +532,11 @@ mod postgres {
         }
 
         async fn ledger_counts(&self, prefix: &str) -> Result<(u64, u64), StoreError> {
-            let (n, k): (i64, i64) = sqlx::query_as(&format!(
-                "SELECT count(*), count(DISTINCT idempotency_key) FROM {} \
+            let (n, k): (i64, i64) = sqlx::query_as(statement(sql!(
+                "SELECT count(*), count(DISTINCT idempotency_key) FROM {t} \
                  WHERE starts_with(award_id, $1)",
-                self.table(GRANT_TABLE)
-            ))
+                t = table(self, GRANT_TABLE)
+            )))
             .bind(prefix)
             .fetch_one(self.pool())
             .await
@@ -524,13 +550,13 @@ mod postgres {
             after: (&str, &str),
             limit: usize,
         ) -> Result<Vec<LedgerRow>, StoreError> {
-            let rows = sqlx::query_as::<_, LedgerTuple>(&format!(
-                "SELECT idempotency_key, award_id, amount_cents FROM {} \
+            let rows = sqlx::query_as::<_, LedgerTuple>(statement(sql!(
+                "SELECT idempotency_key, award_id, amount_cents FROM {t} \
                  WHERE starts_with(award_id, $1) \
                    AND (award_id COLLATE \"C\", idempotency_key COLLATE \"C\") > ($2, $3) \
                  ORDER BY award_id COLLATE \"C\", idempotency_key COLLATE \"C\" LIMIT $4",
-                self.table(GRANT_TABLE)
-            ))
+                t = table(self, GRANT_TABLE)
+            )))
             .bind(prefix)
             .bind(after.0)
             .bind(after.1)
@@ -548,11 +574,14 @@ mod postgres {
         }
     }
 
-    async fn count(store: &PgStore, table: &str) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table(table)))
-            .fetch_one(store.pool())
-            .await
-            .map_err(|e| map_sqlx(e, "counting rows"))?;
+    async fn count(store: &PgStore, name: &'static str) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(statement(sql!(
+            "SELECT count(*) FROM {t}",
+            t = table(store, name)
+        )))
+        .fetch_one(store.pool())
+        .await
+        .map_err(|e| map_sqlx(e, "counting rows"))?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 }

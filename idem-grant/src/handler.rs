@@ -1,9 +1,10 @@
 //! The disbursement handler.
 
 use async_trait::async_trait;
+use idem_core::sql::SqlText;
 use idem_core::{
-    ClaimMeta, ClaimTx, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent, OutboxWriter,
-    RejectReason, StoreError, Submission,
+    sql, ClaimMeta, ClaimTx, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent,
+    OutboxWriter, RejectReason, StoreError, Submission,
 };
 
 use crate::canonical::KeyDerivation;
@@ -19,11 +20,11 @@ pub const EVENT_DISBURSEMENT_RECORDED: &str = "disbursement.recorded";
 /// Rows written here commit and roll back with the claim.
 #[async_trait]
 pub trait GrantBook: ClaimTx + OutboxWriter {
-    /// Inserts one `disbursements` row into `table` (an already validated, possibly
-    /// schema-qualified name).
+    /// Inserts one `disbursements` row into `table` (SQL text naming it, possibly
+    /// schema-qualified: program text and validated identifiers only).
     async fn record_disbursement(
         &mut self,
-        table: &str,
+        table: &SqlText,
         grant: &Grant,
         key: &IdempotencyKey,
     ) -> Result<(), StoreError>;
@@ -32,7 +33,7 @@ pub trait GrantBook: ClaimTx + OutboxWriter {
     /// stores override it with a few round trips for the whole batch.
     async fn record_batch(
         &mut self,
-        table: &str,
+        table: &SqlText,
         items: &[(&Grant, &IdempotencyKey)],
         events: &[OutboxEvent],
     ) -> Result<(), StoreError> {
@@ -51,7 +52,7 @@ pub trait GrantBook: ClaimTx + OutboxWriter {
 /// submission.
 #[derive(Debug, Clone)]
 pub struct GrantHandler {
-    table: String,
+    table: SqlText,
     max_body: usize,
     derivation: KeyDerivation,
 }
@@ -59,7 +60,7 @@ pub struct GrantHandler {
 impl Default for GrantHandler {
     fn default() -> Self {
         Self {
-            table: crate::GRANT_TABLE.to_owned(),
+            table: SqlText::from_static(crate::GRANT_TABLE),
             max_body: DEFAULT_MAX_BODY,
             derivation: KeyDerivation::Reference,
         }
@@ -91,10 +92,13 @@ impl GrantHandler {
         table: &str,
     ) -> Result<Self, idem_core::ident::InvalidIdent> {
         use idem_core::ident::Ident;
-        let table = Ident::new(table)?.quoted();
+        let table = Ident::new(table)?;
         self.table = match schema {
-            Some(schema) => format!("{}.{table}", Ident::new(schema)?.quoted()),
-            None => table,
+            Some(schema) => {
+                let schema = Ident::new(schema)?;
+                sql!("{schema}.{table}", schema, table)
+            }
+            None => sql!("{table}", table),
         };
         Ok(self)
     }
@@ -173,7 +177,7 @@ where
 {
     async fn record_disbursement(
         &mut self,
-        table: &str,
+        table: &SqlText,
         grant: &Grant,
         key: &IdempotencyKey,
     ) -> Result<(), StoreError> {
@@ -184,7 +188,7 @@ where
 
     async fn record_batch(
         &mut self,
-        table: &str,
+        table: &SqlText,
         items: &[(&Grant, &IdempotencyKey)],
         events: &[OutboxEvent],
     ) -> Result<(), StoreError> {

@@ -86,9 +86,11 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
     rt.block_on(async {
-        let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-            .execute(store.pool())
-            .await;
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+        )))
+        .execute(store.pool())
+        .await;
     });
 }
 

@@ -13,14 +13,16 @@ use sqlx::Row;
 
 use crate::error::{map_sqlx, sqlstate, PgError};
 use crate::inspect::{ClaimRecord, OutboxRecord, Timestamp};
+use crate::sql::statement;
 use crate::store::PgStore;
 use idem_core::record::{AuditStats, BusinessTable, DayCounts, OutcomeCount};
-use idem_core::{OutcomeCountStore, StoreError};
+use idem_core::sql::SqlText;
+use idem_core::{sql, OutcomeCountStore, StoreError};
 
 /// Microseconds since the epoch of a `timestamptz` column, exact (`extract` returns
 /// `numeric` on Postgres 14 and later).
-fn micros(col: &str) -> String {
-    format!("(extract(epoch FROM {col}) * 1000000)::bigint")
+pub(crate) fn micros(col: &'static str) -> SqlText {
+    sql!("(extract(epoch FROM {col}) * 1000000)::bigint", col)
 }
 
 /// What [`PgStore::export_audit`] wrote (shared with every SQL store).
@@ -32,21 +34,25 @@ impl PgStore {
     /// the next ones `($1 cursor claimed_at as RFC 3339 text, $2 cursor key, $3 until,
     /// $4 limit)` and seek the `claimed_at` index from the cursor (two texts, so that no
     /// generic plan has to filter an "is this the first page" condition).
-    pub fn export_page_sql(&self, first: bool) -> String {
-        let pm = self.table("processed_messages");
+    pub fn export_page_sql(&self, first: bool) -> SqlText {
+        let pm = self.sql_table("processed_messages");
         let m = micros("claimed_at");
         if first {
-            format!(
+            sql!(
                 "SELECT idempotency_key, award_id, {m} FROM {pm} \
                  WHERE claimed_at >= $1::timestamptz AND claimed_at < $2::timestamptz \
-                 ORDER BY claimed_at, idempotency_key LIMIT $3"
+                 ORDER BY claimed_at, idempotency_key LIMIT $3",
+                m,
+                pm
             )
         } else {
-            format!(
+            sql!(
                 "SELECT idempotency_key, award_id, {m} FROM {pm} \
                  WHERE (claimed_at, idempotency_key) > ($1::timestamptz, $2::text) \
                    AND claimed_at < $3::timestamptz \
-                 ORDER BY claimed_at, idempotency_key LIMIT $4"
+                 ORDER BY claimed_at, idempotency_key LIMIT $4",
+                m,
+                pm
             )
         }
     }
@@ -84,14 +90,18 @@ impl PgStore {
         mut sink: impl FnMut(&ClaimRecord) -> std::io::Result<()>,
     ) -> Result<AuditSummary, PgError> {
         let limit = i64::try_from(page_size.max(1)).unwrap_or(i64::MAX);
-        let ob = self.table("outbox");
-        let (first_sql, next_sql) = (self.export_page_sql(true), self.export_page_sql(false));
-        let events_sql = format!(
-            "SELECT id, event_id, event_type, subject, idempotency_key, {}, {} FROM {ob} \
-             WHERE idempotency_key = ANY($1::text[]) ORDER BY id",
-            micros("created_at"),
-            micros("published_at"),
+        let ob = self.sql_table("outbox");
+        let (first_sql, next_sql) = (
+            statement(self.export_page_sql(true)),
+            statement(self.export_page_sql(false)),
         );
+        let events_sql = statement(sql!(
+            "SELECT id, event_id, event_type, subject, idempotency_key, {c}, {p} FROM {ob} \
+             WHERE idempotency_key = ANY($1::text[]) ORDER BY id",
+            c = micros("created_at"),
+            p = micros("published_at"),
+            ob,
+        ));
         // The bounds first, on their own: a bad one is the caller's error, whatever the
         // state of the tables.
         sqlx::query("SELECT $1::timestamptz, $2::timestamptz")
@@ -104,8 +114,11 @@ impl PgStore {
         let mut cursor: Option<(Timestamp, String)> = None;
         loop {
             let query = match &cursor {
-                None => sqlx::query(&first_sql).bind(since).bind(until).bind(limit),
-                Some((at, key)) => sqlx::query(&next_sql)
+                None => sqlx::query(first_sql.clone())
+                    .bind(since)
+                    .bind(until)
+                    .bind(limit),
+                Some((at, key)) => sqlx::query(next_sql.clone())
                     .bind(at.to_string())
                     .bind(key.as_str())
                     .bind(until)
@@ -133,7 +146,7 @@ impl PgStore {
                 last.key.clone(),
             ));
             let keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
-            let rows = sqlx::query(&events_sql)
+            let rows = sqlx::query(events_sql.clone())
                 .bind(&keys)
                 .fetch_all(self.pool())
                 .await
@@ -196,18 +209,15 @@ impl PgStore {
             .execute(self.pool())
             .await
             .map_err(|e| timestamp_error(e, since, until))?;
-        let pm = self.table("processed_messages");
-        let ob = self.table("outbox");
-        let biz = self.table(&business.table);
-        let (amount, subject) = (
-            format!("b.\"{}\"", business.amount_column),
-            format!("b.\"{}\"", business.subject_column),
-        );
+        let pm = self.sql_table("processed_messages");
+        let ob = self.sql_table("outbox");
+        let biz = self.shared().table_ident(&business.table);
+        let (amount, subject) = (&business.amount_column, &business.subject_column);
         let store = |what: &'static str| move |e: sqlx::Error| PgError::Store(map_sqlx(e, what));
         let mut stats = AuditStats::default();
 
-        let day = |col: &str| format!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD')");
-        let sql = format!(
+        let day = |col: &'static str| sql!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD')", col);
+        let text = sql!(
             "WITH c AS (SELECT {dc} AS day, count(*) AS n FROM {pm} \
                         WHERE claimed_at >= $1::timestamptz AND claimed_at < $2::timestamptz GROUP BY 1), \
                   e AS (SELECT {de} AS day, count(*) AS n FROM {ob} \
@@ -219,8 +229,10 @@ impl PgStore {
             dc = day("claimed_at"),
             de = day("created_at"),
             dp = day("published_at"),
+            pm,
+            ob,
         );
-        let rows = sqlx::query(&sql)
+        let rows = sqlx::query(statement(text))
             .bind(since)
             .bind(until)
             .fetch_all(self.pool())
@@ -234,10 +246,11 @@ impl PgStore {
                 .days
                 .push(DayCounts::new(r.try_get(0)?, n(1)?, n(2)?, n(3)?));
         }
-        let unpublished: i64 = sqlx::query_scalar(&format!(
+        let unpublished: i64 = sqlx::query_scalar(statement(sql!(
             "SELECT count(*) FROM {ob} WHERE published_at IS NULL \
-             AND created_at >= $1::timestamptz AND created_at < $2::timestamptz"
-        ))
+             AND created_at >= $1::timestamptz AND created_at < $2::timestamptz",
+            ob
+        )))
         .bind(since)
         .bind(until)
         .fetch_one(self.pool())
@@ -245,20 +258,24 @@ impl PgStore {
         .map_err(store("audit stats unpublished"))?;
         stats.unpublished = u64::try_from(unpublished).unwrap_or(0);
 
-        let sql = format!(
+        let text = sql!(
             "WITH c AS (SELECT idempotency_key FROM {pm} \
                         WHERE claimed_at >= $1::timestamptz AND claimed_at < $2::timestamptz), \
-                  d AS (SELECT b.idempotency_key, count(*) AS n, sum({amount})::bigint AS s \
+                  d AS (SELECT b.idempotency_key, count(*) AS n, sum(b.{amount})::bigint AS s \
                         FROM {biz} b JOIN c USING (idempotency_key) GROUP BY 1) \
              SELECT (SELECT count(*) FROM c), coalesce(sum(n), 0)::bigint, coalesce(sum(s), 0)::bigint, \
                     (SELECT count(*) FROM c) - count(*), count(*) FILTER (WHERE n > 1), \
                     (SELECT count(*) FROM {biz} b WHERE NOT EXISTS \
                         (SELECT 1 FROM {pm} p WHERE p.idempotency_key = b.idempotency_key)), \
-                    (SELECT count(*) FROM (SELECT {subject} FROM {biz} b JOIN c USING (idempotency_key) \
+                    (SELECT count(*) FROM (SELECT b.{subject} FROM {biz} b JOIN c USING (idempotency_key) \
                         GROUP BY 1 HAVING count(*) > 1) s) \
-             FROM d"
+             FROM d",
+            pm,
+            amount,
+            biz,
+            subject
         );
-        let r = sqlx::query(&sql)
+        let r = sqlx::query(statement(text))
             .bind(since)
             .bind(until)
             .fetch_one(self.pool())
@@ -277,13 +294,15 @@ impl PgStore {
         rec.subjects_with_several_rows = n(6)?;
 
         let cut = cutoff.to_string();
-        let r = sqlx::query(&format!(
+        let r = sqlx::query(statement(sql!(
             "SELECT (SELECT {m} FROM {pm} ORDER BY claimed_at LIMIT 1), \
                     (SELECT count(*) FROM {pm}), \
                     (SELECT count(*) FROM {pm} WHERE claimed_at < $1::timestamptz), \
                     (SELECT count(*) FROM {ob} WHERE published_at IS NOT NULL AND created_at < $1::timestamptz)",
             m = micros("claimed_at"),
-        ))
+            pm,
+            ob,
+        )))
         .bind(&cut)
         .fetch_one(self.pool())
         .await
@@ -303,11 +322,12 @@ impl PgStore {
         stats.outcomes = self.outcome_counts(since, until).await?;
 
         if sample > 0 {
-            let keys: Vec<String> = sqlx::query_scalar(&format!(
+            let keys: Vec<String> = sqlx::query_scalar(statement(sql!(
                 "SELECT idempotency_key FROM {pm} \
                  WHERE claimed_at >= $1::timestamptz AND claimed_at < $2::timestamptz \
-                 ORDER BY md5(idempotency_key) LIMIT $3"
-            ))
+                 ORDER BY md5(idempotency_key) LIMIT $3",
+                pm
+            )))
             .bind(since)
             .bind(until)
             .bind(i64::try_from(sample).unwrap_or(i64::MAX))
@@ -331,14 +351,15 @@ impl PgStore {
     /// of unnested arrays `($1 days, $2 outcomes, $3 reasons, $4 counts)`, summed per
     /// `(day, outcome, reason)` and taken in that order (so two concurrent flushes lock
     /// their rows in one order and never deadlock).
-    fn add_outcome_counts_sql(&self) -> String {
-        let t = self.table("idem_outcome_counts");
-        format!(
+    fn add_outcome_counts_sql(&self) -> SqlText {
+        let t = self.sql_table("idem_outcome_counts");
+        sql!(
             "INSERT INTO {t} AS c (day, outcome, reason, count) \
              SELECT d::date, o, r, sum(n)::bigint \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS u(d, o, r, n) \
              GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 \
-             ON CONFLICT (day, outcome, reason) DO UPDATE SET count = c.count + EXCLUDED.count"
+             ON CONFLICT (day, outcome, reason) DO UPDATE SET count = c.count + EXCLUDED.count",
+            t
         )
     }
 
@@ -367,7 +388,7 @@ impl PgStore {
                 StoreError::Config(format!("an outcome count of {} is too large", c.count))
             })?);
         }
-        sqlx::query(&self.add_outcome_counts_sql())
+        sqlx::query(statement(self.add_outcome_counts_sql()))
             .bind(&days)
             .bind(&outcomes)
             .bind(&reasons)
@@ -389,21 +410,22 @@ impl PgStore {
         since: &str,
         until: &str,
     ) -> Result<Option<Vec<OutcomeCount>>, PgError> {
-        let t = self.table("idem_outcome_counts");
+        let t = self.sql_table("idem_outcome_counts");
         let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&t)
+            .bind(t.as_str())
             .fetch_one(self.pool())
             .await
             .map_err(|e| PgError::Store(map_sqlx(e, "looking for the outcome table")))?;
         if !exists {
             return Ok(None);
         }
-        let rows = sqlx::query(&format!(
+        let rows = sqlx::query(statement(sql!(
             "SELECT to_char(day, 'YYYY-MM-DD'), outcome, reason, count FROM {t} \
              WHERE day >= ($1::timestamptz AT TIME ZONE 'UTC')::date \
                AND day::timestamp < ($2::timestamptz AT TIME ZONE 'UTC') \
-             ORDER BY day, outcome, reason"
-        ))
+             ORDER BY day, outcome, reason",
+            t
+        )))
         .bind(since)
         .bind(until)
         .fetch_all(self.pool())

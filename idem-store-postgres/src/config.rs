@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use idem_core::ident::Ident;
+
 use crate::error::PgError;
 
 /// How a [`PgStore`](crate::PgStore) talks to its database.
@@ -156,7 +158,7 @@ impl PgConfig {
     /// [`PgError::InvalidSchema`] when `schema` is not an SQL identifier.
     pub fn new(schema: impl Into<String>) -> Result<Self, PgError> {
         let schema = schema.into();
-        validate_identifier(&schema)?;
+        Ident::new(&schema)?;
         Ok(Self {
             schema,
             ..Self::default()
@@ -220,7 +222,7 @@ impl PgConfig {
     /// # Errors
     /// [`PgError::InvalidSchema`] or [`PgError::InvalidOption`].
     pub fn validate(&self) -> Result<(), PgError> {
-        validate_identifier(&self.schema)?;
+        Ident::new(&self.schema)?;
         if self.max_connections == 0 {
             return Err(PgError::InvalidOption(
                 "max_connections must be at least 1".into(),
@@ -240,32 +242,8 @@ impl PgConfig {
     }
 }
 
-/// Whether `name` matches `^[A-Za-z_][A-Za-z0-9_]{0,62}$`.
-///
-/// ```
-/// use idem_store_postgres::config::is_identifier;
-/// assert!(is_identifier("public"));
-/// assert!(is_identifier("_Grants_2026"));
-/// assert!(!is_identifier("2026"));
-/// assert!(!is_identifier("a\"b"));
-/// assert!(!is_identifier(&"a".repeat(64)));
-/// ```
-pub fn is_identifier(name: &str) -> bool {
-    idem_core::ident::is_identifier(name)
-}
-
-pub(crate) fn validate_identifier(name: &str) -> Result<(), PgError> {
-    if is_identifier(name) {
-        Ok(())
-    } else {
-        Err(PgError::InvalidSchema {
-            name: name.chars().take(80).collect(),
-        })
-    }
-}
-
-/// Quotes a validated identifier (`"name"`).
+/// Quotes any name (`"name"`, a `"` doubled): [`PgStore::table`](crate::PgStore::table)
+/// takes names as given.
 pub(crate) fn quote(name: &str) -> String {
-    // Validated identifiers contain no quote; doubling keeps this correct regardless.
     format!("\"{}\"", name.replace('"', "\"\""))
 }

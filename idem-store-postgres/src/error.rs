@@ -65,6 +65,14 @@ impl PgError {
     }
 }
 
+/// The schema name is the one name of [`PgConfig`](crate::PgConfig) (table names are the
+/// crate's own).
+impl From<idem_core::ident::InvalidIdent> for PgError {
+    fn from(e: idem_core::ident::InvalidIdent) -> Self {
+        Self::InvalidSchema { name: e.name }
+    }
+}
+
 impl From<PgError> for StoreError {
     fn from(e: PgError) -> Self {
         match e {

@@ -5,10 +5,12 @@
 //! is noticed and gets a new id. [`PgStore::rotate_store_identity`] is the runbook step
 //! for restores, failovers and clones.
 
-use idem_core::StoreError;
+use idem_core::sql::SqlText;
+use idem_core::{sql, StoreError};
 use sqlx::{Postgres, Transaction};
 
 use crate::error::map_sqlx;
+use crate::sql::statement;
 use crate::store::PgStore;
 
 /// A store's identity as last read.
@@ -28,7 +30,7 @@ pub struct StoreIdentity {
 #[derive(Debug)]
 pub struct PgIdentitySession {
     tx: Transaction<'static, Postgres>,
-    table: String,
+    table: SqlText,
     identity: StoreIdentity,
 }
 
@@ -61,12 +63,13 @@ impl PgIdentitySession {
 
 async fn rotate_in(
     tx: &mut Transaction<'static, Postgres>,
-    table: &str,
+    table: &SqlText,
 ) -> Result<StoreIdentity, StoreError> {
-    let (store_id, session): (String, i64) = sqlx::query_as(&format!(
+    let (store_id, session): (String, i64) = sqlx::query_as(statement(sql!(
         "UPDATE {table} SET store_id = replace(gen_random_uuid()::text, '-', ''), \
-         session = 1, rotated_at = now() RETURNING store_id, session"
-    ))
+         session = 1, rotated_at = now() RETURNING store_id, session",
+        table
+    )))
     .fetch_optional(&mut **tx)
     .await
     .map_err(|e| map_sqlx(e, "rotate the store identity"))?
@@ -87,10 +90,10 @@ impl PgStore {
     /// # Errors
     /// [`StoreError`] from the database.
     pub async fn store_identity(&self) -> Result<StoreIdentity, StoreError> {
-        let row: Option<(String, i64)> = sqlx::query_as(&format!(
-            "SELECT store_id, session FROM {}",
-            self.table("idem_store_identity")
-        ))
+        let row: Option<(String, i64)> = sqlx::query_as(statement(sql!(
+            "SELECT store_id, session FROM {t}",
+            t = self.sql_table("idem_store_identity")
+        )))
         .fetch_optional(self.pool())
         .await
         .map_err(|e| map_sqlx(e, "read the store identity"))?;
@@ -111,7 +114,7 @@ impl PgStore {
             .begin()
             .await
             .map_err(|e| map_sqlx(e, "begin"))?;
-        let id = rotate_in(&mut tx, &self.table("idem_store_identity")).await?;
+        let id = rotate_in(&mut tx, &self.sql_table("idem_store_identity")).await?;
         tx.commit()
             .await
             .map_err(|e| map_sqlx(e, "commit the identity rotation"))?;
@@ -126,15 +129,16 @@ impl PgStore {
     /// [`StoreError::Config`] when the identity table or row is missing; other
     /// [`StoreError`]s from the database.
     pub async fn begin_identity_session(&self) -> Result<PgIdentitySession, StoreError> {
-        let table = self.table("idem_store_identity");
+        let table = self.sql_table("idem_store_identity");
         let mut tx = self
             .pool()
             .begin()
             .await
             .map_err(|e| map_sqlx(e, "begin"))?;
-        let (store_id, session): (String, i64) = sqlx::query_as(&format!(
-            "UPDATE {table} SET session = session + 1 RETURNING store_id, session"
-        ))
+        let (store_id, session): (String, i64) = sqlx::query_as(statement(sql!(
+            "UPDATE {table} SET session = session + 1 RETURNING store_id, session",
+            table
+        )))
         .fetch_optional(&mut *tx)
         .await
         .map_err(|e| map_sqlx(e, "start an identity session"))?

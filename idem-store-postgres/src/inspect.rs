@@ -4,7 +4,11 @@
 use idem_core::IdempotencyKey;
 use sqlx::Row;
 
+use idem_core::sql;
+
+use crate::audit::micros;
 use crate::error::{map_sqlx, PgError};
+use crate::sql::statement;
 use crate::store::PgStore;
 
 /// The record types, shared with every SQL store (they live in `idem_core::record`).
@@ -12,12 +16,6 @@ pub use idem_core::record::{ClaimRecord, OutboxRecord, Timestamp};
 
 fn ts(micros: Option<i64>) -> Option<Timestamp> {
     micros.map(Timestamp::from_unix_micros)
-}
-
-const MICROS: &str = "(extract(epoch FROM {c}) * 1000000)::bigint";
-
-fn micros(col: &str) -> String {
-    MICROS.replace("{c}", col)
 }
 
 impl PgStore {
@@ -49,14 +47,19 @@ impl PgStore {
         self.records("award_id = $1", subject).await
     }
 
-    async fn records(&self, filter: &str, value: &str) -> Result<Vec<ClaimRecord>, PgError> {
-        let sql = format!(
-            "SELECT idempotency_key, award_id, {} FROM {} WHERE {filter} \
+    async fn records(
+        &self,
+        filter: &'static str,
+        value: &str,
+    ) -> Result<Vec<ClaimRecord>, PgError> {
+        let text = sql!(
+            "SELECT idempotency_key, award_id, {m} FROM {pm} WHERE {filter} \
              ORDER BY claimed_at, idempotency_key",
-            micros("claimed_at"),
-            self.table("processed_messages")
+            m = micros("claimed_at"),
+            pm = self.sql_table("processed_messages"),
+            filter
         );
-        let rows = sqlx::query(&sql)
+        let rows = sqlx::query(statement(text))
             .bind(value)
             .fetch_all(self.pool())
             .await
@@ -73,14 +76,14 @@ impl PgStore {
             return Ok(records);
         }
         let keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
-        let sql = format!(
-            "SELECT id, event_id, event_type, subject, idempotency_key, {}, {} FROM {} \
+        let text = sql!(
+            "SELECT id, event_id, event_type, subject, idempotency_key, {c}, {p} FROM {ob} \
              WHERE idempotency_key = ANY($1::text[]) ORDER BY id",
-            micros("created_at"),
-            micros("published_at"),
-            self.table("outbox")
+            c = micros("created_at"),
+            p = micros("published_at"),
+            ob = self.sql_table("outbox")
         );
-        let rows = sqlx::query(&sql)
+        let rows = sqlx::query(statement(text))
             .bind(&keys)
             .fetch_all(self.pool())
             .await

@@ -72,6 +72,7 @@ mod outbox;
 pub mod partition;
 pub mod retention;
 pub mod source;
+pub mod sql;
 pub mod store;
 
 pub use audit::AuditSummary;

@@ -69,7 +69,7 @@ impl PgTx {
         } else {
             &shared.sql.enqueue_many
         };
-        let mut q = sqlx::query(&sql[usize::from(!notify)])
+        let mut q = sqlx::query(sql[usize::from(!notify)].clone())
             .bind(&ids)
             .bind(&types)
             .bind(&subjects)
@@ -111,7 +111,7 @@ impl OutboxWriter for PgTx {
         } else {
             &shared.sql.enqueue
         };
-        let mut q = sqlx::query(&sql[usize::from(!notify)])
+        let mut q = sqlx::query(sql[usize::from(!notify)].clone())
             .bind(event.event_id.to_string())
             .bind(event.event_type.as_str())
             .bind(event.subject.as_str())

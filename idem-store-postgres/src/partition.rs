@@ -25,8 +25,11 @@
 
 use crate::config::PgLayout;
 use crate::error::{map_sqlx, sqlstate, PgError};
+use crate::sql::statement;
 use crate::store::PgStore;
-use idem_core::StoreError;
+use idem_core::ident::Ident;
+use idem_core::sql::SqlText;
+use idem_core::{sql, StoreError};
 use sqlx::{Executor, PgPool};
 
 /// The `submission_month` of a claim whose timestamp has no month (it does not parse, or
@@ -114,12 +117,24 @@ impl PartitionMonth {
         format!("{:04}-{:02}-01", self.year(), self.month())
     }
 
-    /// The first day of the next month (the partition's upper bound, exclusive).
-    fn end_day(self) -> String {
-        let next = Self {
+    /// Its first day as an SQL expression, `make_date(YYYY, MM, 1)` (the partition's
+    /// lower bound), written from integers.
+    fn first_day_sql(self) -> SqlText {
+        sql!("make_date({y}, {m}, 1)", y = self.year(), m = self.month())
+    }
+
+    /// The first day of the next month as an SQL expression (the partition's upper
+    /// bound, exclusive).
+    fn end_day_sql(self) -> SqlText {
+        Self {
             index: self.index + 1,
-        };
-        format!("{:04}-{:02}-01", next.year(), next.month())
+        }
+        .first_day_sql()
+    }
+
+    /// [`partition_name`](Self::partition_name) as an identifier.
+    fn partition_ident(self) -> Result<Ident, StoreError> {
+        Ident::new(&self.partition_name()).map_err(|e| StoreError::other(e.to_string(), false))
     }
 
     /// The partition's table name, `processed_messages_pYYYYMM`.
@@ -282,17 +297,20 @@ impl PgStore {
 
     /// Creates one month's partition; `false` when it already existed.
     async fn create_partition(&self, m: PartitionMonth) -> Result<bool, StoreError> {
-        let pm = self.table("processed_messages");
-        let part = self.table(&m.partition_name());
-        let default = self.table(DEFAULT_PARTITION);
-        let (from, to) = (m.first_day(), m.end_day());
-        // Bounds are dates formatted from integers: no input reaches this text.
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {part} PARTITION OF {pm} FOR VALUES FROM ('{from}') TO ('{to}')"
+        let pm = self.sql_table("processed_messages");
+        let part = self.shared().table_ident(&m.partition_ident()?);
+        let default = self.sql_table(DEFAULT_PARTITION);
+        let (from, to) = (m.first_day_sql(), m.end_day_sql());
+        let create = sql!(
+            "CREATE TABLE IF NOT EXISTS {part} PARTITION OF {pm} FOR VALUES FROM ({from}) TO ({to})",
+            part,
+            pm,
+            from,
+            to
         );
         let mut tx = self.ddl_tx().await?;
         let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&part)
+            .bind(part.as_str())
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| map_sqlx(e, "look up partition"))?;
@@ -302,7 +320,7 @@ impl PgStore {
                 .map_err(|e| map_sqlx(e, "end partition check"))?;
             return Ok(false);
         }
-        match tx.execute(create.as_str()).await {
+        match tx.execute(statement(create.clone())).await {
             Ok(_) => {
                 tx.commit()
                     .await
@@ -319,18 +337,23 @@ impl PgStore {
         // partition), delete them from the default partition and put it back — one
         // transaction, so no claim sees the month in two places.
         let mut tx = self.ddl_tx().await?;
-        let script = format!(
+        let script = sql!(
             "SELECT set_config('idem.purge', 'on', true); \
              ALTER TABLE {pm} DETACH PARTITION {default}; \
              {create}; \
              INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_month) \
                SELECT idempotency_key, award_id, claimed_at, submission_month FROM {default} \
-               WHERE submission_month >= '{from}' AND submission_month < '{to}'; \
+               WHERE submission_month >= {from} AND submission_month < {to}; \
              DELETE FROM {default} \
-               WHERE submission_month >= '{from}' AND submission_month < '{to}'; \
-             ALTER TABLE {pm} ATTACH PARTITION {default} DEFAULT;"
+               WHERE submission_month >= {from} AND submission_month < {to}; \
+             ALTER TABLE {pm} ATTACH PARTITION {default} DEFAULT;",
+            pm,
+            default,
+            create,
+            from,
+            to
         );
-        tx.execute(script.as_str())
+        tx.execute(statement(script))
             .await
             .map_err(|e| map_sqlx(e, "create partition and move its rows from the default"))?;
         tx.commit()
@@ -382,15 +405,16 @@ impl PgStore {
             // A cutoff before year 1: nothing is that old.
             return Ok(out);
         };
-        let pm = self.table("processed_messages");
+        let pm = self.sql_table("processed_messages");
         for m in self.partitions().await? {
             if m >= cutoff_month {
                 break;
             }
             let name = m.partition_name();
-            let part = self.table(&name);
-            let late_sql = format!(
-                "SELECT EXISTS (SELECT 1 FROM {part} WHERE claimed_at >= to_timestamp($1))"
+            let part = self.shared().table_ident(&m.partition_ident()?);
+            let late_sql = sql!(
+                "SELECT EXISTS (SELECT 1 FROM {part} WHERE claimed_at >= to_timestamp($1))",
+                part
             );
             let estimate_sql =
                 "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass($1)";
@@ -404,11 +428,15 @@ impl PgStore {
                 .await
                 .map_err(|e| map_sqlx(e, "set lock timeout"))?;
             if !dry_run {
-                tx.execute(format!("ALTER TABLE {pm} DETACH PARTITION {part}").as_str())
-                    .await
-                    .map_err(|e| map_sqlx(e, "detach partition"))?;
+                tx.execute(statement(sql!(
+                    "ALTER TABLE {pm} DETACH PARTITION {part}",
+                    pm,
+                    part
+                )))
+                .await
+                .map_err(|e| map_sqlx(e, "detach partition"))?;
             }
-            let late: bool = sqlx::query_scalar(&late_sql)
+            let late: bool = sqlx::query_scalar(statement(late_sql))
                 .bind(cutoff_secs)
                 .fetch_one(&mut *tx)
                 .await
@@ -425,14 +453,14 @@ impl PgStore {
                 continue;
             }
             let rows: i64 = sqlx::query_scalar(estimate_sql)
-                .bind(&part)
+                .bind(part.as_str())
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| map_sqlx(e, "estimate partition rows"))?;
             if dry_run {
                 let _ = tx.rollback().await;
             } else {
-                tx.execute(format!("DROP TABLE {part}").as_str())
+                tx.execute(statement(sql!("DROP TABLE {part}", part)))
                     .await
                     .map_err(|e| map_sqlx(e, "drop partition"))?;
                 tx.commit()
@@ -488,7 +516,12 @@ mod tests {
             m.plus(-12).map(|n| n.to_string()).as_deref(),
             Some("2025-12")
         );
-        assert_eq!(m.end_day(), "2027-01-01");
+        assert_eq!(m.first_day_sql().as_str(), "make_date(2026, 12, 1)");
+        assert_eq!(m.end_day_sql().as_str(), "make_date(2027, 1, 1)");
+        assert_eq!(
+            m.partition_ident().map(|i| i.quoted()).ok().as_deref(),
+            Some("\"processed_messages_p202612\"")
+        );
         assert_eq!(
             PartitionMonth::from_partition_name(&m.partition_name()),
             Some(m)

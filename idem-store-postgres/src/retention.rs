@@ -9,7 +9,9 @@ pub use idem_core::retention::{
 };
 
 use crate::inspect::Timestamp;
+use crate::sql::statement;
 use crate::store::PgStore;
+use idem_core::sql;
 
 impl PgStore {
     /// Whether a cutoff `older_than` ago is younger than `floor` ago. Calendar floors are
@@ -87,8 +89,8 @@ impl PgStore {
         .await
         .map_err(|e| map_sqlx(e, "compute purge cutoff"))?;
         let cutoff_secs = cutoff_micros as f64 / 1e6;
-        let pm = self.table("processed_messages");
-        let ob = self.table("outbox");
+        let pm = self.sql_table("processed_messages");
+        let ob = self.sql_table("outbox");
         let mut report = PurgeReport::new(Timestamp::from_unix_micros(cutoff_micros), opts.dry_run);
         // Partitioned: whole months first; then only the default partition row by row.
         let dedup_table = if self.layout() == crate::PgLayout::Partitioned {
@@ -96,37 +98,43 @@ impl PgStore {
             report.partitions_dropped = dropped.dropped;
             report.partitions_kept = dropped.kept;
             report.partition_rows_estimate = dropped.rows_estimate;
-            self.table(crate::partition::DEFAULT_PARTITION)
+            self.sql_table(crate::partition::DEFAULT_PARTITION)
         } else {
-            pm.clone()
+            pm
         };
         let targets = [
             (
                 PurgeTable::DedupRecords,
-                format!("SELECT count(*) FROM {dedup_table} WHERE claimed_at < to_timestamp($1)"),
-                format!(
+                statement(sql!(
+                    "SELECT count(*) FROM {dedup_table} WHERE claimed_at < to_timestamp($1)",
+                    dedup_table
+                )),
+                statement(sql!(
                     "DELETE FROM {dedup_table} WHERE idempotency_key IN (SELECT idempotency_key \
                      FROM {dedup_table} WHERE claimed_at < to_timestamp($1) LIMIT $2 \
-                     FOR UPDATE SKIP LOCKED)"
-                ),
+                     FOR UPDATE SKIP LOCKED)",
+                    dedup_table
+                )),
             ),
             (
                 PurgeTable::OutboxEvents,
-                format!(
+                statement(sql!(
                     "SELECT count(*) FROM {ob} WHERE published_at IS NOT NULL \
-                     AND created_at < to_timestamp($1)"
-                ),
-                format!(
+                     AND created_at < to_timestamp($1)",
+                    ob
+                )),
+                statement(sql!(
                     "DELETE FROM {ob} WHERE id IN (SELECT id FROM {ob} \
                      WHERE published_at IS NOT NULL AND created_at < to_timestamp($1) \
-                     LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                ),
+                     LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                    ob
+                )),
             ),
         ];
         for (table, count_sql, delete_sql) in &targets {
             let mut total = 0u64;
             if opts.dry_run {
-                let n: i64 = sqlx::query_scalar(count_sql)
+                let n: i64 = sqlx::query_scalar(count_sql.clone())
                     .bind(cutoff_secs)
                     .fetch_one(self.pool())
                     .await
@@ -148,7 +156,7 @@ impl PgStore {
                         .execute(&mut *tx)
                         .await
                         .map_err(|e| map_sqlx(e, "mark purge transaction"))?;
-                    let n = sqlx::query(delete_sql)
+                    let n = sqlx::query(delete_sql.clone())
                         .bind(cutoff_secs)
                         .bind(batch)
                         .execute(&mut *tx)

@@ -9,14 +9,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::outbox::MovedAside;
 use idem_core::{
-    EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, StoreError,
-    TraceParent,
+    sql, EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource,
+    StoreError, TraceParent,
 };
 use sqlx::postgres::PgListener;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, Row, SqlStr, Transaction};
 use tokio::sync::Mutex;
 
 use crate::error::map_sqlx;
+use crate::sql::statement;
 use crate::store::PgStore;
 
 /// Where an [`idem_core::Relay`] finds a [`PgStore`]'s unpublished outbox rows.
@@ -63,15 +64,15 @@ pub struct PgOutboxSource {
 /// The relay's statements, built once from the validated schema.
 #[derive(Debug)]
 struct SourceSql {
-    lease: String,
-    mark_published: String,
-    record_failure: String,
-    moved_aside: String,
+    lease: SqlStr,
+    mark_published: SqlStr,
+    record_failure: SqlStr,
+    moved_aside: SqlStr,
 }
 
 impl SourceSql {
     fn new(store: &PgStore) -> Self {
-        let ob = store.table("outbox");
+        let ob = store.sql_table("outbox");
         // Rows a relay may publish: unpublished, not moved aside, written by idem.
         let live = "published_at IS NULL AND failed_at IS NULL AND event_id IS NOT NULL";
         let e_live = "e.published_at IS NULL AND e.failed_at IS NULL AND e.event_id IS NOT NULL";
@@ -82,7 +83,7 @@ impl SourceSql {
             "NULL::text AS traceparent"
         };
         Self {
-            lease: format!(
+            lease: statement(sql!(
                 "WITH c AS ( \
                    SELECT id, event_id, event_type, subject, idempotency_key, payload, {trace} \
                    FROM {ob} \
@@ -92,19 +93,26 @@ impl SourceSql {
                    EXISTS (SELECT 1 FROM {ob} e WHERE e.subject = c.subject AND e.id < c.id \
                      AND {e_live} AND e.id NOT IN (SELECT id FROM c)) AS blocked, \
                    c.traceparent \
-                 FROM c ORDER BY c.id"
-            ),
-            mark_published: format!(
-                "UPDATE {ob} SET published_at = now() WHERE id = ANY($1::bigint[])"
-            ),
-            record_failure: format!(
+                 FROM c ORDER BY c.id",
+                trace,
+                ob,
+                live,
+                e_live
+            )),
+            mark_published: statement(sql!(
+                "UPDATE {ob} SET published_at = now() WHERE id = ANY($1::bigint[])",
+                ob
+            )),
+            record_failure: statement(sql!(
                 "UPDATE {ob} SET publish_attempts = publish_attempts + 1, last_error = $2, \
                    failed_at = CASE WHEN publish_attempts + 1 >= $3 THEN now() END \
-                 WHERE id = ANY($1::bigint[]) RETURNING failed_at IS NOT NULL"
-            ),
-            moved_aside: format!(
-                "SELECT count(*) FROM {ob} WHERE published_at IS NULL AND failed_at IS NOT NULL"
-            ),
+                 WHERE id = ANY($1::bigint[]) RETURNING failed_at IS NOT NULL",
+                ob
+            )),
+            moved_aside: statement(sql!(
+                "SELECT count(*) FROM {ob} WHERE published_at IS NULL AND failed_at IS NOT NULL",
+                ob
+            )),
         }
     }
 }
@@ -116,13 +124,14 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Unavailable`] when the database cannot be reached.
     pub async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
-        let outbox = self.table("outbox");
-        let (pending, age): (i64, Option<f64>) = sqlx::query_as(&format!(
+        let outbox = self.sql_table("outbox");
+        let (pending, age): (i64, Option<f64>) = sqlx::query_as(statement(sql!(
             "SELECT (SELECT count(*) FROM {outbox} WHERE published_at IS NULL \
                       AND failed_at IS NULL), \
                     (SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM {outbox} \
-                      WHERE published_at IS NULL AND failed_at IS NULL ORDER BY id LIMIT 1)"
-        ))
+                      WHERE published_at IS NULL AND failed_at IS NULL ORDER BY id LIMIT 1)",
+            outbox
+        )))
         .fetch_one(self.pool())
         .await
         .map_err(|e| map_sqlx(e, "measuring the outbox backlog"))?;
@@ -143,12 +152,12 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Unavailable`] when the database cannot be reached.
     pub async fn outbox_moved_aside(&self) -> Result<Vec<MovedAside>, StoreError> {
-        let rows: Vec<MovedAsideRow> = sqlx::query_as(&format!(
+        let rows: Vec<MovedAsideRow> = sqlx::query_as(statement(sql!(
             "SELECT event_id, subject, publish_attempts, last_error, \
                    to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
-                 FROM {} WHERE published_at IS NULL AND failed_at IS NOT NULL ORDER BY id",
-            self.table("outbox")
-        ))
+                 FROM {ob} WHERE published_at IS NULL AND failed_at IS NOT NULL ORDER BY id",
+            ob = self.sql_table("outbox")
+        )))
         .fetch_all(self.pool())
         .await
         .map_err(|e| map_sqlx(e, "reading the outbox events moved aside"))?;
@@ -172,11 +181,11 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Unavailable`] when the database cannot be reached.
     pub async fn outbox_requeue(&self, event_id: &EventId) -> Result<bool, StoreError> {
-        let done = sqlx::query(&format!(
-            "UPDATE {} SET failed_at = NULL, publish_attempts = 0 \
+        let done = sqlx::query(statement(sql!(
+            "UPDATE {ob} SET failed_at = NULL, publish_attempts = 0 \
              WHERE event_id = $1 AND failed_at IS NOT NULL AND published_at IS NULL",
-            self.table("outbox")
-        ))
+            ob = self.sql_table("outbox")
+        )))
         .bind(event_id.to_string())
         .execute(self.pool())
         .await
@@ -263,7 +272,7 @@ impl OutboxBatch for PgOutboxBatch {
         let Some(mut tx) = self.tx.take() else {
             return Ok(());
         };
-        sqlx::query(&self.sql.mark_published)
+        sqlx::query(self.sql.mark_published.clone())
             .bind(&self.ids)
             .execute(&mut *tx)
             .await
@@ -279,7 +288,7 @@ impl OutboxBatch for PgOutboxBatch {
         let Some(mut tx) = self.tx.take() else {
             return Ok(0);
         };
-        let moved: Vec<bool> = sqlx::query_scalar(&self.sql.record_failure)
+        let moved: Vec<bool> = sqlx::query_scalar(self.sql.record_failure.clone())
             .bind(&self.ids)
             .bind(reason)
             .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
@@ -352,7 +361,7 @@ impl OutboxSource for PgOutboxSource {
             .await
             .map_err(|e| map_sqlx(e, "begin outbox lease"))?;
         let limit = i64::try_from(max.max(1)).unwrap_or(i64::MAX);
-        let rows = sqlx::query(&self.sql.lease)
+        let rows = sqlx::query(self.sql.lease.clone())
             .bind(limit)
             .fetch_all(&mut *tx)
             .await
@@ -393,7 +402,7 @@ impl OutboxSource for PgOutboxSource {
     }
 
     async fn moved_aside(&self) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(&self.sql.moved_aside)
+        let n: i64 = sqlx::query_scalar(self.sql.moved_aside.clone())
             .fetch_one(self.store.pool())
             .await
             .map_err(|e| map_sqlx(e, "count outbox events moved aside"))?;

@@ -6,15 +6,18 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use idem_core::ident::Ident;
+use idem_core::sql::SqlText;
 use idem_core::{
-    Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError,
+    sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{Executor, PgConnection, PgPool, Postgres, SqlStr, Transaction};
 
 use crate::config::{quote, PgConfig, PgLayout};
 use crate::error::{map_sqlx, sqlstate, LOCK_NOT_AVAILABLE};
 use crate::outbox::SUBJECT_LOCK;
+use crate::sql::statement;
 
 /// The embedded migration, with `{schema}` standing for the quoted schema name.
 const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
@@ -39,24 +42,24 @@ pub const APPEND_ONLY_SQLSTATE: &str = "IDEM1";
 #[derive(Debug)]
 pub(crate) struct Sql {
     /// Without the identity column (a table not migrated to 0006).
-    pub(crate) claim: String,
-    pub(crate) claim_batch: String,
+    pub(crate) claim: SqlStr,
+    pub(crate) claim_batch: SqlStr,
     /// With the identity column: `ON CONFLICT DO NOTHING` on any unique index (the key's
     /// and the identity's).
-    pub(crate) claim_identity: String,
-    pub(crate) claim_batch_identity: String,
+    pub(crate) claim_identity: SqlStr,
+    pub(crate) claim_batch_identity: SqlStr,
     /// After an identity claim inserted nothing: the key's own row (`o = 0`: duplicate),
     /// else the identity's (`o = 1`: conflict), per item.
-    pub(crate) classify: String,
+    pub(crate) classify: SqlStr,
     /// `[with pg_notify, without]`; `$1..$5` the event, `$6` the channel.
-    pub(crate) enqueue: [String; 2],
+    pub(crate) enqueue: [SqlStr; 2],
     /// `[with pg_notify, without]`; `$1..$5` the events, `$6` the channel.
-    pub(crate) enqueue_many: [String; 2],
+    pub(crate) enqueue_many: [SqlStr; 2],
     /// As `enqueue`, with the `traceparent` column (migration 0007) as `$6` and the
     /// channel as `$7`.
-    pub(crate) enqueue_traced: [String; 2],
+    pub(crate) enqueue_traced: [SqlStr; 2],
     /// As `enqueue_many`, with the `traceparent` column as `$6` and the channel as `$7`.
-    pub(crate) enqueue_many_traced: [String; 2],
+    pub(crate) enqueue_many_traced: [SqlStr; 2],
 }
 
 #[derive(Debug)]
@@ -64,9 +67,10 @@ pub(crate) struct Shared {
     pub(crate) config: PgConfig,
     /// The layout the claim statements are written for.
     pub(crate) layout: PgLayout,
-    pub(crate) qschema: String,
+    /// The schema, validated.
+    pub(crate) schema: Ident,
     pub(crate) channel: String,
-    pub(crate) begin: String,
+    pub(crate) begin: SqlStr,
     pub(crate) sql: Sql,
     /// Whether `processed_messages` has the identity column (migration 0006): claims then
     /// record the identity and detect conflicts. Found at connect, set by `migrate`.
@@ -112,6 +116,17 @@ impl Shared {
                 .is_ok()
     }
 
+    /// `"schema"."name"` for one of the store's own tables.
+    pub(crate) fn table(&self, name: &'static str) -> SqlText {
+        table_in(&self.schema, name)
+    }
+
+    /// `"schema"."name"` for a table named in configuration or generated (a partition).
+    pub(crate) fn table_ident(&self, name: &Ident) -> SqlText {
+        let schema = &self.schema;
+        sql!("{schema}.{name}", schema, name)
+    }
+
     fn new(
         config: PgConfig,
         layout: PgLayout,
@@ -119,66 +134,66 @@ impl Shared {
         traceparent: bool,
     ) -> Result<Self, StoreError> {
         config.validate()?;
-        let qschema = quote(&config.schema);
-        let pm = format!("{qschema}.\"processed_messages\"");
-        let ob = format!("{qschema}.\"outbox\"");
+        let schema = Ident::new(&config.schema).map_err(crate::PgError::from)?;
+        let pm = table_in(&schema, "processed_messages");
+        let ob = table_in(&schema, "outbox");
         let notify_tail = " RETURNING 1) SELECT pg_notify($6, '') FROM ins LIMIT 1";
         let quiet_tail = " RETURNING 1) SELECT 1 FROM ins LIMIT 1";
         let notify_tail_traced = " RETURNING 1) SELECT pg_notify($7, '') FROM ins LIMIT 1";
         let sql = Sql {
             claim: match layout {
-                PgLayout::Plain => format!(
+                PgLayout::Plain => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) VALUES ($1, $2, now()) \
-                     ON CONFLICT (idempotency_key) DO NOTHING"
-                ),
+                     ON CONFLICT (idempotency_key) DO NOTHING", pm
+                )),
                 // $3 is the submission month (crate::partition): part of the primary key,
                 // so part of the conflict target.
-                PgLayout::Partitioned => format!(
+                PgLayout::Partitioned => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_month) \
                      VALUES ($1, $2, now(), $3::date) \
-                     ON CONFLICT (idempotency_key, submission_month) DO NOTHING"
-                ),
+                     ON CONFLICT (idempotency_key, submission_month) DO NOTHING", pm
+                )),
             },
             claim_batch: match layout {
-                PgLayout::Plain => format!(
+                PgLayout::Plain => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) \
                      SELECT k, a, now() FROM unnest($1::text[], $2::text[]) AS t(k, a) \
-                     ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
-                ),
-                PgLayout::Partitioned => format!(
+                     ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key", pm
+                )),
+                PgLayout::Partitioned => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_month) \
                      SELECT k, a, now(), m::date FROM unnest($1::text[], $2::text[], $3::text[]) \
                      AS t(k, a, m) \
                      ON CONFLICT (idempotency_key, submission_month) DO NOTHING \
-                     RETURNING idempotency_key"
-                ),
+                     RETURNING idempotency_key", pm
+                )),
             },
             claim_identity: match layout {
-                PgLayout::Plain => format!(
+                PgLayout::Plain => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
-                     VALUES ($1, $2, now(), $3) ON CONFLICT DO NOTHING"
-                ),
-                PgLayout::Partitioned => format!(
+                     VALUES ($1, $2, now(), $3) ON CONFLICT DO NOTHING", pm
+                )),
+                PgLayout::Partitioned => statement(sql!(
                     "INSERT INTO {pm} \
                      (idempotency_key, award_id, claimed_at, submission_month, submission_timestamp) \
-                     VALUES ($1, $2, now(), $4::date, $3) ON CONFLICT DO NOTHING"
-                ),
+                     VALUES ($1, $2, now(), $4::date, $3) ON CONFLICT DO NOTHING", pm
+                )),
             },
             claim_batch_identity: match layout {
-                PgLayout::Plain => format!(
+                PgLayout::Plain => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
                      SELECT k, a, now(), ts FROM unnest($1::text[], $2::text[], $3::text[]) \
                      WITH ORDINALITY AS u(k, a, ts, n) ORDER BY n \
-                     ON CONFLICT DO NOTHING RETURNING idempotency_key"
-                ),
-                PgLayout::Partitioned => format!(
+                     ON CONFLICT DO NOTHING RETURNING idempotency_key", pm
+                )),
+                PgLayout::Partitioned => statement(sql!(
                     "INSERT INTO {pm} \
                      (idempotency_key, award_id, claimed_at, submission_month, submission_timestamp) \
                      SELECT k, a, now(), m::date, ts \
                      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) \
                      WITH ORDINALITY AS u(k, a, ts, m, n) ORDER BY n \
-                     ON CONFLICT DO NOTHING RETURNING idempotency_key"
-                ),
+                     ON CONFLICT DO NOTHING RETURNING idempotency_key", pm
+                )),
             },
             classify: {
                 let month = match layout {
@@ -193,7 +208,7 @@ impl Shared {
                     PgLayout::Plain => "",
                     PgLayout::Partitioned => ", m",
                 };
-                format!(
+                statement(sql!(
                     "SELECT u.k, f.idempotency_key, f.o \
                      FROM unnest($1::text[], $2::text[], $3::text[]{months}) AS u(k, a, ts{m}) \
                      LEFT JOIN LATERAL ( \
@@ -204,22 +219,22 @@ impl Shared {
                         WHERE p.award_id = u.a AND p.submission_timestamp = u.ts \
                         AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL{month} \
                         LIMIT 1) \
-                       ORDER BY o LIMIT 1) f ON true"
-                )
+                       ORDER BY o LIMIT 1) f ON true", months, m, pm, month
+                ))
             },
             // Per-subject order: see crate::outbox (a transaction-scoped advisory lock per
             // subject, taken before the row's id is drawn).
             enqueue: [notify_tail, quiet_tail].map(|tail| {
-                format!(
+                statement(sql!(
                     "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, hashtext($3))), \
                      ins AS (INSERT INTO {ob} \
                      (event_id, event_type, subject, idempotency_key, payload, created_at) \
                      SELECT $1, $2, $3, $4, $5::jsonb, now() FROM l \
-                     ON CONFLICT (event_id) DO NOTHING{tail}"
-                )
+                     ON CONFLICT (event_id) DO NOTHING{tail}", SUBJECT_LOCK, ob, tail
+                ))
             }),
             enqueue_many: [notify_tail, quiet_tail].map(|tail| {
-                format!(
+                statement(sql!(
                     "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
                        (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
                      ins AS (INSERT INTO {ob} \
@@ -228,21 +243,21 @@ impl Shared {
                      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
                      WITH ORDINALITY AS u(e, t, s, k, p, n) \
                      WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT (event_id) DO NOTHING{tail}"
-                )
+                     ON CONFLICT (event_id) DO NOTHING{tail}", SUBJECT_LOCK, ob, tail
+                ))
             }),
             enqueue_traced: [notify_tail_traced, quiet_tail].map(|tail| {
-                format!(
+                statement(sql!(
                     "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, hashtext($3))), \
                      ins AS (INSERT INTO {ob} \
                      (event_id, event_type, subject, idempotency_key, payload, created_at, \
                       traceparent) \
                      SELECT $1, $2, $3, $4, $5::jsonb, now(), $6 FROM l \
-                     ON CONFLICT (event_id) DO NOTHING{tail}"
-                )
+                     ON CONFLICT (event_id) DO NOTHING{tail}", SUBJECT_LOCK, ob, tail
+                ))
             }),
             enqueue_many_traced: [notify_tail_traced, quiet_tail].map(|tail| {
-                format!(
+                statement(sql!(
                     "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
                        (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
                      ins AS (INSERT INTO {ob} \
@@ -253,14 +268,17 @@ impl Shared {
                        $6::text[]) \
                      WITH ORDINALITY AS u(e, t, s, k, p, tp, n) \
                      WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT (event_id) DO NOTHING{tail}"
-                )
+                     ON CONFLICT (event_id) DO NOTHING{tail}", SUBJECT_LOCK, ob, tail
+                ))
             }),
         };
         let begin = match config.lock_timeout {
             // One round trip: a simple query with two statements.
-            Some(t) => format!("BEGIN; SET LOCAL lock_timeout = '{}ms'", t.as_millis()),
-            None => "BEGIN".to_owned(),
+            Some(t) => statement(sql!(
+                "BEGIN; SET LOCAL lock_timeout = '{ms}ms'",
+                ms = t.as_millis()
+            )),
+            None => sqlx::SqlSafeStr::into_sql_str("BEGIN"),
         };
         // Channel names are identifiers of at most 63 bytes; a truncated name shared by
         // two schemas only causes a spurious wake-up.
@@ -269,7 +287,7 @@ impl Shared {
         Ok(Self {
             config,
             layout,
-            qschema,
+            schema,
             channel,
             begin,
             sql,
@@ -279,6 +297,12 @@ impl Shared {
             epoch: std::time::Instant::now(),
         })
     }
+}
+
+/// `"schema"."name"` for a table whose name is program text.
+fn table_in(schema: &Ident, name: &'static str) -> SqlText {
+    let name = Ident::from_static(name);
+    sql!("{schema}.{name}", schema, name)
 }
 
 /// The Postgres claim store: a [`PgPool`] and a validated schema. Clones share the pool.
@@ -308,17 +332,18 @@ impl Shared {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
-/// use idem_store_postgres::{PgConfig, PgStore};
+/// use idem_core::{ident::Ident, sql, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+/// use idem_store_postgres::{sql::statement, PgConfig, PgStore};
 ///
 /// let store = PgStore::connect("postgres://postgres@127.0.0.1/test", PgConfig::new("grants")?).await?;
 /// store.migrate().await?;
 /// let key = IdempotencyKey::derive("A-2026-014", "2026-07-01T09:00:00Z", b"{}")?;
 /// let mut tx = store.begin().await?;
 /// if tx.claim(&key, &ClaimMeta::new("A-2026-014")).await? == ClaimOutcome::Claimed {
-///     let sql = format!("INSERT INTO {} (award_id, amount_cents, idempotency_key) VALUES ($1, $2, $3)",
-///         store.table("disbursements"));
-///     sqlx::query(&sql).bind("A-2026-014").bind(125_000_i64).bind(key.to_hex())
+///     let table = Ident::new("disbursements")?;
+///     let insert = sql!("INSERT INTO {schema}.{table} (award_id, amount_cents, idempotency_key) \
+///                        VALUES ($1, $2, $3)", schema = store.schema_ident(), table);
+///     sqlx::query(statement(insert)).bind("A-2026-014").bind(125_000_i64).bind(key.to_hex())
 ///         .execute(tx.conn()).await?;
 ///     tx.commit().await?;
 /// } else {
@@ -403,11 +428,22 @@ impl PgStore {
         &self.shared.config.schema
     }
 
+    /// The schema as a validated identifier, for [`sql!`](idem_core::sql!) text (see
+    /// [`crate::sql`]).
+    pub fn schema_ident(&self) -> &Ident {
+        &self.shared.schema
+    }
+
     /// The quoted, schema-qualified name of `name`, for example `"grants"."disbursements"`.
     /// `name` is quoted as given (any `"` doubled), so it cannot break out of the
     /// identifier.
     pub fn table(&self, name: &str) -> String {
-        format!("{}.{}", self.shared.qschema, quote(name))
+        format!("{}.{}", self.shared.schema.quoted(), quote(name))
+    }
+
+    /// `"schema"."name"` for one of the store's own tables, as SQL text.
+    pub(crate) fn sql_table(&self, name: &'static str) -> SqlText {
+        self.shared.table(name)
     }
 
     /// The NOTIFY channel of this schema's outbox.
@@ -451,27 +487,27 @@ impl PgStore {
                 self.layout()
             )));
         }
-        let mut sql = String::new();
-        if self.layout() == PgLayout::Partitioned {
-            sql.push_str(&PARTITIONED.replace("{schema}", &self.shared.qschema));
-        }
-        sql.push_str(&MIGRATION.replace("{schema}", &self.shared.qschema));
+        let schema: &dyn idem_core::sql::SqlPart = &self.shared.schema;
         let partition_key = match self.layout() {
             PgLayout::Plain => "",
             PgLayout::Partitioned => ", submission_month",
         };
-        sql.push_str(
-            &CLAIM_IDENTITY
-                .replace("{schema}", &self.shared.qschema)
-                .replace("{partition_key}", partition_key),
-        );
-        sql.push_str(&IDENTITY.replace("{schema}", &self.shared.qschema));
-        sql.push_str(&OUTCOME_COUNTS.replace("{schema}", &self.shared.qschema));
-        sql.push_str(&OUTBOX_TRACEPARENT.replace("{schema}", &self.shared.qschema));
-        if self.shared.config.audit_indexes {
-            sql.push_str(&AUDIT_INDEXES.replace("{schema}", &self.shared.qschema));
+        let mut sql = SqlText::new();
+        if self.layout() == PgLayout::Partitioned {
+            sql.push(SqlText::render(PARTITIONED, &[("schema", schema)]));
         }
-        self.run_script(&sql).await?;
+        sql.push(SqlText::render(MIGRATION, &[("schema", schema)]));
+        sql.push(SqlText::render(
+            CLAIM_IDENTITY,
+            &[("schema", schema), ("partition_key", &partition_key)],
+        ));
+        for script in [IDENTITY, OUTCOME_COUNTS, OUTBOX_TRACEPARENT] {
+            sql.push(SqlText::render(script, &[("schema", schema)]));
+        }
+        if self.shared.config.audit_indexes {
+            sql.push(SqlText::render(AUDIT_INDEXES, &[("schema", schema)]));
+        }
+        self.run_script(sql).await?;
         self.shared
             .identity
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -493,11 +529,14 @@ impl PgStore {
     /// # Errors
     /// [`StoreError`] from the database (for example when the tables do not exist yet).
     pub async fn migrate_append_only(&self) -> Result<(), StoreError> {
-        self.run_script(&APPEND_ONLY.replace("{schema}", &self.shared.qschema))
-            .await
+        self.run_script(SqlText::render(
+            APPEND_ONLY,
+            &[("schema", &self.shared.schema)],
+        ))
+        .await
     }
 
-    async fn run_script(&self, sql: &str) -> Result<(), StoreError> {
+    async fn run_script(&self, sql: SqlText) -> Result<(), StoreError> {
         let mut tx = self
             .pool
             .begin()
@@ -509,7 +548,9 @@ impl PgStore {
             .await
             .map_err(|e| map_sqlx(e, "lock for migration"))?;
         // A simple (multi-statement) query: the script has no parameters.
-        tx.execute(sql).await.map_err(|e| map_sqlx(e, "migrate"))?;
+        tx.execute(statement(sql))
+            .await
+            .map_err(|e| map_sqlx(e, "migrate"))?;
         tx.commit()
             .await
             .map_err(|e| map_sqlx(e, "commit migration"))?;
@@ -567,12 +608,18 @@ impl PgTx {
 
     /// The quoted, schema-qualified name of `name` (see [`PgStore::table`]).
     pub fn table(&self, name: &str) -> String {
-        format!("{}.{}", self.shared.qschema, quote(name))
+        format!("{}.{}", self.shared.schema.quoted(), quote(name))
     }
 
     /// The schema name (unquoted).
     pub fn schema(&self) -> &str {
         &self.shared.config.schema
+    }
+
+    /// The schema as a validated identifier, for [`sql!`](idem_core::sql!) text (see
+    /// [`crate::sql`]).
+    pub fn schema_ident(&self) -> &Ident {
+        &self.shared.schema
     }
 
     pub(crate) fn shared_arc(&self) -> std::sync::Arc<Shared> {
@@ -602,7 +649,7 @@ impl PgTx {
             .iter()
             .map(|(_, m)| m.identity().map(|(_, ts)| ts))
             .collect();
-        let mut query = sqlx::query_as(&self.shared.sql.classify)
+        let mut query = sqlx::query_as(self.shared.sql.classify.clone())
             .bind(&keys)
             .bind(&subjects)
             .bind(&stamps);
@@ -659,7 +706,7 @@ impl PgTx {
         } else {
             &shared.sql.claim_batch
         };
-        let mut query = sqlx::query_as(sql).bind(&keys).bind(&subjects);
+        let mut query = sqlx::query_as(sql.clone()).bind(&keys).bind(&subjects);
         if identity {
             let stamps: Vec<Option<&str>> = order
                 .iter()
@@ -710,7 +757,7 @@ impl ClaimTx for PgTx {
         } else {
             &shared.sql.claim
         };
-        let mut query = sqlx::query(sql)
+        let mut query = sqlx::query(sql.clone())
             .bind(key.to_hex())
             .bind(meta.subject.as_str());
         if identity {

@@ -20,17 +20,17 @@ async fn claim(store: &PgStore, award: &str) -> IdempotencyKey {
 }
 
 async fn count(store: &PgStore) -> i64 {
-    sqlx::query_scalar(&format!(
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {}",
         store.table("processed_messages")
-    ))
+    )))
     .fetch_one(store.pool())
     .await
     .expect("count")
 }
 
 async fn refused(store: &PgStore, sql: &str) {
-    let err = sqlx::query(sql)
+    let err = sqlx::query(sqlx::AssertSqlSafe(sql))
         .execute(store.pool())
         .await
         .expect_err(&format!("{sql} must be refused"));

@@ -136,10 +136,10 @@ async fn batch_claims_are_in_input_order_with_repeats() {
         assert_eq!(*o, expected, "position {i} (key #{idx})");
     }
     tx.commit().await.expect("commit");
-    let n: i64 = sqlx::query_scalar(&format!(
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {}",
         store.table("processed_messages")
-    ))
+    )))
     .fetch_one(store.pool())
     .await
     .expect("count");
@@ -175,15 +175,17 @@ async fn a_missing_table_is_a_configuration_error_and_a_dead_server_is_unavailab
 async fn unique_violations_are_recognised_by_sqlstate() {
     let store = common::fresh_pg().await;
     let t = store.table("uniq");
-    sqlx::query(&format!("CREATE TABLE {t} (id int primary key)"))
-        .execute(store.pool())
-        .await
-        .expect("create");
-    sqlx::query(&format!("INSERT INTO {t} VALUES (1)"))
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {t} (id int primary key)"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("create");
+    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {t} VALUES (1)")))
         .execute(store.pool())
         .await
         .expect("insert");
-    let e = sqlx::query(&format!("INSERT INTO {t} VALUES (1)"))
+    let e = sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {t} VALUES (1)")))
         .execute(store.pool())
         .await
         .expect_err("duplicate");

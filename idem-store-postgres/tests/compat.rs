@@ -25,10 +25,10 @@ async fn columns(store: &PgStore, table: &str) -> Vec<String> {
 
 async fn reference_processed_messages(store: &PgStore) {
     // As the reference program creates it.
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {} (idempotency_key text primary key, award_id text, claimed_at timestamptz default now())",
         store.table("processed_messages")
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("create reference table");
@@ -44,10 +44,10 @@ async fn claims_work_on_a_reference_table_without_any_migration() {
     reference_processed_messages(&store).await;
     // A row the other program wrote: our claim of the same key is a duplicate.
     let theirs = key("theirs");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {} (idempotency_key, award_id) VALUES ($1, 'A-1')",
         store.table("processed_messages")
-    ))
+    )))
     .bind(theirs.to_hex())
     .execute(store.pool())
     .await
@@ -79,10 +79,10 @@ async fn claims_work_on_a_reference_table_without_any_migration() {
     tx.commit().await.expect("commit");
 
     // What the other program reads back: its three columns, filled.
-    let row: (String, Option<String>, bool) = sqlx::query_as(&format!(
+    let row: (String, Option<String>, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT idempotency_key, award_id, claimed_at IS NOT NULL FROM {} WHERE idempotency_key = $1",
         store.table("processed_messages")
-    ))
+    )))
     .bind(ours.to_hex())
     .fetch_one(store.pool())
     .await
@@ -99,18 +99,18 @@ async fn claims_work_on_a_reference_table_without_any_migration() {
 async fn migrate_keeps_a_reference_table_and_upgrades_a_reference_outbox() {
     let store = common::bare_store(|c| c).await;
     reference_processed_messages(&store).await;
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {} (event_type text, payload jsonb, created_at timestamptz default now())",
         store.table("outbox")
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("reference outbox");
     // A row the other program left behind (no event id: not relayed by us).
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {} (event_type, payload) VALUES ('disbursement.recorded', '{{\"award_id\":\"A-0\"}}')",
         store.table("outbox")
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("their event");
@@ -130,11 +130,11 @@ async fn migrate_keeps_a_reference_table_and_upgrades_a_reference_outbox() {
     // The reference consumer's own claim still works on the migrated table, twice over
     // for one identity (it records none, so it is never in conflict).
     for n in ["ref-1", "ref-2"] {
-        let inserted = sqlx::query(&format!(
+        let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (idempotency_key, award_id) VALUES ($1, 'A-9') \
              ON CONFLICT (idempotency_key) DO NOTHING",
             store.table("processed_messages")
-        ))
+        )))
         .bind(key(n).to_hex())
         .execute(store.pool())
         .await

@@ -47,10 +47,10 @@ async fn a_migrated_table_records_the_identity_and_the_reference_consumer_still_
         claim_one(&store, &a, &meta("P-1")).await,
         ClaimOutcome::Claimed
     );
-    let row: (Option<String>, Option<String>) = sqlx::query_as(&format!(
+    let row: (Option<String>, Option<String>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT award_id, submission_timestamp FROM {} WHERE idempotency_key = $1",
         store.table("processed_messages")
-    ))
+    )))
     .bind(a.to_hex())
     .fetch_one(store.pool())
     .await
@@ -69,7 +69,7 @@ async fn a_migrated_table_records_the_identity_and_the_reference_consumer_still_
         store.table("processed_messages")
     );
     for k in [key("P-1", "ref-1"), key("P-1", "ref-2")] {
-        let r = sqlx::query(&sql)
+        let r = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
             .bind(k.to_hex())
             .execute(store.pool())
             .await
@@ -86,10 +86,10 @@ async fn a_migrated_table_records_the_identity_and_the_reference_consumer_still_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reference_table_never_migrated_claims_without_detection_and_says_so() {
     let store = common::bare_store(|c| c).await;
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {} (idempotency_key text primary key, award_id text, claimed_at timestamptz default now())",
         store.table("processed_messages")
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("reference table");
@@ -166,10 +166,10 @@ async fn the_partitioned_layout_detects_conflicts_in_and_across_batches() {
         ClaimOutcome::Claimed,
         "the process policy's claim, in the message's month"
     );
-    let months: Vec<(String,)> = sqlx::query_as(&format!(
+    let months: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT submission_month::text FROM {} ORDER BY 1",
         store.table("processed_messages")
-    ))
+    )))
     .fetch_all(store.pool())
     .await
     .expect("months");

@@ -95,10 +95,12 @@ async fn values_postgres_refuses_for_good_are_rejected() {
     tx.rollback().await.expect("rollback");
 
     let short = store.table("short_codes");
-    sqlx::query(&format!("CREATE TABLE {short} (code varchar(8) NOT NULL)"))
-        .execute(store.pool())
-        .await
-        .expect("create");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {short} (code varchar(8) NOT NULL)"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("create");
     let mut tx = store.begin().await.expect("begin");
     assert_eq!(
         tx.claim(&key("too-long"), &ClaimMeta::new("t"))
@@ -106,19 +108,21 @@ async fn values_postgres_refuses_for_good_are_rejected() {
             .expect("claim"),
         ClaimOutcome::Claimed
     );
-    let e = sqlx::query(&format!("INSERT INTO {short} (code) VALUES ($1)"))
-        .bind("longer than eight")
-        .execute(tx.conn())
-        .await
-        .map_err(|e| map_sqlx(e, "write the business row"))
-        .expect_err("too long");
+    let e = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {short} (code) VALUES ($1)"
+    )))
+    .bind("longer than eight")
+    .execute(tx.conn())
+    .await
+    .map_err(|e| map_sqlx(e, "write the business row"))
+    .expect_err("too long");
     check(e, "22001");
     tx.rollback().await.expect("rollback");
 
-    let claimed: i64 = sqlx::query_scalar(&format!(
+    let claimed: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {}",
         store.table("processed_messages")
-    ))
+    )))
     .fetch_one(store.pool())
     .await
     .expect("count");
@@ -196,10 +200,10 @@ async fn the_identity_is_created_once_counted_and_rotated() {
         rotated.store_id,
         "two schemas, two identities"
     );
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP TABLE {}",
         other.table("idem_store_identity")
-    ))
+    )))
     .execute(other.pool())
     .await
     .expect("drop");

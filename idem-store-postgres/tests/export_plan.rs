@@ -16,22 +16,25 @@ const PAGE: i64 = 1000;
 
 /// `N` claims, `TIE` per second from 2026-07-01, keys that sort apart from time.
 async fn seed(store: &PgStore) {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {} (idempotency_key, award_id, claimed_at) \
          SELECT md5(i::text) || md5((-i)::text), 'A-' || i, \
                 timestamptz '2026-07-01T00:00:00Z' + (i / $2) * interval '1 second' \
          FROM generate_series(0, $1 - 1) AS i",
         store.table("processed_messages")
-    ))
+    )))
     .bind(N)
     .bind(TIE)
     .execute(store.pool())
     .await
     .expect("seed claims");
-    sqlx::query(&format!("ANALYZE {}", store.table("processed_messages")))
-        .execute(store.pool())
-        .await
-        .expect("analyze");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ANALYZE {}",
+        store.table("processed_messages")
+    )))
+    .execute(store.pool())
+    .await
+    .expect("analyze");
 }
 
 /// The sum of a numeric field over every node of an `EXPLAIN (FORMAT JSON)` text.
@@ -52,11 +55,11 @@ fn sum_field(plan: &str, field: &str) -> i64 {
 /// plan: (rows removed by filters, rows read by scans, the plan text).
 async fn page_plan(store: &PgStore, offset: i64) -> (i64, i64, String) {
     let pool = store.pool();
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT to_char(claimed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), idempotency_key \
          FROM {} ORDER BY claimed_at, idempotency_key OFFSET $1 LIMIT 1",
         store.table("processed_messages")
-    ))
+    )))
     .bind(offset)
     .fetch_one(pool)
     .await
@@ -69,17 +72,17 @@ async fn page_plan(store: &PgStore, offset: i64) -> (i64, i64, String) {
         .await
         .expect("generic plans");
     let name = format!("export_page_{offset}");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "PREPARE {name}(text, text, text, bigint) AS {}",
         store.export_page_sql(false)
-    ))
+    )))
     .execute(&mut *tx)
     .await
     .expect("prepare");
     // EXPLAIN's column is `json`, whose wire form is its text.
-    let plan: String = sqlx::query(&format!(
+    let plan: String = sqlx::query(sqlx::AssertSqlSafe(format!(
         "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}('{at}', '{key}', '2100-01-01T00:00:00Z', {PAGE})"
-    ))
+    )))
     .fetch_one(&mut *tx)
     .await
     .expect("explain")

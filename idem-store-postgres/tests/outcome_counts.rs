@@ -94,10 +94,10 @@ async fn counts_add_up_across_flushes_and_are_read_by_whole_days() {
         "{err:?}"
     );
     // The report's read carries them.
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {} (idempotency_key text, amount bigint, subject text)",
         store.table("biz")
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("business table");
@@ -210,10 +210,10 @@ async fn schemas_are_quoted_kept_apart_and_upgraded_in_place() {
 
     // An old schema: migrated before the table existed. It reads as not recorded, a
     // flush fails (and would be kept), and migrate adds the table in place.
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP TABLE {}",
         other.table("idem_outcome_counts")
-    ))
+    )))
     .execute(other.pool())
     .await
     .expect("drop");

@@ -40,10 +40,10 @@ async fn claim(store: &PgStore, subject: &str, ts: &str) -> ClaimOutcome {
 
 /// The partition holding `subject`'s claim.
 async fn partition_of(store: &PgStore, subject: &str) -> String {
-    sqlx::query_scalar(&format!(
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT tableoid::regclass::text FROM {} WHERE award_id = $1",
         store.table("processed_messages")
-    ))
+    )))
     .bind(subject)
     .fetch_one(store.pool())
     .await
@@ -51,10 +51,13 @@ async fn partition_of(store: &PgStore, subject: &str) -> String {
 }
 
 async fn count(store: &PgStore, table: &str) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table(table)))
-        .fetch_one(store.pool())
-        .await
-        .expect("count")
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        store.table(table)
+    )))
+    .fetch_one(store.pool())
+    .await
+    .expect("count")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,12 +165,12 @@ async fn claims_are_filed_by_submission_month_and_redeliveries_meet_them() {
 /// (one statement per month, `generate_series`).
 async fn fill(store: &PgStore, months: &[PartitionMonth], per_month: i64) {
     for m in months {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (idempotency_key, award_id, claimed_at, submission_month) \
              SELECT md5($1 || g::text) || md5(g::text), 'OLD-' || g, $2::date + interval '1 day', $2::date \
              FROM generate_series(1, $3) g",
             store.table("processed_messages")
-        ))
+        )))
         .bind(m.to_string())
         .bind(m.first_day())
         .bind(per_month)
@@ -175,10 +178,13 @@ async fn fill(store: &PgStore, months: &[PartitionMonth], per_month: i64) {
         .await
         .expect("fill a partition");
     }
-    sqlx::query(&format!("ANALYZE {}", store.table("processed_messages")))
-        .execute(store.pool())
-        .await
-        .expect("analyze");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ANALYZE {}",
+        store.table("processed_messages")
+    )))
+    .execute(store.pool())
+    .await
+    .expect("analyze");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,12 +211,12 @@ async fn purge_drops_old_partitions_whole_and_keeps_recent_rows() {
         ClaimOutcome::Claimed
     );
     // Default partition: one old row (unparsable timestamp), one recent.
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {} (idempotency_key, award_id, claimed_at, submission_month) VALUES \
          ('old-unparsed', 'U-OLD', now() - interval '5 years', '-infinity'), \
          ('new-unparsed', 'U-NEW', now(), '-infinity')",
         store.table("processed_messages")
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("default rows");
@@ -289,10 +295,10 @@ async fn purge_drops_old_partitions_whole_and_keeps_recent_rows() {
         claim(&store, "LATE-1", "2021-03-10T08:00:00Z").await,
         ClaimOutcome::Duplicate
     );
-    let unparsed: Vec<String> = sqlx::query_scalar(&format!(
+    let unparsed: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT award_id FROM {} ORDER BY 1",
         store.table("processed_messages_default")
-    ))
+    )))
     .fetch_all(store.pool())
     .await
     .expect("default rows");

@@ -56,10 +56,10 @@ proptest! {
             let result = check_exactly_once(store.clone(), &case).await;
             if result.is_ok() {
                 // Every claim was filed under a month partition, none in the default one.
-                let in_default: i64 = sqlx::query_scalar(&format!(
+                let in_default: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                     "SELECT count(*) FROM {}",
                     store.0.table("processed_messages_default")
-                ))
+                )))
                 .fetch_one(store.0.pool())
                 .await
                 .expect("count the default partition");

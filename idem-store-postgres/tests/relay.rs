@@ -367,10 +367,10 @@ async fn an_outbox_without_the_trace_column_is_upgraded_in_place() {
     const T: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let tp: TraceParent = T.parse().expect("valid");
     let store = common::fresh_pg().await;
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "ALTER TABLE {} DROP COLUMN traceparent",
         store.table("outbox")
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("drop the column");
@@ -405,10 +405,10 @@ async fn an_outbox_without_the_trace_column_is_upgraded_in_place() {
         .await
         .expect("enqueue many");
     tx.commit().await.expect("commit");
-    let rows: Vec<(String, Option<String>)> = sqlx::query_as(&format!(
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT subject, traceparent FROM {} ORDER BY id",
         store.table("outbox")
-    ))
+    )))
     .fetch_all(store.pool())
     .await
     .expect("select");

@@ -34,29 +34,29 @@ async fn seed(store: &PgStore, n: usize, old: usize, age_days: u64, published: u
     }
     let keys: Vec<String> = (0..old).map(|i| key(i).to_hex()).collect();
     let age = format!("{age_days} days");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {} SET claimed_at = now() - $2::interval WHERE idempotency_key = ANY($1)",
         store.table("processed_messages")
-    ))
+    )))
     .bind(&keys)
     .bind(&age)
     .execute(store.pool())
     .await
     .expect("age claims");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {} SET created_at = now() - $2::interval WHERE idempotency_key = ANY($1)",
         store.table("outbox")
-    ))
+    )))
     .bind(&keys)
     .bind(&age)
     .execute(store.pool())
     .await
     .expect("age events");
     let pub_keys: Vec<String> = (0..published).map(|i| key(i).to_hex()).collect();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {} SET published_at = now() WHERE idempotency_key = ANY($1)",
         store.table("outbox")
-    ))
+    )))
     .bind(&pub_keys)
     .execute(store.pool())
     .await
@@ -64,10 +64,13 @@ async fn seed(store: &PgStore, n: usize, old: usize, age_days: u64, published: u
 }
 
 async fn count(store: &PgStore, table: &str) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table(table)))
-        .fetch_one(store.pool())
-        .await
-        .expect("count")
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        store.table(table)
+    )))
+    .fetch_one(store.pool())
+    .await
+    .expect("count")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,10 +101,10 @@ async fn purge_deletes_old_records_and_published_events_in_batches() {
     assert_eq!(count(&store, "processed_messages").await, 8);
     // The 4 old unpublished events stay, as do the 8 young ones.
     assert_eq!(count(&store, "outbox").await, 12);
-    let unpublished: i64 = sqlx::query_scalar(&format!(
+    let unpublished: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {} WHERE published_at IS NULL",
         store.table("outbox")
-    ))
+    )))
     .fetch_one(store.pool())
     .await
     .expect("count");

@@ -34,7 +34,7 @@ async fn as_role(schema: &str, role: &str) -> PgStore {
         .after_connect(move |conn, _| {
             let set = set.clone();
             Box::pin(async move {
-                conn.execute(set.as_str()).await?;
+                conn.execute(sqlx::AssertSqlSafe(set)).await?;
                 Ok(())
             })
         })
@@ -45,7 +45,7 @@ async fn as_role(schema: &str, role: &str) -> PgStore {
 }
 
 async fn denied(store: &PgStore, sql: &str) {
-    let err = sqlx::query(sql)
+    let err = sqlx::query(sqlx::AssertSqlSafe(sql))
         .execute(store.pool())
         .await
         .expect_err(&format!("{sql} must be refused"));
@@ -62,22 +62,24 @@ async fn the_documented_grants_keep_evidence_safe() {
         format!("idem_r_{tag}"),
         format!("idem_a_{tag}"),
     );
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {} (award_id text, amount_cents bigint, idempotency_key text)",
         owner.table("disbursements")
-    ))
+    )))
     .execute(owner.pool())
     .await
     .expect("disbursements");
     for r in [&consumer, &relay, &auditor] {
-        sqlx::query(&format!("CREATE ROLE {r} NOLOGIN"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE ROLE {r} NOLOGIN")))
             .execute(owner.pool())
             .await
             .expect("create role");
     }
     owner
         .pool()
-        .execute(grants(&schema, &consumer, &relay, &auditor).as_str())
+        .execute(sqlx::AssertSqlSafe(grants(
+            &schema, &consumer, &relay, &auditor,
+        )))
         .await
         .expect("the README's GRANTs");
 
@@ -94,10 +96,10 @@ async fn the_documented_grants_keep_evidence_safe() {
 
     common::drop_schema(&owner).await;
     for r in [&consumer, &relay, &auditor] {
-        let _ = sqlx::query(&format!("DROP OWNED BY {r}"))
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP OWNED BY {r}")))
             .execute(owner.pool())
             .await;
-        let _ = sqlx::query(&format!("DROP ROLE {r}"))
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE {r}")))
             .execute(owner.pool())
             .await;
     }
@@ -115,10 +117,10 @@ async fn check(schema: &str, consumer: &str, relay: &str, auditor: &str) {
         tx.claim(&key, &ClaimMeta::new("A-1")).await.expect("claim"),
         ClaimOutcome::Claimed
     );
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {} (award_id, amount_cents, idempotency_key) VALUES ('A-1', 5, $1)",
         tx.table("disbursements")
-    ))
+    )))
     .bind(key.to_hex())
     .execute(tx.conn())
     .await
@@ -175,9 +177,9 @@ async fn check(schema: &str, consumer: &str, relay: &str, auditor: &str) {
 
     // The auditor: reads everything, writes nothing.
     let a = as_role(schema, auditor).await;
-    let n: i64 = sqlx::query_scalar(&format!(
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {pm} JOIN {ob} USING (idempotency_key) WHERE published_at IS NOT NULL"
-    ))
+    )))
     .fetch_one(a.pool())
     .await
     .expect("auditor reads");

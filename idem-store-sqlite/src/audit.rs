@@ -193,9 +193,11 @@ impl SqliteStore {
     ) -> Result<AuditStats, SqliteError> {
         let lo = stored_ceil(bound("since", since)?);
         let hi = stored_ceil(bound("until", until)?);
-        let biz = format!("\"{}\"", business.table);
-        let amount = format!("b.\"{}\"", business.amount_column);
-        let subject = format!("b.\"{}\"", business.subject_column);
+        let (biz, amount, subject) = (
+            &business.table,
+            &business.amount_column,
+            &business.subject_column,
+        );
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         let mut stats = AuditStats::default();
 
@@ -234,19 +236,22 @@ impl SqliteStore {
         .map_err(|e| map("audit stats unpublished", e))?;
         stats.unpublished = n(unpublished);
 
-        let sql = format!(
+        let sql = idem_core::sql!(
             "WITH c AS (SELECT idempotency_key FROM processed_messages WHERE claimed_at >= ?1 AND claimed_at < ?2), \
-                  d AS (SELECT b.idempotency_key AS k, count(*) AS n, sum({amount}) AS s \
+                  d AS (SELECT b.idempotency_key AS k, count(*) AS n, sum(b.{amount}) AS s \
                         FROM {biz} b JOIN c ON c.idempotency_key = b.idempotency_key GROUP BY 1) \
              SELECT (SELECT count(*) FROM c), coalesce(sum(n), 0), coalesce(sum(s), 0), \
                     (SELECT count(*) FROM c) - count(*), coalesce(sum(n > 1), 0), \
                     (SELECT count(*) FROM {biz} b WHERE NOT EXISTS \
                         (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = b.idempotency_key)), \
-                    (SELECT count(*) FROM (SELECT {subject} FROM {biz} b JOIN c ON c.idempotency_key = b.idempotency_key \
+                    (SELECT count(*) FROM (SELECT b.{subject} FROM {biz} b JOIN c ON c.idempotency_key = b.idempotency_key \
                         GROUP BY 1 HAVING count(*) > 1)) \
-             FROM d"
+             FROM d",
+            amount,
+            biz,
+            subject
         );
-        let r = sqlx::query(&sql)
+        let r = sqlx::query(crate::sql::statement(sql))
             .bind(&lo)
             .bind(&hi)
             .fetch_one(self.pool())

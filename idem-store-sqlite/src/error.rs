@@ -54,6 +54,10 @@ pub enum SqliteError {
     /// An option is out of range (a path that is empty, a page size, …).
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    /// A table or column name from configuration is not a plain SQL identifier
+    /// ([`Ident::new`](idem_core::ident::Ident::new)).
+    #[error(transparent)]
+    InvalidName(#[from] idem_core::ident::InvalidIdent),
     /// A purge asked to delete records younger than the retention floor without
     /// [`allow_below_floor`](idem_core::retention::PurgeOptions::allow_below_floor).
     #[error(
@@ -90,6 +94,7 @@ impl SqliteError {
         match self {
             Self::Store(e) => e.is_retryable(),
             Self::InvalidOption(_)
+            | Self::InvalidName(_)
             | Self::BelowRetentionFloor { .. }
             | Self::InvalidTimestamp { .. }
             | Self::Sink(_) => false,

@@ -38,11 +38,12 @@ impl SqliteStore {
         filter: &'static str,
         value: &str,
     ) -> Result<Vec<ClaimRecord>, SqliteError> {
-        let sql = format!(
+        let sql = idem_core::sql!(
             "SELECT idempotency_key, award_id, claimed_at FROM processed_messages WHERE {filter} \
-             ORDER BY claimed_at, idempotency_key"
+             ORDER BY claimed_at, idempotency_key",
+            filter
         );
-        let rows = sqlx::query(&sql)
+        let rows = sqlx::query(crate::sql::statement(sql))
             .bind(value)
             .fetch_all(self.pool())
             .await

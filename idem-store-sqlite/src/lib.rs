@@ -45,6 +45,14 @@
 //! # Ok(()) }
 //! ```
 
+/// The current time as the stores write it (UTC, ISO 8601 with milliseconds), as a
+/// literal so that statements holding it are string literals too (`concat!`).
+macro_rules! now {
+    () => {
+        "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+    };
+}
+
 pub mod audit;
 pub mod config;
 pub mod error;
@@ -53,6 +61,7 @@ pub mod inspect;
 mod outbox;
 pub mod retention;
 pub mod source;
+pub mod sql;
 pub mod store;
 
 pub use config::SqliteConfig;

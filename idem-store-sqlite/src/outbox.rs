@@ -3,9 +3,11 @@
 //! [`crate::source`].
 
 use async_trait::async_trait;
+use idem_core::sql::SqlText;
 use idem_core::{OutboxEvent, OutboxWriter, StoreError};
 
 use crate::error::map;
+use crate::sql::statement;
 use crate::store::{SqliteTx, NOW};
 
 impl SqliteTx {
@@ -16,13 +18,19 @@ impl SqliteTx {
     /// [`StoreError::Rejected`] when a payload is not UTF-8 JSON, or the database's error.
     pub async fn enqueue_many(&mut self, events: &[OutboxEvent]) -> Result<(), StoreError> {
         for chunk in events.chunks(1000) {
-            let rows = vec![format!("(?, ?, ?, ?, ?, {NOW}, ?)"); chunk.len()].join(", ");
-            let sql = format!(
+            let mut sql = SqlText::from_static(
                 "INSERT INTO outbox \
                  (event_id, event_type, subject, idempotency_key, payload, created_at, traceparent) \
-                 VALUES {rows} ON CONFLICT (event_id) DO NOTHING"
+                 VALUES ",
             );
-            let mut q = sqlx::query(&sql);
+            for i in 0..chunk.len() {
+                sql.push(if i > 0 { ", " } else { "" })
+                    .push("(?, ?, ?, ?, ?, ")
+                    .push(NOW)
+                    .push(", ?)");
+            }
+            sql.push(" ON CONFLICT (event_id) DO NOTHING");
+            let mut q = sqlx::query(statement(sql));
             for event in chunk {
                 q = q
                     .bind(event.event_id.to_string())

@@ -26,9 +26,8 @@ use idem_core::{
 use sqlx::{Row as _, SqlitePool};
 
 use crate::error::map;
+use crate::sql::statement;
 use crate::store::SqliteStore;
-
-use crate::store::NOW;
 
 /// The relay's columns, added to an outbox created before them. `traceparent` is each
 /// event's W3C trace context (`idem_core::trace`): NULL for an untraced event and for
@@ -53,15 +52,21 @@ pub(crate) async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
             .await
             .map_err(|e| map("reading the outbox's columns", e))?;
         // Names and types are the constants above, never input.
-        let sql: String = COLUMNS
+        let mut sql = idem_core::sql::SqlText::new();
+        for (name, ty) in COLUMNS
             .iter()
             .filter(|(name, _)| !have.iter().any(|h| h == name))
-            .map(|(name, ty)| format!("ALTER TABLE outbox ADD COLUMN {name} {ty};"))
-            .collect();
-        if sql.is_empty() {
+        {
+            sql.push(idem_core::sql!(
+                "ALTER TABLE outbox ADD COLUMN {name} {ty};",
+                name,
+                ty
+            ));
+        }
+        if sql.as_str().is_empty() {
             break;
         }
-        match sqlx::raw_sql(&sql).execute(pool).await {
+        match sqlx::raw_sql(statement(sql)).execute(pool).await {
             Ok(_) => break,
             Err(_) if attempt < 2 => continue,
             Err(e) => return Err(map("adding the outbox's relay columns", e)),
@@ -210,7 +215,7 @@ pub struct SqliteOutboxBatch {
 }
 
 impl SqliteOutboxBatch {
-    async fn finish(&mut self, sql: &str, what: &str) -> Result<(), StoreError> {
+    async fn finish(&mut self, sql: &'static str, what: &str) -> Result<(), StoreError> {
         self.done = true;
         sqlx::query(sql)
             .bind(&self.token)
@@ -344,11 +349,12 @@ impl OutboxBatch for SqliteOutboxBatch {
     }
 
     async fn mark_published(mut self) -> Result<(), StoreError> {
-        let sql = format!(
-            "UPDATE outbox SET published_at = {NOW}, lease_token = NULL, leased_until = NULL \
-             WHERE lease_token = ?"
+        let sql = concat!(
+            "UPDATE outbox SET published_at = ",
+            now!(),
+            ", lease_token = NULL, leased_until = NULL WHERE lease_token = ?"
         );
-        self.finish(&sql, "marking events published").await
+        self.finish(sql, "marking events published").await
     }
 
     async fn release(mut self) -> Result<(), StoreError> {
@@ -357,10 +363,11 @@ impl OutboxBatch for SqliteOutboxBatch {
 
     async fn record_failure(mut self, reason: &str, max_attempts: u32) -> Result<u64, StoreError> {
         self.done = true;
-        let moved: Vec<bool> = sqlx::query_scalar(&format!(
+        let moved: Vec<bool> = sqlx::query_scalar(concat!(
             "UPDATE outbox SET publish_attempts = publish_attempts + 1, last_error = ?2, \
-               failed_at = CASE WHEN publish_attempts + 1 >= ?3 THEN {NOW} END, \
-               lease_token = NULL, leased_until = NULL \
+               failed_at = CASE WHEN publish_attempts + 1 >= ?3 THEN ",
+            now!(),
+            " END, lease_token = NULL, leased_until = NULL \
              WHERE lease_token = ?1 RETURNING failed_at IS NOT NULL"
         ))
         .bind(&self.token)

@@ -3,14 +3,17 @@
 use std::str::FromStr;
 
 use async_trait::async_trait;
+use idem_core::ident::Ident;
+use idem_core::sql::SqlText;
 use idem_core::{
-    Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError,
+    sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use crate::config::SqliteConfig;
 use crate::error::map;
+use crate::sql::statement;
 
 const MIGRATION: &str = include_str!("../migrations/0001_init.sql");
 /// The store's identity (see [`crate::identity`]).
@@ -20,7 +23,8 @@ const CLAIM_IDENTITY: &str = include_str!("../migrations/0003_claim_identity.sql
 /// The outcome tally (`idem_outcome_counts`, [`SqliteStore::add_outcome_counts`]).
 const OUTCOME_COUNTS: &str = include_str!("../migrations/0005_outcome_counts.sql");
 
-pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+/// The current time as the store writes it (see `now!`).
+pub(crate) const NOW: &str = now!();
 
 /// The embedded store. Clones share one connection pool.
 #[derive(Debug, Clone)]
@@ -126,25 +130,11 @@ impl SqliteStore {
     /// # Errors
     /// [`StoreError::Config`] for an invalid name, a store error if the query fails.
     pub async fn count(&self, table: &str) -> Result<i64, StoreError> {
-        let table = identifier(table)?;
-        sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM \"{table}\""))
+        let table = Ident::new(table)?;
+        sqlx::query_scalar::<_, i64>(statement(sql!("SELECT count(*) FROM {table}", table)))
             .fetch_one(&self.pool)
             .await
             .map_err(|e| map("counting rows", e))
-    }
-}
-
-/// Validates a plain SQL identifier.
-///
-/// # Errors
-/// [`StoreError::Config`] unless it matches `[A-Za-z_][A-Za-z0-9_]{0,62}`.
-pub(crate) fn identifier(name: &str) -> Result<&str, StoreError> {
-    if idem_core::ident::is_identifier(name) {
-        Ok(name)
-    } else {
-        Err(StoreError::Config(format!(
-            "{name:?} is not a valid SQL identifier"
-        )))
     }
 }
 
@@ -225,9 +215,11 @@ impl ClaimTx for SqliteTx {
         meta: &ClaimMeta,
     ) -> Result<ClaimOutcome, StoreError> {
         let stamp = meta.identity().map(|(_, ts)| ts);
-        let done = sqlx::query(&format!(
+        let done = sqlx::query(concat!(
             "INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp) \
-             VALUES (?, ?, {NOW}, ?) ON CONFLICT DO NOTHING"
+             VALUES (?, ?, ",
+            now!(),
+            ", ?) ON CONFLICT DO NOTHING"
         ))
         .bind(key.to_hex())
         .bind(&meta.subject)
@@ -249,22 +241,20 @@ impl ClaimTx for SqliteTx {
         let mut out = Vec::with_capacity(items.len());
         // SQLite allows 32766 bound variables; 3 per row, so chunk well below that.
         for chunk in items.chunks(4000) {
-            let mut sql = String::from(
+            let mut sql = SqlText::from_static(
                 "INSERT INTO processed_messages \
                  (idempotency_key, award_id, claimed_at, submission_timestamp) VALUES ",
             );
             for i in 0..chunk.len() {
                 if i > 0 {
-                    sql.push(',');
+                    sql.push(",");
                 }
-                sql.push_str("(?, ?, ");
-                sql.push_str(NOW);
-                sql.push_str(", ?)");
+                sql.push("(?, ?, ").push(NOW).push(", ?)");
             }
             // Any unique index: the key's, and the identity's (a row of this statement
             // included, so two payloads of one identity in one batch conflict too).
-            sql.push_str(" ON CONFLICT DO NOTHING RETURNING idempotency_key");
-            let mut q = sqlx::query(&sql);
+            sql.push(" ON CONFLICT DO NOTHING RETURNING idempotency_key");
+            let mut q = sqlx::query(statement(sql));
             for (key, meta) in chunk {
                 q = q
                     .bind(key.to_hex())

@@ -57,7 +57,7 @@ async fn seed(store: &SqliteStore, n: usize, old: usize, age_days: u64, publishe
     }
 }
 
-async fn count(store: &SqliteStore, sql: &str) -> i64 {
+async fn count(store: &SqliteStore, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(store.pool())
         .await

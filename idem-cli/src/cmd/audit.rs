@@ -23,6 +23,7 @@
 use std::io::Write;
 use std::time::Duration;
 
+use idem_core::ident::Ident;
 use idem_core::record::{BusinessTable, ClaimRecord, Timestamp};
 use idem_store_postgres::{PgConfig, PgError, PgStore, DEFAULT_RETENTION_FLOOR};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
@@ -142,7 +143,7 @@ impl Window {
         match StoreUrl::parse(&self.store)? {
             StoreUrl::Postgres(url) => {
                 let schema = self.schema.clone().unwrap_or_else(|| "public".to_owned());
-                stores::validate_identifier(&schema)?;
+                Ident::new(&schema)?;
                 let config = PgConfig::new(schema)
                     .map_err(|e| CliError::usage(e.to_string()))?
                     .with_max_connections(2);
@@ -244,8 +245,7 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
         &args.business_table,
         &args.amount_column,
         &args.subject_column,
-    )
-    .map_err(CliError::usage)?;
+    )?;
     // The report shows the floor as a duration: three calendar years at most 1096 days.
     let floor = args
         .retention_floor

@@ -4,13 +4,14 @@
 
 use std::time::Duration;
 
+use idem_core::ident::Ident;
 use idem_core::record::ClaimRecord;
 use idem_core::IdempotencyKey;
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 use crate::cmd::parse_duration;
-use crate::stores::{self, StoreUrl};
+use crate::stores::StoreUrl;
 use crate::CliError;
 
 /// Arguments of `idem inspect`.
@@ -49,7 +50,7 @@ async fn records(
     Ok(match StoreUrl::parse(store)? {
         StoreUrl::Postgres(url) => {
             let schema = args.schema.clone().unwrap_or_else(|| "public".to_owned());
-            stores::validate_identifier(&schema)?;
+            Ident::new(&schema)?;
             let store = PgStore::connect(
                 &url,
                 PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?,

@@ -44,9 +44,11 @@ async fn drop_stale_schemas(store: &PgStore) {
         let name: String = row.get(0);
         let born: Option<u64> = name.split('_').nth(2).and_then(|s| s.parse().ok());
         if born.is_some_and(|b| b + 3600 < now) {
-            let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
-                .execute(store.pool())
-                .await;
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS \"{name}\" CASCADE"
+            )))
+            .execute(store.pool())
+            .await;
         }
     }
 }
@@ -64,10 +66,13 @@ pub async fn bare_store(config: impl FnOnce(PgConfig) -> PgConfig) -> PgStore {
             url()
         )
     });
-    sqlx::query(&format!("CREATE SCHEMA \"{}\"", store.schema()))
-        .execute(store.pool())
-        .await
-        .expect("create schema");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA \"{}\"",
+        store.schema()
+    )))
+    .execute(store.pool())
+    .await
+    .expect("create schema");
     store
 }
 
@@ -109,10 +114,10 @@ pub async fn fresh_partitioned_store() -> TestPg {
 
 /// Creates the `effects` table the [`TestStore`] writes.
 pub async fn create_effects(store: &PgStore) {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE IF NOT EXISTS {} (key text NOT NULL, subject text NOT NULL, amount bigint NOT NULL)",
         store.table("effects")
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("create effects");
@@ -120,10 +125,10 @@ pub async fn create_effects(store: &PgStore) {
 
 /// Drops the store's schema.
 pub async fn drop_schema(store: &PgStore) {
-    let _ = sqlx::query(&format!(
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
         store.schema()
-    ))
+    )))
     .execute(store.pool())
     .await;
 }
@@ -162,7 +167,7 @@ impl TestStore for TestPg {
             "INSERT INTO {} (key, subject, amount) VALUES ($1, $2, $3)",
             tx.table("effects")
         );
-        sqlx::query(&sql)
+        sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(key.to_hex())
             .bind(subject)
             .bind(amount)
@@ -189,7 +194,7 @@ impl TestStore for TestPg {
             "SELECT key, subject, amount FROM {}",
             self.0.table("effects")
         );
-        let rows = sqlx::query(&sql)
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .fetch_all(self.0.pool())
             .await
             .map_err(|e| map_sqlx(e, "read effects"))?;
@@ -208,10 +213,10 @@ impl TestStore for TestPg {
     }
 
     async fn claim_count(&self, key: &IdempotencyKey) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(&format!(
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT count(*) FROM {} WHERE idempotency_key = $1",
             self.0.table("processed_messages")
-        ))
+        )))
         .bind(key.to_hex())
         .fetch_one(self.0.pool())
         .await
