@@ -412,8 +412,12 @@ impl PgStore {
             }
             let name = m.partition_name();
             let part = self.shared().table_ident(&m.partition_ident()?);
+            // The newest claim, read from the end of the partition's `claimed_at` index
+            // (one index probe whatever the partition's size; an `EXISTS … WHERE
+            // claimed_at >= …` on a freshly detached partition without statistics was
+            // planned as a scan of every row: 70 ms per 250,000 rows).
             let late_sql = sql!(
-                "SELECT EXISTS (SELECT 1 FROM {part} WHERE claimed_at >= to_timestamp($1))",
+                "SELECT coalesce(max(claimed_at) >= to_timestamp($1), false) FROM {part}",
                 part
             );
             let estimate_sql =
