@@ -153,3 +153,26 @@ mod tests {
         assert!(e.to_string().contains("not a RabbitMQ"), "{e}");
     }
 }
+
+/// Test helper: `result` is a [`BrokerError::InvalidParam`] naming `param`, whose reason
+/// contains `reason` (`what` names the case in a failure).
+#[cfg(test)]
+#[track_caller]
+pub(crate) fn assert_refused<T: std::fmt::Debug>(
+    result: Result<T, BrokerError>,
+    what: &str,
+    param: &str,
+    reason: &str,
+) {
+    match result {
+        Err(BrokerError::InvalidParam {
+            param: p,
+            reason: r,
+            ..
+        }) => {
+            assert_eq!(p, param, "{what}");
+            assert!(r.contains(reason), "{what}: {r}");
+        }
+        other => panic!("{what}: {other:?}"),
+    }
+}

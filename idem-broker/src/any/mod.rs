@@ -393,17 +393,7 @@ mod tests {
             ("amqp://h?queue_type=quorum&x=1", "x", "heartbeat"),
             ("redis://h?queue_type=classic", "queue_type", "min_idle"),
         ] {
-            match BrokerUrl::parse(url) {
-                Err(BrokerError::InvalidParam {
-                    param: p,
-                    reason: r,
-                    ..
-                }) => {
-                    assert_eq!(p, param, "{url}");
-                    assert!(r.contains(reason), "{url}: {r}");
-                }
-                other => panic!("{url}: {other:?}"),
-            }
+            crate::setting::assert_refused(BrokerUrl::parse(url), url, param, reason);
         }
     }
 

@@ -351,17 +351,7 @@ mod tests {
             ("?group=a&group=b", "group", "more than once"),
             ("?acks=all", "acks", "unknown parameter"),
         ] {
-            match read(query) {
-                Err(BrokerError::InvalidParam {
-                    param: p,
-                    reason: r,
-                    ..
-                }) => {
-                    assert_eq!(p, param, "{query}");
-                    assert!(r.contains(reason), "{query}: {r}");
-                }
-                other => panic!("{query}: {other:?}"),
-            }
+            crate::setting::assert_refused(read(query), query, param, reason);
         }
         assert!(matches!(
             BrokerUrl::parse("kafka://"),

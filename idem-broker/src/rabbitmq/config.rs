@@ -222,17 +222,7 @@ mod tests {
             ),
             ("?delivery_limt=5", "delivery_limt", "unknown parameter"),
         ] {
-            match read(query) {
-                Err(BrokerError::InvalidParam {
-                    param: p,
-                    reason: r,
-                    ..
-                }) => {
-                    assert_eq!(p, param, "{query}");
-                    assert!(r.contains(reason), "{query}: {r}");
-                }
-                other => panic!("{query}: {other:?}"),
-            }
+            crate::setting::assert_refused(read(query), query, param, reason);
         }
     }
 }

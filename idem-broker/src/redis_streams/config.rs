@@ -215,17 +215,7 @@ mod tests {
             ("?group=a&group=b", "group", "more than once"),
             ("?durable=d", "durable", "unknown parameter"),
         ] {
-            match read(query) {
-                Err(BrokerError::InvalidParam {
-                    param: p,
-                    reason: r,
-                    ..
-                }) => {
-                    assert_eq!(p, param, "{query}");
-                    assert!(r.contains(reason), "{query}: {r}");
-                }
-                other => panic!("{query}: {other:?}"),
-            }
+            crate::setting::assert_refused(read(query), query, param, reason);
         }
     }
 }

@@ -265,17 +265,12 @@ mod tests {
             ("wait=1&wait=2", "wait", "more than once"),
             ("region=eu-west-1", "region", "unknown parameter"),
         ] {
-            match read(&format!("sqs://h:1?{query}")) {
-                Err(BrokerError::InvalidParam {
-                    param: p,
-                    reason: r,
-                    ..
-                }) => {
-                    assert_eq!(p, param, "{query}");
-                    assert!(r.contains(reason), "{query}: {r}");
-                }
-                other => panic!("{query}: {other:?}"),
-            }
+            crate::setting::assert_refused(
+                read(&format!("sqs://h:1?{query}")),
+                query,
+                param,
+                reason,
+            );
         }
         for url in ["sqs://key:secret@h:1", "sqs://h:1/queue"] {
             match read(url) {
