@@ -108,6 +108,29 @@ fn show(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
 
+/// Test helper: `result` is a [`BrokerError::InvalidParam`] naming `param`, whose reason
+/// contains `reason` (`what` names the case in a failure).
+#[cfg(test)]
+#[track_caller]
+pub(crate) fn assert_refused<T: std::fmt::Debug>(
+    result: Result<T, BrokerError>,
+    what: &str,
+    param: &str,
+    reason: &str,
+) {
+    match result {
+        Err(BrokerError::InvalidParam {
+            param: p,
+            reason: r,
+            ..
+        }) => {
+            assert_eq!(p, param, "{what}");
+            assert!(r.contains(reason), "{what}: {r}");
+        }
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,28 +174,5 @@ mod tests {
         let e = crate::rabbitmq::RabbitConfig::from_url(&nats, "q").unwrap_err();
         assert!(matches!(e, BrokerError::InvalidUrl(_)), "{e}");
         assert!(e.to_string().contains("not a RabbitMQ"), "{e}");
-    }
-}
-
-/// Test helper: `result` is a [`BrokerError::InvalidParam`] naming `param`, whose reason
-/// contains `reason` (`what` names the case in a failure).
-#[cfg(test)]
-#[track_caller]
-pub(crate) fn assert_refused<T: std::fmt::Debug>(
-    result: Result<T, BrokerError>,
-    what: &str,
-    param: &str,
-    reason: &str,
-) {
-    match result {
-        Err(BrokerError::InvalidParam {
-            param: p,
-            reason: r,
-            ..
-        }) => {
-            assert_eq!(p, param, "{what}");
-            assert!(r.contains(reason), "{what}: {r}");
-        }
-        other => panic!("{what}: {other:?}"),
     }
 }

@@ -4,7 +4,7 @@
 //! statements as identifiers (they cannot be bound as parameters). [`Ident`] accepts only
 //! plain identifiers — `[A-Za-z_][A-Za-z0-9_]{0,62}`, which every SQL database reads the
 //! same way quoted or not — and quotes them, so a name can never break out of its place.
-//! The statements they go into are assembled with [`crate::sql`].
+//! The statements they go into are assembled with [`mod@crate::sql`].
 
 use std::fmt;
 

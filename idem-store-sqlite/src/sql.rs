@@ -1,9 +1,9 @@
 //! The one place this crate hands sqlx SQL text that is not a string literal.
 //!
 //! Statements that name a table from configuration (or repeat placeholders per item) are
-//! [`SqlText`](idem_core::sql::SqlText): program text, validated identifiers
+//! [`SqlText`]: program text, validated identifiers
 //! ([`Ident`](idem_core::ident::Ident)) and integers, nothing else
-//! ([`idem_core::sql`]). [`statement`] turns one into the query string sqlx takes; it is
+//! ([`mod@idem_core::sql`]). [`statement`] turns one into the query string sqlx takes; it is
 //! the crate's only use of [`sqlx::AssertSqlSafe`]. A handler writing its business rows
 //! can use it the same way:
 //!
