@@ -486,7 +486,7 @@ mod rs {
     #[derive(Clone)]
     enum Target {
         Single(redis::Client),
-        Cluster(ClusterClient),
+        Cluster(Box<ClusterClient>),
     }
 
     /// A live connection: redis-rs's connection manager (one server), or its cluster
@@ -500,10 +500,12 @@ mod rs {
     /// A connection made on first use (so a handle to a server that is down can be had,
     /// and works once the server is up), which then reconnects by itself.
     #[derive(Clone)]
-    pub(super) struct Lazy {
+    pub(super) struct Lazy(Arc<Shared>);
+
+    struct Shared {
         target: Target,
         timeout: Duration,
-        conn: Arc<Mutex<Option<Live>>>,
+        conn: Mutex<Option<Live>>,
     }
 
     /// Sorts a redis-rs error into this crate's kinds. A server error inside a pipeline
@@ -556,27 +558,31 @@ mod rs {
                 .retries(2)
                 .build()
                 .map_err(|e| RedisError::Config(format!("{nodes:?}: {e}")))?;
-            Ok(Self::with_target(Target::Cluster(client), timeout))
+            Ok(Self::with_target(
+                Target::Cluster(Box::new(client)),
+                timeout,
+            ))
         }
 
         fn with_target(target: Target, timeout: Duration) -> Self {
-            Self {
+            Self(Arc::new(Shared {
                 target,
                 timeout,
-                conn: Arc::new(Mutex::new(None)),
-            }
+                conn: Mutex::new(None),
+            }))
         }
 
         async fn conn(&self, action: &'static str) -> Result<Live, RedisError> {
-            let mut slot = self.conn.lock().await;
+            let timeout = self.0.timeout;
+            let mut slot = self.0.conn.lock().await;
             if let Some(c) = slot.as_ref() {
                 return Ok(c.clone());
             }
-            let live = match &self.target {
+            let live = match &self.0.target {
                 Target::Single(client) => {
                     let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.timeout.max(Duration::from_millis(500))))
-                        .set_response_timeout(Some(self.timeout))
+                        .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
+                        .set_response_timeout(Some(timeout))
                         .set_number_of_retries(1)
                         .set_max_delay(Duration::from_secs(2));
                     Live::Single(
@@ -704,7 +710,7 @@ mod rs {
             action: &'static str,
             keys: &[String],
         ) -> Result<Vec<Option<String>>, RedisError> {
-            if let Target::Cluster(_) = self.target {
+            if let Target::Cluster(_) = self.0.target {
                 return self
                     .per_key(action, keys, |p, k| {
                         p.cmd("GET").arg(k);
