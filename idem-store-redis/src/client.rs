@@ -195,9 +195,10 @@ impl Conn {
         check_len(action, keys.len(), out)
     }
 
-    /// `EVAL script 1 key args...` for each key, in one pipelined round trip; each
-    /// script returns an integer. (`EVAL`, not `EVALSHA`: a restarted server has an empty
-    /// script cache, and these scripts are a few hundred bytes.)
+    /// `script` run on each key (`KEYS[1]`) with `args`, in one pipelined round trip;
+    /// each script returns an integer. redis-rs sends `EVALSHA` and, for the commands the
+    /// server answers `NOSCRIPT` (a restarted server has an empty script cache), `EVAL` in
+    /// a second round trip; fred sends `EVAL` (these scripts are a few hundred bytes).
     pub(crate) async fn eval_each(
         &self,
         action: &'static str,
@@ -602,18 +603,35 @@ mod rs {
             Ok(live)
         }
 
-        /// One command per key, built by `add`, in one pipeline on one server. On a
-        /// cluster every command must reach the node of its key's slot: one pipeline per
-        /// slot (commands on one key keep their order), all in flight at once.
+        /// One command per key, built by `add`, converted to `T`; the first server error
+        /// fails the call.
         async fn per_key<T: FromRedisValue>(
             &self,
             action: &'static str,
             keys: &[String],
             add: impl Fn(&mut Pipeline, &String),
         ) -> Result<Vec<T>, RedisError> {
+            self.per_key_raw(action, keys, add)
+                .await?
+                .into_iter()
+                .map(|v| convert(action, v))
+                .collect()
+        }
+
+        /// One command per key, built by `add`, in one pipeline on one server; each reply
+        /// as it came, a server error as `Value::ServerError`. On a cluster every command
+        /// must reach the node of its key's slot: one pipeline per slot (commands on one
+        /// key keep their order), all in flight at once.
+        async fn per_key_raw(
+            &self,
+            action: &'static str,
+            keys: &[String],
+            add: impl Fn(&mut Pipeline, &String),
+        ) -> Result<Vec<redis::Value>, RedisError> {
             match self.conn(action).await? {
                 Live::Single(mut c) => {
                     let mut p = redis::pipe();
+                    p.ignore_errors();
                     for k in keys {
                         add(&mut p, k);
                     }
@@ -627,6 +645,7 @@ mod rs {
                     let sends = groups.into_values().map(|idx| {
                         let mut c = c.clone();
                         let mut p = redis::pipe();
+                        p.ignore_errors();
                         for &i in &idx {
                             add(&mut p, &keys[i]);
                         }
@@ -635,7 +654,7 @@ mod rs {
                             Ok::<_, redis::RedisError>((idx, r))
                         }
                     });
-                    let mut out: Vec<Option<redis::Value>> = vec![None; keys.len()];
+                    let mut out = vec![redis::Value::Nil; keys.len()];
                     for r in futures::future::join_all(sends).await {
                         let (idx, values) = r.map_err(|e| map_err(action, e))?;
                         if values.len() != idx.len() {
@@ -649,15 +668,10 @@ mod rs {
                             });
                         }
                         for (i, v) in idx.into_iter().zip(values) {
-                            out[i] = Some(v);
+                            out[i] = v;
                         }
                     }
-                    out.into_iter()
-                        .map(|v| {
-                            let v = v.unwrap_or(redis::Value::Nil);
-                            T::from_redis_value(v).map_err(|e| map_err(action, e.into()))
-                        })
-                        .collect()
+                    Ok(out)
                 }
             }
         }
@@ -727,6 +741,9 @@ mod rs {
                 .map_err(|e| map_err(action, e))
         }
 
+        /// `EVALSHA` of `script` for each key; the commands the server answers `NOSCRIPT`
+        /// (a restarted or flushed script cache; a cluster node that never ran it) are sent
+        /// again as `EVAL`, which also caches the script. Only those: the others ran.
         pub(super) async fn eval_each(
             &self,
             action: &'static str,
@@ -734,10 +751,41 @@ mod rs {
             keys: &[String],
             args: &[String],
         ) -> Result<Vec<i64>, RedisError> {
-            self.per_key(action, keys, |p, k| {
-                p.cmd("EVAL").arg(script).arg(1).arg(k).arg(args);
-            })
-            .await
+            let sha = redis::Script::new(script).get_hash().to_owned();
+            let mut out = self
+                .per_key_raw(action, keys, |p, k| {
+                    p.cmd("EVALSHA").arg(&sha).arg(1).arg(k).arg(args);
+                })
+                .await?;
+            let missing: Vec<usize> = out
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| {
+                    matches!(v, redis::Value::ServerError(e)
+                        if e.kind() == Some(redis::ServerErrorKind::NoScript))
+                })
+                .map(|(i, _)| i)
+                .collect();
+            if !missing.is_empty() {
+                let again: Vec<String> = missing.iter().map(|&i| keys[i].clone()).collect();
+                let values = self
+                    .per_key_raw(action, &again, |p, k| {
+                        p.cmd("EVAL").arg(script).arg(1).arg(k).arg(args);
+                    })
+                    .await?;
+                for (i, v) in missing.into_iter().zip(values) {
+                    out[i] = v;
+                }
+            }
+            out.into_iter().map(|v| convert(action, v)).collect()
+        }
+    }
+
+    /// One reply as `T`; a server error is mapped like any other.
+    fn convert<T: FromRedisValue>(action: &'static str, v: redis::Value) -> Result<T, RedisError> {
+        match v {
+            redis::Value::ServerError(e) => Err(map_err(action, e.into())),
+            v => T::from_redis_value(v).map_err(|e| map_err(action, e.into())),
         }
     }
 
@@ -815,6 +863,41 @@ mod rs_tests {
                 }
             ),
             "{err:?}"
+        );
+    }
+
+    /// A script the server has never cached: the `EVALSHA`s answer `NOSCRIPT` and go
+    /// again as `EVAL`, which caches it, so the next call's `EVALSHA`s run it at once.
+    #[tokio::test]
+    async fn a_script_the_server_has_not_cached_is_sent_again_whole() {
+        let c = Lazy::new(&url(), Duration::from_secs(3)).expect("url");
+        let script: &'static str = Box::leak(
+            format!(
+                "-- {:032x}\nreturn tonumber(ARGV[1]) + redis.call('EXISTS', KEYS[1])",
+                rand::random::<u128>()
+            )
+            .into_boxed_str(),
+        );
+        let sha = redis::Script::new(script).get_hash().to_owned();
+        let mut direct = redis::Client::open(url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let cached = || redis::cmd("SCRIPT").arg("EXISTS").arg(&sha).clone();
+        let before: Vec<i64> = cached().query_async(&mut direct).await.expect("exists");
+        assert_eq!(before, [0]);
+        let keys = [fresh_key("a"), fresh_key("b")];
+        let args = ["41".to_owned()];
+        assert_eq!(
+            c.eval_each("run", script, &keys, &args).await.expect("run"),
+            [41, 41]
+        );
+        let after: Vec<i64> = cached().query_async(&mut direct).await.expect("exists");
+        assert_eq!(after, [1]);
+        assert_eq!(
+            c.eval_each("run", script, &keys, &args).await.expect("run"),
+            [41, 41]
         );
     }
 
