@@ -58,14 +58,12 @@ impl Conn {
             #[cfg(feature = "fred")]
             ClientKind::Fred => Inner::Fred(fred_impl::open(&url, config.timeout, wait).await?),
             #[cfg(feature = "redis-rs")]
-            ClientKind::RedisRs => {
-                if cluster {
-                    return Err(RedisError::Config(
-                        "Redis Cluster needs the fred client (feature `fred`)".into(),
-                    ));
-                }
-                Inner::RedisRs(rs::Lazy::new(&url, config.timeout)?)
-            }
+            ClientKind::RedisRs if cluster => Inner::RedisRs(rs::Lazy::new_cluster(
+                &config.cluster_nodes()?,
+                config.timeout,
+            )?),
+            #[cfg(feature = "redis-rs")]
+            ClientKind::RedisRs => Inner::RedisRs(rs::Lazy::new(&url, config.timeout)?),
         };
         let conn = Self {
             inner,
@@ -119,15 +117,16 @@ impl Conn {
         }
         // Each claim is one native `SET … NX PX … GET`, atomic by itself; a batch needs no
         // atomicity across keys (another worker may claim any key between two commands,
-        // and each answer says who holds it). redis-rs sends a batch as one pipelined
-        // write and reads the replies with little work per command: a pipeline of native
-        // SETs is the fastest form for it. fred spends more per pipelined command (a
-        // command object, a responder and a timer each) than the server does on the SET,
-        // so on one server it sends a batch as one `EVAL` of `scripts/claim_batch.lua`
-        // (one command; the script's loop costs the server more per key than a native
-        // SET, but less than fred's per-command work). On a cluster, whose keys live in
-        // different slots, fred pipelines native SETs. (`scripts/bench-redis`; see the
-        // README's Performance section.)
+        // and each answer says who holds it; a key repeated in the batch finds our own
+        // token the second time). redis-rs sends a batch as one pipelined write (one per
+        // slot on a cluster) and reads the replies with little work per command: the
+        // fastest form. fred spends more per pipelined command (a command object, a
+        // responder, and in a `Pipeline` a copy of each command and a socket flush after
+        // each) than the server does on the SET, so on one server it sends a batch as one
+        // `EVAL` of `scripts/claim_batch.lua` (one command; the script's loop costs the
+        // server more per key than a native SET, but less than fred's per-command work).
+        // On a cluster, whose keys live in different slots, fred pipelines native SETs.
+        // (`scripts/bench-redis`; see the README's "Redis claims at depth 100".)
         #[cfg(feature = "fred")]
         let script = !self.cluster && keys.len() > 1;
         let out = self
@@ -196,9 +195,10 @@ impl Conn {
         check_len(action, keys.len(), out)
     }
 
-    /// `EVAL script 1 key args...` for each key, in one pipelined round trip; each
-    /// script returns an integer. (`EVAL`, not `EVALSHA`: a restarted server has an empty
-    /// script cache, and these scripts are a few hundred bytes.)
+    /// `script` run on each key (`KEYS[1]`) with `args`, in one pipelined round trip;
+    /// each script returns an integer. redis-rs sends `EVALSHA` and, for the commands the
+    /// server answers `NOSCRIPT` (a restarted server has an empty script cache), `EVAL` in
+    /// a second round trip; fred sends `EVAL` (these scripts are a few hundred bytes).
     pub(crate) async fn eval_each(
         &self,
         action: &'static str,
@@ -470,21 +470,43 @@ mod fred_impl {
 
 #[cfg(feature = "redis-rs")]
 mod rs {
+    use std::collections::HashMap;
     use std::sync::Arc;
     use std::time::Duration;
 
-    use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+    use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+    use redis::cluster::ClusterClient;
+    use redis::cluster_async::ClusterConnection;
+    use redis::cluster_routing::Slot;
+    use redis::{FromRedisValue, Pipeline};
     use tokio::sync::Mutex;
 
     use crate::error::RedisError;
 
-    /// A connection manager made on first use (so a handle to a server that is down can
-    /// be had, and works once the server is up), which then reconnects by itself.
+    /// Where the connection goes: one server, or a cluster's nodes.
     #[derive(Clone)]
-    pub(super) struct Lazy {
-        client: redis::Client,
+    enum Target {
+        Single(redis::Client),
+        Cluster(Box<ClusterClient>),
+    }
+
+    /// A live connection: redis-rs's connection manager (one server), or its cluster
+    /// connection (which follows the slot map and reconnects to each node).
+    #[derive(Clone)]
+    enum Live {
+        Single(ConnectionManager),
+        Cluster(ClusterConnection),
+    }
+
+    /// A connection made on first use (so a handle to a server that is down can be had,
+    /// and works once the server is up), which then reconnects by itself.
+    #[derive(Clone)]
+    pub(super) struct Lazy(Arc<Shared>);
+
+    struct Shared {
+        target: Target,
         timeout: Duration,
-        conn: Arc<Mutex<Option<ConnectionManager>>>,
+        conn: Mutex<Option<Live>>,
     }
 
     /// Sorts a redis-rs error into this crate's kinds. A server error inside a pipeline
@@ -523,37 +545,144 @@ mod rs {
         pub(super) fn new(url: &str, timeout: Duration) -> Result<Self, RedisError> {
             let client = redis::Client::open(url)
                 .map_err(|e| RedisError::Config(format!("{url:?}: {e}")))?;
-            Ok(Self {
-                client,
-                timeout,
-                conn: Arc::new(Mutex::new(None)),
-            })
+            Ok(Self::with_target(Target::Single(client), timeout))
         }
 
-        async fn conn(&self, action: &'static str) -> Result<ConnectionManager, RedisError> {
-            let mut slot = self.conn.lock().await;
+        /// A cluster client on `nodes` (one `redis://host:port` each; any subset of the
+        /// cluster, the rest is discovered).
+        pub(super) fn new_cluster(nodes: &[String], timeout: Duration) -> Result<Self, RedisError> {
+            let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+                .connection_timeout(timeout.max(Duration::from_millis(500)))
+                .response_timeout(timeout)
+                // Our own timeout bounds every call; within it, a redirection (MOVED, ASK)
+                // or a node that reconnects is tried again.
+                .retries(2)
+                .build()
+                .map_err(|e| RedisError::Config(format!("{nodes:?}: {e}")))?;
+            Ok(Self::with_target(
+                Target::Cluster(Box::new(client)),
+                timeout,
+            ))
+        }
+
+        fn with_target(target: Target, timeout: Duration) -> Self {
+            Self(Arc::new(Shared {
+                target,
+                timeout,
+                conn: Mutex::new(None),
+            }))
+        }
+
+        async fn conn(&self, action: &'static str) -> Result<Live, RedisError> {
+            let timeout = self.0.timeout;
+            let mut slot = self.0.conn.lock().await;
             if let Some(c) = slot.as_ref() {
                 return Ok(c.clone());
             }
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(self.timeout.max(Duration::from_millis(500))))
-                .set_response_timeout(Some(self.timeout))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_secs(2));
-            let c = ConnectionManager::new_with_config(self.client.clone(), config)
-                .await
-                .map_err(|e| map_err(action, e))?;
-            *slot = Some(c.clone());
-            Ok(c)
+            let live = match &self.0.target {
+                Target::Single(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
+                        .set_response_timeout(Some(timeout))
+                        .set_number_of_retries(1)
+                        .set_max_delay(Duration::from_secs(2));
+                    Live::Single(
+                        ConnectionManager::new_with_config(client.clone(), config)
+                            .await
+                            .map_err(|e| map_err(action, e))?,
+                    )
+                }
+                Target::Cluster(client) => Live::Cluster(
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(|e| map_err(action, e))?,
+                ),
+            };
+            *slot = Some(live.clone());
+            Ok(live)
+        }
+
+        /// One command per key, built by `add`, converted to `T`; the first server error
+        /// fails the call.
+        async fn per_key<T: FromRedisValue>(
+            &self,
+            action: &'static str,
+            keys: &[String],
+            add: impl Fn(&mut Pipeline, &String),
+        ) -> Result<Vec<T>, RedisError> {
+            self.per_key_raw(action, keys, add)
+                .await?
+                .into_iter()
+                .map(|v| convert(action, v))
+                .collect()
+        }
+
+        /// One command per key, built by `add`, in one pipeline on one server; each reply
+        /// as it came, a server error as `Value::ServerError`. On a cluster every command
+        /// must reach the node of its key's slot: one pipeline per slot (commands on one
+        /// key keep their order), all in flight at once.
+        async fn per_key_raw(
+            &self,
+            action: &'static str,
+            keys: &[String],
+            add: impl Fn(&mut Pipeline, &String),
+        ) -> Result<Vec<redis::Value>, RedisError> {
+            match self.conn(action).await? {
+                Live::Single(mut c) => {
+                    let mut p = redis::pipe();
+                    p.ignore_errors();
+                    for k in keys {
+                        add(&mut p, k);
+                    }
+                    p.query_async(&mut c).await.map_err(|e| map_err(action, e))
+                }
+                Live::Cluster(c) => {
+                    let mut groups: HashMap<Slot, Vec<usize>> = HashMap::new();
+                    for (i, k) in keys.iter().enumerate() {
+                        groups.entry(Slot::for_key(k)).or_default().push(i);
+                    }
+                    let sends = groups.into_values().map(|idx| {
+                        let mut c = c.clone();
+                        let mut p = redis::pipe();
+                        p.ignore_errors();
+                        for &i in &idx {
+                            add(&mut p, &keys[i]);
+                        }
+                        async move {
+                            let r: Vec<redis::Value> = p.query_async(&mut c).await?;
+                            Ok::<_, redis::RedisError>((idx, r))
+                        }
+                    });
+                    let mut out = vec![redis::Value::Nil; keys.len()];
+                    for r in futures::future::join_all(sends).await {
+                        let (idx, values) = r.map_err(|e| map_err(action, e))?;
+                        if values.len() != idx.len() {
+                            return Err(RedisError::UnexpectedReply {
+                                action,
+                                detail: format!(
+                                    "{} replies for {} commands",
+                                    values.len(),
+                                    idx.len()
+                                ),
+                            });
+                        }
+                        for (i, v) in idx.into_iter().zip(values) {
+                            out[i] = v;
+                        }
+                    }
+                    Ok(out)
+                }
+            }
         }
 
         pub(super) async fn ping(&self, action: &'static str) -> Result<(), RedisError> {
-            let mut c = self.conn(action).await?;
-            let _: String = redis::cmd("PING")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| map_err(action, e))?;
-            Ok(())
+            let mut cmd = redis::cmd("PING");
+            match self.conn(action).await? {
+                Live::Single(mut c) => query_ping(&mut c, &mut cmd, action).await,
+                // PING on a cluster goes to every node; any answer but an error will do.
+                Live::Cluster(mut c) => query_ping(&mut c, &mut cmd, action).await,
+            }
         }
 
         pub(super) async fn set_nx_get(
@@ -563,9 +692,7 @@ mod rs {
             value: &str,
             px: i64,
         ) -> Result<Vec<Option<String>>, RedisError> {
-            let mut c = self.conn(action).await?;
-            let mut p = redis::pipe();
-            for k in keys {
+            self.per_key(action, keys, |p, k| {
                 p.cmd("SET")
                     .arg(k)
                     .arg(value)
@@ -573,8 +700,8 @@ mod rs {
                     .arg("PX")
                     .arg(px)
                     .arg("GET");
-            }
-            p.query_async(&mut c).await.map_err(|e| map_err(action, e))
+            })
+            .await
         }
 
         pub(super) async fn set_px(
@@ -584,14 +711,12 @@ mod rs {
             value: &str,
             px: i64,
         ) -> Result<(), RedisError> {
-            let mut c = self.conn(action).await?;
-            let mut p = redis::pipe();
-            for k in keys {
-                p.cmd("SET").arg(k).arg(value).arg("PX").arg(px).ignore();
-            }
-            p.query_async::<()>(&mut c)
-                .await
-                .map_err(|e| map_err(action, e))
+            let _: Vec<redis::Value> = self
+                .per_key(action, keys, |p, k| {
+                    p.cmd("SET").arg(k).arg(value).arg("PX").arg(px);
+                })
+                .await?;
+            Ok(())
         }
 
         pub(super) async fn get_many(
@@ -599,7 +724,16 @@ mod rs {
             action: &'static str,
             keys: &[String],
         ) -> Result<Vec<Option<String>>, RedisError> {
-            let mut c = self.conn(action).await?;
+            if let Target::Cluster(_) = self.0.target {
+                return self
+                    .per_key(action, keys, |p, k| {
+                        p.cmd("GET").arg(k);
+                    })
+                    .await;
+            }
+            let Live::Single(mut c) = self.conn(action).await? else {
+                unreachable!("a standalone target has a standalone connection")
+            };
             redis::cmd("MGET")
                 .arg(keys)
                 .query_async(&mut c)
@@ -607,6 +741,9 @@ mod rs {
                 .map_err(|e| map_err(action, e))
         }
 
+        /// `EVALSHA` of `script` for each key; the commands the server answers `NOSCRIPT`
+        /// (a restarted or flushed script cache; a cluster node that never ran it) are sent
+        /// again as `EVAL`, which also caches the script. Only those: the others ran.
         pub(super) async fn eval_each(
             &self,
             action: &'static str,
@@ -614,13 +751,51 @@ mod rs {
             keys: &[String],
             args: &[String],
         ) -> Result<Vec<i64>, RedisError> {
-            let mut c = self.conn(action).await?;
-            let mut p = redis::pipe();
-            for k in keys {
-                p.cmd("EVAL").arg(script).arg(1).arg(k).arg(args);
+            let sha = redis::Script::new(script).get_hash().to_owned();
+            let mut out = self
+                .per_key_raw(action, keys, |p, k| {
+                    p.cmd("EVALSHA").arg(&sha).arg(1).arg(k).arg(args);
+                })
+                .await?;
+            let missing: Vec<usize> = out
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| {
+                    matches!(v, redis::Value::ServerError(e)
+                        if e.kind() == Some(redis::ServerErrorKind::NoScript))
+                })
+                .map(|(i, _)| i)
+                .collect();
+            if !missing.is_empty() {
+                let again: Vec<String> = missing.iter().map(|&i| keys[i].clone()).collect();
+                let values = self
+                    .per_key_raw(action, &again, |p, k| {
+                        p.cmd("EVAL").arg(script).arg(1).arg(k).arg(args);
+                    })
+                    .await?;
+                for (i, v) in missing.into_iter().zip(values) {
+                    out[i] = v;
+                }
             }
-            p.query_async(&mut c).await.map_err(|e| map_err(action, e))
+            out.into_iter().map(|v| convert(action, v)).collect()
         }
+    }
+
+    /// One reply as `T`; a server error is mapped like any other.
+    fn convert<T: FromRedisValue>(action: &'static str, v: redis::Value) -> Result<T, RedisError> {
+        match v {
+            redis::Value::ServerError(e) => Err(map_err(action, e.into())),
+            v => T::from_redis_value(v).map_err(|e| map_err(action, e.into())),
+        }
+    }
+
+    async fn query_ping<C: ConnectionLike>(
+        c: &mut C,
+        cmd: &mut redis::Cmd,
+        action: &'static str,
+    ) -> Result<(), RedisError> {
+        let _: redis::Value = cmd.query_async(c).await.map_err(|e| map_err(action, e))?;
+        Ok(())
     }
 }
 
@@ -688,6 +863,41 @@ mod rs_tests {
                 }
             ),
             "{err:?}"
+        );
+    }
+
+    /// A script the server has never cached: the `EVALSHA`s answer `NOSCRIPT` and go
+    /// again as `EVAL`, which caches it, so the next call's `EVALSHA`s run it at once.
+    #[tokio::test]
+    async fn a_script_the_server_has_not_cached_is_sent_again_whole() {
+        let c = Lazy::new(&url(), Duration::from_secs(3)).expect("url");
+        let script: &'static str = Box::leak(
+            format!(
+                "-- {:032x}\nreturn tonumber(ARGV[1]) + redis.call('EXISTS', KEYS[1])",
+                rand::random::<u128>()
+            )
+            .into_boxed_str(),
+        );
+        let sha = redis::Script::new(script).get_hash().to_owned();
+        let mut direct = redis::Client::open(url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let cached = || redis::cmd("SCRIPT").arg("EXISTS").arg(&sha).clone();
+        let before: Vec<i64> = cached().query_async(&mut direct).await.expect("exists");
+        assert_eq!(before, [0]);
+        let keys = [fresh_key("a"), fresh_key("b")];
+        let args = ["41".to_owned()];
+        assert_eq!(
+            c.eval_each("run", script, &keys, &args).await.expect("run"),
+            [41, 41]
+        );
+        let after: Vec<i64> = cached().query_async(&mut direct).await.expect("exists");
+        assert_eq!(after, [1]);
+        assert_eq!(
+            c.eval_each("run", script, &keys, &args).await.expect("run"),
+            [41, 41]
         );
     }
 

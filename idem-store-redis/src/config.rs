@@ -5,27 +5,30 @@ use std::time::Duration;
 use crate::error::RedisError;
 
 /// Which Redis client library talks to the server. Each variant exists only with its
-/// feature; [`ClientKind::default`] is `fred` when that feature is on.
+/// feature; [`ClientKind::default`] is redis-rs when that feature is on (it is the default
+/// feature), `fred` otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ClientKind {
-    /// The `fred` crate (feature `fred`, the default): standalone servers and Redis Cluster.
+    /// The `fred` crate (feature `fred`): standalone servers and Redis Cluster. A batch
+    /// claim on one server is one `EVAL` of a Lua loop.
     #[cfg(feature = "fred")]
     Fred,
-    /// The `redis` crate, a.k.a. redis-rs (feature `redis-rs`): standalone servers only.
+    /// The `redis` crate, a.k.a. redis-rs (feature `redis-rs`, the default): standalone
+    /// servers and Redis Cluster. A batch claim is one pipeline of native `SET`s.
     #[cfg(feature = "redis-rs")]
     RedisRs,
 }
 
 impl Default for ClientKind {
-    #[cfg(feature = "fred")]
-    fn default() -> Self {
-        Self::Fred
-    }
-
-    #[cfg(all(not(feature = "fred"), feature = "redis-rs"))]
+    #[cfg(feature = "redis-rs")]
     fn default() -> Self {
         Self::RedisRs
+    }
+
+    #[cfg(all(not(feature = "redis-rs"), feature = "fred"))]
+    fn default() -> Self {
+        Self::Fred
     }
 }
 
@@ -46,8 +49,7 @@ impl Default for ClientKind {
 /// - `redis://[user:password@]host[:port][/db]`: one server;
 /// - `redis-cluster://host:port,host:port,...` or fred's own
 ///   `redis-cluster://host:port?node=host:port&node=host:port`: a Redis Cluster (any
-///   subset of its nodes; the client discovers the rest). Cluster mode needs the `fred`
-///   client.
+///   subset of its nodes; the client discovers the rest). Both clients support it.
 ///
 /// Keys are `{key_prefix}l:{64 hex}` (leases and their done-marks),
 /// `{key_prefix}f:{scope}:{64 hex}` (front-filter marks, scoped to a store's identity or
@@ -216,6 +218,46 @@ impl RedisConfig {
         Ok(url)
     }
 
+    /// A cluster URL's nodes as one `redis://` (or `rediss://`) URL each, with the
+    /// credentials of the cluster URL, for redis-rs's cluster client. Accepts both forms:
+    /// `redis-cluster://[user:pass@]a:1,b:2` and `redis-cluster://[user:pass@]a:1?node=b:2`.
+    #[cfg_attr(not(feature = "redis-rs"), allow(dead_code))]
+    pub(crate) fn cluster_nodes(&self) -> Result<Vec<String>, RedisError> {
+        let url = url::Url::parse(&self.normalized_url()?)
+            .map_err(|e| RedisError::Config(format!("the Redis URL does not parse: {e}")))?;
+        let scheme = match url.scheme() {
+            "redis-cluster" => "redis",
+            "rediss-cluster" => "rediss",
+            other => {
+                return Err(RedisError::Config(format!(
+                    "a cluster URL needs the redis-cluster:// or rediss-cluster:// scheme, not {other}://"
+                )))
+            }
+        };
+        let auth = match (url.username(), url.password()) {
+            ("", None) => String::new(),
+            (user, None) => format!("{user}@"),
+            (user, Some(pass)) => format!("{user}:{pass}@"),
+        };
+        let first = match (url.host_str(), url.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => format!("{h}:6379"),
+            (None, _) => return Err(RedisError::Config("a cluster URL needs a host".into())),
+        };
+        let mut nodes = vec![format!("{scheme}://{auth}{first}")];
+        for (k, v) in url.query_pairs() {
+            match k.as_ref() {
+                "node" => nodes.push(format!("{scheme}://{auth}{v}")),
+                other => {
+                    return Err(RedisError::Config(format!(
+                        "the redis-rs cluster client takes no URL parameter {other:?}"
+                    )))
+                }
+            }
+        }
+        Ok(nodes)
+    }
+
     pub(crate) fn lease_ms(&self) -> i64 {
         millis(self.lease)
     }
@@ -286,6 +328,19 @@ mod tests {
         assert_eq!(
             c.normalized_url().unwrap(),
             "redis-cluster://127.0.0.1:7101?node=127.0.0.1:7102&node=127.0.0.1:7103"
+        );
+        assert_eq!(
+            c.cluster_nodes().unwrap(),
+            [
+                "redis://127.0.0.1:7101",
+                "redis://127.0.0.1:7102",
+                "redis://127.0.0.1:7103"
+            ]
+        );
+        let fred_form = RedisConfig::new("redis-cluster://u:p@10.0.0.1:7101?node=10.0.0.2:7102");
+        assert_eq!(
+            fred_form.cluster_nodes().unwrap(),
+            ["redis://u:p@10.0.0.1:7101", "redis://u:p@10.0.0.2:7102"]
         );
         let single = RedisConfig::new("redis://127.0.0.1:6379");
         assert!(!single.is_cluster());

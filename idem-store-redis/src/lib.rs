@@ -47,11 +47,13 @@
 //! ```
 //!
 //! ## Clients and features
-//! - `fred` (default): the [`fred`](https://docs.rs/fred) client; standalone servers and
-//!   Redis Cluster (`redis-cluster://host:port,host:port,…`).
-//! - `redis-rs`: the [`redis`](https://docs.rs/redis) crate instead, for teams that
-//!   already use it; standalone servers. With both features on, [`RedisConfig::client`]
-//!   chooses.
+//! - `redis-rs` (default): the [`redis`](https://docs.rs/redis) crate; standalone servers
+//!   and Redis Cluster (`redis-cluster://host:port,host:port,…`, through its
+//!   `cluster-async` connection). A batch claim is one pipeline of native `SET`s, which is
+//!   the fastest form (see the README's "Redis claims at depth 100").
+//! - `fred`: the [`fred`](https://docs.rs/fred) client instead, for teams that already use
+//!   it; standalone servers and Redis Cluster. With both features on,
+//!   [`RedisConfig::client`] chooses (redis-rs unless told otherwise).
 //!
 //! Both run the same code above a handful of pipelined operations, and the same tests.
 //! Lua scripts live in `scripts/` beside this crate's sources. Needs Redis 7.0 or later.
