@@ -71,8 +71,9 @@ impl PgStore {
             return Ok(false);
         }
         // Untested (no Citus where the tests run): docs/scale.md.
-        self.run_script(SqlText::render(CITUS, &[("schema", self.schema_ident())]))
-            .await?;
+        // Rendered before the await: the parts' slice is not Send.
+        let script = SqlText::render(CITUS, &[("schema", self.schema_ident())]);
+        self.run_script(script).await?;
         tracing::info!(
             target: "idem::migrate",
             schema = self.schema(),

@@ -593,3 +593,11 @@ async fn the_citus_step_distributes_the_three_tables_colocated_once() {
     .await;
     common::drop_schema(&store).await;
 }
+
+/// Compile-time: `migrate` (with the Citus step) can run on a multi-threaded runtime, as
+/// `idem migrate` and `idem consume` run it through `GrantDb::migrate_grants`.
+#[allow(dead_code)]
+fn migrate_is_send(store: &PgStore) {
+    fn send<T: Send>(_: T) {}
+    send(store.migrate());
+}
