@@ -441,3 +441,117 @@ fn migrate_partitioned_then_demo_and_purge_by_partition() {
             .output();
     }
 }
+
+#[test]
+fn migrate_distributed_then_demo_inspect_and_purge() {
+    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = format!("cli_dist_{}", std::process::id());
+    let migrate = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args([
+                "migrate",
+                "--store",
+                url.as_str(),
+                "--schema",
+                schema.as_str(),
+            ])
+            .args(extra)
+            .env("RUST_LOG", "idem::migrate=info")
+            .output()
+            .expect("run idem")
+    };
+    let o = migrate(&["--layout", "distributed"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(report_value(&stdout(&o), "layout"), "distributed");
+    // No Citus on the test server: the step is skipped, and said so on stdout and in the log.
+    assert!(
+        report_value(&stdout(&o), "citus").starts_with("not installed"),
+        "{o:?}"
+    );
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        log.contains("INFO") && log.contains("create_distributed_table skipped"),
+        "{log}"
+    );
+    // Migrating again without --layout finds the layout.
+    let o = migrate(&[]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(report_value(&stdout(&o), "layout"), "distributed");
+    // Another layout over it is refused.
+    let o = migrate(&["--layout", "partitioned"]);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("distributed table"),
+        "{o:?}"
+    );
+
+    let o = idem(&[
+        "demo",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--submissions",
+        "150",
+        "--batch-size",
+        "10",
+        "--crash-rate",
+        "0.05",
+        "--redeliveries",
+        "0.3",
+        "--seed",
+        "9",
+    ]);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}");
+    assert!(text.ends_with("exactly-once: OK\n"), "{text}");
+    assert_eq!(report_value(&text, "processed"), "150");
+    assert_eq!(report_value(&text, "disbursements"), "150");
+    // One disbursement per submission, keyed (award_id, idempotency_key) by the migration.
+    let psql = |sql: &str| {
+        let o = Command::new("psql")
+            .args([url.as_str(), "-qAtc", sql])
+            .output()
+            .expect("run psql");
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    assert_eq!(
+        psql(&format!(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
+             WHERE conrelid = '\"{schema}\".disbursements'::regclass AND contype = 'p'"
+        )),
+        "PRIMARY KEY (award_id, idempotency_key)"
+    );
+
+    let award = format!("A-{:016x}-{:07}", 9, 1);
+    let inspect = || {
+        idem(&[
+            "inspect",
+            "--store",
+            &url,
+            "--schema",
+            &schema,
+            "--award-id",
+            &award,
+        ])
+    };
+    assert_eq!(report_value(&stdout(&inspect()), "processed"), "yes");
+    let o = idem(&[
+        "purge",
+        "--store",
+        &url,
+        "--schema",
+        &schema,
+        "--older-than",
+        "0s",
+        "--allow-below-floor",
+    ]);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}");
+    assert_eq!(report_value(&text, "layout"), "distributed");
+    assert_eq!(report_value(&text, "dedup_records"), "150", "{text}");
+    assert_eq!(report_value(&stdout(&inspect()), "processed"), "no");
+    psql(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
+}

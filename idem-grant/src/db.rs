@@ -459,6 +459,9 @@ mod postgres {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| map_sqlx(e, "lock for grant migration"))?;
+            // On the distributed layout `migrate` has created the table already, keyed
+            // (award_id, idempotency_key) for Citus (migrations/0009_distributed.sql): this
+            // finds it and leaves it alone.
             let ddl = [
                 sql!(
                     "CREATE TABLE IF NOT EXISTS {table} (

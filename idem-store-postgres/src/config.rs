@@ -98,14 +98,33 @@ pub enum PgLayout {
     /// a message and all its redeliveries carry the same timestamp, hence the same
     /// month, hence meet in the same partition's unique index.
     Partitioned,
+    /// Ready to be distributed by Citus (`migrations/0009_distributed.sql`): every
+    /// unique index of `processed_messages`, `disbursements` and `outbox` holds the
+    /// distribution column — the award id (`award_id`; the outbox's `subject`, which the
+    /// grant handler sets to it) — so that the three rows one message writes can live on
+    /// one shard. `processed_messages` has the primary key `(award_id, idempotency_key)`
+    /// with `award_id NOT NULL`, the claim's target is `ON CONFLICT (award_id,
+    /// idempotency_key)`, and the outbox's event ids are unique per subject (`ON CONFLICT
+    /// (subject, event_id)`). Dedup stays exact because the award id is the first field
+    /// of the key's preimage: one key has one award id, so all its claims meet in one
+    /// unique index (see [`crate::distributed`]).
+    ///
+    /// It runs on plain Postgres, where it is tested. When the `citus` extension is
+    /// installed, [`PgStore::migrate`](crate::PgStore::migrate) also distributes the three
+    /// tables, colocated; that step is not exercised by this crate's tests (no Citus
+    /// there). Unlike the plain layout, it is not shared with consumers in other
+    /// languages: their `ON CONFLICT (idempotency_key)` needs a unique index on the key
+    /// alone.
+    Distributed,
 }
 
 impl PgLayout {
-    /// `plain` or `partitioned`.
+    /// `plain`, `partitioned` or `distributed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Plain => "plain",
             Self::Partitioned => "partitioned",
+            Self::Distributed => "distributed",
         }
     }
 }
@@ -123,8 +142,9 @@ impl std::str::FromStr for PgLayout {
         match s {
             "plain" => Ok(Self::Plain),
             "partitioned" => Ok(Self::Partitioned),
+            "distributed" => Ok(Self::Distributed),
             other => Err(PgError::InvalidOption(format!(
-                "unknown layout {:?}: expected plain or partitioned",
+                "unknown layout {:?}: expected plain, partitioned or distributed",
                 other.chars().take(40).collect::<String>()
             ))),
         }

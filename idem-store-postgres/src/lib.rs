@@ -12,6 +12,10 @@
 //! - [`PgStore::purge`] — retention in bounded batches, with a three-year floor
 //!   (2 CFR §200.334) that is only crossed on purpose; on the partitioned layout
 //!   ([`PgLayout::Partitioned`], [`partition`]) it drops whole monthly partitions.
+//! - Three layouts of the tables ([`PgLayout`]): the reference's plain tables (the
+//!   default), partitioned by submission month ([`partition`]), and distributed — keyed
+//!   by the award id so that Citus can distribute them colocated ([`distributed`]; it runs
+//!   on plain Postgres, where it is tested; the Citus step itself is untested).
 //! - [`PgStore::inspect_key`] / [`PgStore::inspect_subject`] — the audit questions.
 //! - [`PgStore::export_audit`] — the dedup records of a time window and their outbox
 //!   events, streamed in bounded pages, for a write-once archive.
@@ -65,6 +69,7 @@
 
 pub mod audit;
 pub mod config;
+pub mod distributed;
 pub mod error;
 pub mod identity;
 pub mod inspect;

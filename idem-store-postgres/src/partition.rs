@@ -165,22 +165,30 @@ pub(crate) fn month_value(timestamp: Option<&str>) -> String {
         .map_or_else(|| UNPARSED_MONTH.to_owned(), PartitionMonth::first_day)
 }
 
-/// The layout of `schema.processed_messages`, or `None` when it does not exist.
+/// The layout of `schema.processed_messages`, or `None` when it does not exist: a
+/// partitioned table is [`PgLayout::Partitioned`]; a plain table whose primary key holds
+/// `award_id` is [`PgLayout::Distributed`] (`migrations/0009_distributed.sql`, the same on
+/// plain Postgres and on Citus); any other is [`PgLayout::Plain`].
 pub(crate) async fn detect_layout(
     pool: &PgPool,
     schema: &str,
 ) -> Result<Option<PgLayout>, StoreError> {
-    let kind: Option<String> = sqlx::query_scalar(
-        "SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+    let found: Option<(String, bool)> = sqlx::query_as(
+        "SELECT c.relkind::text, EXISTS (SELECT 1 FROM pg_index i \
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+           WHERE i.indrelid = c.oid AND i.indisprimary AND a.attname = 'award_id') \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE n.nspname = $1 AND c.relname = 'processed_messages'",
     )
     .bind(schema)
     .fetch_optional(pool)
     .await
     .map_err(|e| map_sqlx(e, "read the layout of processed_messages"))?;
-    Ok(kind.map(|k| {
-        if k == "p" {
+    Ok(found.map(|(kind, keyed_by_award)| {
+        if kind == "p" {
             PgLayout::Partitioned
+        } else if keyed_by_award {
+            PgLayout::Distributed
         } else {
             PgLayout::Plain
         }
@@ -268,9 +276,10 @@ impl PgStore {
         last: PartitionMonth,
     ) -> Result<Vec<String>, StoreError> {
         if self.layout() != PgLayout::Partitioned {
-            return Err(StoreError::Config(
-                "processed_messages is not partitioned (PgLayout::Plain)".into(),
-            ));
+            return Err(StoreError::Config(format!(
+                "processed_messages is not partitioned (the {} layout)",
+                self.layout()
+            )));
         }
         let existing = self.partitions().await?;
         let mut created = Vec::new();

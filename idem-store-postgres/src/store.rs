@@ -27,11 +27,16 @@ const IDENTITY: &str = include_str!("../migrations/0004_store_identity.sql");
 const PARTITIONED: &str = include_str!("../migrations/0005_partitioned_claims.sql");
 /// The optional retention / inspection indexes ([`PgConfig::audit_indexes`]).
 const AUDIT_INDEXES: &str = include_str!("../migrations/0002_audit_indexes.sql");
-/// The identity column and its unique partial index (conflict detection), both layouts.
+/// The Citus-ready tables ([`PgLayout::Distributed`]), run before [`MIGRATION`].
+const DISTRIBUTED: &str = include_str!("../migrations/0009_distributed.sql");
+/// The distributed layout's audit indexes, run instead of [`AUDIT_INDEXES`].
+const DISTRIBUTED_AUDIT_INDEXES: &str =
+    include_str!("../migrations/0009_distributed_audit_indexes.sql");
+/// The identity column and its unique partial index (conflict detection), every layout.
 const CLAIM_IDENTITY: &str = include_str!("../migrations/0006_claim_identity.sql");
 /// The outcome tally (`idem_outcome_counts`, [`crate::audit`]).
 const OUTCOME_COUNTS: &str = include_str!("../migrations/0008_outcome_counts.sql");
-/// The outbox's `traceparent` column (W3C trace context), both layouts.
+/// The outbox's `traceparent` column (W3C trace context), every layout.
 const OUTBOX_TRACEPARENT: &str = include_str!("../migrations/0007_outbox_traceparent.sql");
 /// The optional append-only trigger on `processed_messages` ([`PgStore::migrate_append_only`]).
 const APPEND_ONLY: &str = include_str!("../migrations/0003_append_only.sql");
@@ -140,6 +145,11 @@ impl Shared {
         let notify_tail = " RETURNING 1) SELECT pg_notify($6, '') FROM ins LIMIT 1";
         let quiet_tail = " RETURNING 1) SELECT 1 FROM ins LIMIT 1";
         let notify_tail_traced = " RETURNING 1) SELECT pg_notify($7, '') FROM ins LIMIT 1";
+        // The outbox's unique event index (crate::distributed: per subject there).
+        let event_key = match layout {
+            PgLayout::Plain | PgLayout::Partitioned => "(event_id)",
+            PgLayout::Distributed => "(subject, event_id)",
+        };
         let sql = Sql {
             claim: match layout {
                 PgLayout::Plain => statement(sql!(
@@ -152,6 +162,11 @@ impl Shared {
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_month) \
                      VALUES ($1, $2, now(), $3::date) \
                      ON CONFLICT (idempotency_key, submission_month) DO NOTHING", pm
+                )),
+                // The award id leads the primary key (crate::distributed).
+                PgLayout::Distributed => statement(sql!(
+                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) VALUES ($1, $2, now()) \
+                     ON CONFLICT (award_id, idempotency_key) DO NOTHING", pm
                 )),
             },
             claim_batch: match layout {
@@ -167,9 +182,15 @@ impl Shared {
                      ON CONFLICT (idempotency_key, submission_month) DO NOTHING \
                      RETURNING idempotency_key", pm
                 )),
+                PgLayout::Distributed => statement(sql!(
+                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at) \
+                     SELECT k, a, now() FROM unnest($1::text[], $2::text[]) AS t(k, a) \
+                     ON CONFLICT (award_id, idempotency_key) DO NOTHING RETURNING idempotency_key", pm
+                )),
             },
+            // Any unique index: the key's primary key and the identity's index.
             claim_identity: match layout {
-                PgLayout::Plain => statement(sql!(
+                PgLayout::Plain | PgLayout::Distributed => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
                      VALUES ($1, $2, now(), $3) ON CONFLICT DO NOTHING", pm
                 )),
@@ -180,7 +201,7 @@ impl Shared {
                 )),
             },
             claim_batch_identity: match layout {
-                PgLayout::Plain => statement(sql!(
+                PgLayout::Plain | PgLayout::Distributed => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
                      SELECT k, a, now(), ts FROM unnest($1::text[], $2::text[], $3::text[]) \
                      WITH ORDINALITY AS u(k, a, ts, n) ORDER BY n \
@@ -197,29 +218,35 @@ impl Shared {
             },
             classify: {
                 let month = match layout {
-                    PgLayout::Plain => "",
+                    PgLayout::Plain | PgLayout::Distributed => "",
                     PgLayout::Partitioned => " AND p.submission_month = u.m::date",
                 };
                 let months = match layout {
-                    PgLayout::Plain => "",
+                    PgLayout::Plain | PgLayout::Distributed => "",
                     PgLayout::Partitioned => ", $4::text[]",
                 };
                 let m = match layout {
-                    PgLayout::Plain => "",
+                    PgLayout::Plain | PgLayout::Distributed => "",
                     PgLayout::Partitioned => ", m",
+                };
+                // The key's own row is (award_id, key) on the distributed layout: the
+                // primary key's lookup (on Citus, one shard's).
+                let award = match layout {
+                    PgLayout::Plain | PgLayout::Partitioned => "",
+                    PgLayout::Distributed => " AND p.award_id = u.a",
                 };
                 statement(sql!(
                     "SELECT u.k, f.idempotency_key, f.o \
                      FROM unnest($1::text[], $2::text[], $3::text[]{months}) AS u(k, a, ts{m}) \
                      LEFT JOIN LATERAL ( \
                        SELECT p.idempotency_key, 0 AS o FROM {pm} p \
-                       WHERE p.idempotency_key = u.k{month} \
+                       WHERE p.idempotency_key = u.k{award}{month} \
                        UNION ALL \
                        (SELECT p.idempotency_key, 1 AS o FROM {pm} p \
                         WHERE p.award_id = u.a AND p.submission_timestamp = u.ts \
                         AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL{month} \
                         LIMIT 1) \
-                       ORDER BY o LIMIT 1) f ON true", months, m, pm, month
+                       ORDER BY o LIMIT 1) f ON true", months, m, pm, award, month
                 ))
             },
             // Per-subject order: see crate::outbox (a transaction-scoped advisory lock per
@@ -230,7 +257,7 @@ impl Shared {
                      ins AS (INSERT INTO {ob} \
                      (event_id, event_type, subject, idempotency_key, payload, created_at) \
                      SELECT $1, $2, $3, $4, $5::jsonb, now() FROM l \
-                     ON CONFLICT (event_id) DO NOTHING{tail}", SUBJECT_LOCK, ob, tail
+                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
                 ))
             }),
             enqueue_many: [notify_tail, quiet_tail].map(|tail| {
@@ -243,7 +270,7 @@ impl Shared {
                      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
                      WITH ORDINALITY AS u(e, t, s, k, p, n) \
                      WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT (event_id) DO NOTHING{tail}", SUBJECT_LOCK, ob, tail
+                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
                 ))
             }),
             enqueue_traced: [notify_tail_traced, quiet_tail].map(|tail| {
@@ -253,7 +280,7 @@ impl Shared {
                      (event_id, event_type, subject, idempotency_key, payload, created_at, \
                       traceparent) \
                      SELECT $1, $2, $3, $4, $5::jsonb, now(), $6 FROM l \
-                     ON CONFLICT (event_id) DO NOTHING{tail}", SUBJECT_LOCK, ob, tail
+                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
                 ))
             }),
             enqueue_many_traced: [notify_tail_traced, quiet_tail].map(|tail| {
@@ -268,7 +295,7 @@ impl Shared {
                        $6::text[]) \
                      WITH ORDINALITY AS u(e, t, s, k, p, tp, n) \
                      WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT (event_id) DO NOTHING{tail}", SUBJECT_LOCK, ob, tail
+                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
                 ))
             }),
         };
@@ -311,7 +338,9 @@ fn table_in(schema: &Ident, name: &'static str) -> SqlText {
 /// - A claim is `INSERT INTO processed_messages … ON CONFLICT (idempotency_key) DO
 ///   NOTHING` in the caller's transaction (on the partitioned layout, [`PgLayout`], the
 ///   row also gets the month of [`ClaimMeta::submission_timestamp`] and the target is
-///   `(idempotency_key, submission_month)`): a concurrent claim of the same key waits on
+///   `(idempotency_key, submission_month)`; on the distributed layout the target is
+///   `(award_id, idempotency_key)`, the award id being [`ClaimMeta::subject`]): a
+///   concurrent claim of the same key waits on
 ///   the unique index until the first transaction commits (`Duplicate`) or rolls back
 ///   (`Claimed`), or answers `InProgress` after [`PgConfig::lock_timeout`].
 /// - Conflicts: [`migrate`](PgStore::migrate) adds a nullable `submission_timestamp`
@@ -463,7 +492,14 @@ impl PgStore {
     /// of [`PgConfig::audit_indexes`] when on). On the partitioned layout
     /// ([`PgConfig::layout`], or a partitioned table already there) it creates the
     /// partitioned `processed_messages` (`migrations/0005_partitioned_claims.sql`) and
-    /// then [`ensure_partitions`](PgStore::ensure_partitions). Idempotent, and safe
+    /// then [`ensure_partitions`](PgStore::ensure_partitions). On the distributed layout
+    /// ([`PgLayout::Distributed`], [`crate::distributed`]) it creates `processed_messages`,
+    /// `outbox` and the grant pipeline's `disbursements` keyed by the award id
+    /// (`migrations/0009_distributed.sql`), and then, when the `citus` extension is
+    /// installed, distributes them, colocated (untested: no Citus where the tests run);
+    /// on plain Postgres it logs that it skipped that step. Asking
+    /// [`PgConfig::layout`] for a layout other than the one of an existing table is an
+    /// error (a conversion is a data migration). Idempotent, and safe
     /// to run from several processes at once (an advisory lock serialises them). Business
     /// tables (`disbursements`, …) are their owners' to create.
     ///
@@ -471,9 +507,10 @@ impl PgStore {
     /// [`StoreError`] from the database.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let found = crate::partition::detect_layout(&self.pool, self.schema()).await?;
-        if self.shared.config.layout == PgLayout::Partitioned && found == Some(PgLayout::Plain) {
+        let asked = self.shared.config.layout;
+        if let Some(found) = found.filter(|f| asked != PgLayout::Plain && *f != asked) {
             return Err(StoreError::Config(format!(
-                "processed_messages in schema {:?} is a plain table: the partitioned layout is \
+                "processed_messages in schema {:?} is a {found} table: the {asked} layout is \
                  created in a new schema, not converted in place (docs/scale.md)",
                 self.schema()
             )));
@@ -488,13 +525,20 @@ impl PgStore {
             )));
         }
         let schema: &dyn idem_core::sql::SqlPart = &self.shared.schema;
-        let partition_key = match self.layout() {
-            PgLayout::Plain => "",
+        let layout = self.layout();
+        let partition_key = match layout {
+            PgLayout::Plain | PgLayout::Distributed => "",
             PgLayout::Partitioned => ", submission_month",
         };
         let mut sql = SqlText::new();
-        if self.layout() == PgLayout::Partitioned {
-            sql.push(SqlText::render(PARTITIONED, &[("schema", schema)]));
+        // The layout's own tables first: 0001's IF NOT EXISTS statements then leave them be.
+        let first = match layout {
+            PgLayout::Plain => None,
+            PgLayout::Partitioned => Some(PARTITIONED),
+            PgLayout::Distributed => Some(DISTRIBUTED),
+        };
+        if let Some(first) = first {
+            sql.push(SqlText::render(first, &[("schema", schema)]));
         }
         sql.push(SqlText::render(MIGRATION, &[("schema", schema)]));
         sql.push(SqlText::render(
@@ -505,7 +549,11 @@ impl PgStore {
             sql.push(SqlText::render(script, &[("schema", schema)]));
         }
         if self.shared.config.audit_indexes {
-            sql.push(SqlText::render(AUDIT_INDEXES, &[("schema", schema)]));
+            let indexes = match layout {
+                PgLayout::Plain | PgLayout::Partitioned => AUDIT_INDEXES,
+                PgLayout::Distributed => DISTRIBUTED_AUDIT_INDEXES,
+            };
+            sql.push(SqlText::render(indexes, &[("schema", schema)]));
         }
         self.run_script(sql).await?;
         self.shared
@@ -515,6 +563,10 @@ impl PgStore {
             .traceparent
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.ensure_partitions().await?;
+        if layout == PgLayout::Distributed {
+            // After the commit, in a transaction of its own (crate::distributed).
+            self.distribute_tables().await?;
+        }
         Ok(())
     }
 
@@ -536,7 +588,7 @@ impl PgStore {
         .await
     }
 
-    async fn run_script(&self, sql: SqlText) -> Result<(), StoreError> {
+    pub(crate) async fn run_script(&self, sql: SqlText) -> Result<(), StoreError> {
         let mut tx = self
             .pool
             .begin()

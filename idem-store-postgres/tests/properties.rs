@@ -1,5 +1,5 @@
 //! The exactly-once property (any schedule of deliveries, redeliveries and crashes at
-//! every point) against the real server, each case in its own schema.
+//! every point) against the real server, each case in its own schema, on each layout.
 
 mod common;
 
@@ -64,6 +64,25 @@ proptest! {
                 .await
                 .expect("count the default partition");
                 assert_eq!(in_default, 0, "claims fell into the default partition");
+                common::drop_schema(&store.0).await;
+            }
+            store.0.pool().close().await;
+            result
+        });
+        prop_assert!(result.is_ok(), "{}", result.unwrap_err());
+    }
+
+    /// The same property on the distributed layout (claims keyed `(award_id,
+    /// idempotency_key)`, outbox events `(subject, event_id)`; plain Postgres).
+    #[test]
+    fn any_schedule_is_exactly_once_on_distributed_postgres(case in strategies::case()) {
+        static QUIET: std::sync::Once = std::sync::Once::new();
+        QUIET.call_once(idem_testkit::fault::quiet_injected_crashes);
+        let result = runtime().block_on(async {
+            let store = common::fresh_distributed_store().await;
+            assert_eq!(store.0.layout(), idem_store_postgres::PgLayout::Distributed);
+            let result = check_exactly_once(store.clone(), &case).await;
+            if result.is_ok() {
                 common::drop_schema(&store.0).await;
             }
             store.0.pool().close().await;

@@ -86,7 +86,17 @@ impl Publisher for SlowPublisher {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_relays_publish_each_event_once_in_subject_order() {
-    let store = common::fresh_pg().await;
+    several_relays_publish_once_in_subject_order(common::fresh_pg().await).await;
+}
+
+/// The same on the distributed layout's outbox (primary key `(subject, id)`, event ids
+/// unique per subject).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_relays_publish_each_event_once_in_subject_order_on_the_distributed_layout() {
+    several_relays_publish_once_in_subject_order(common::fresh_distributed_pg().await).await;
+}
+
+async fn several_relays_publish_once_in_subject_order(store: PgStore) {
     let subjects = ["A", "B", "C", "D", "E"];
     let events: Vec<OutboxEvent> = (0..200)
         .map(|n| event(n, subjects[(n * 7 + n / 3) % subjects.len()]))
@@ -343,6 +353,22 @@ async fn outbox_backlog_tracks_the_relay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_carries_the_traceparent() {
     let store = common::fresh_pg().await;
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
+    idem_testkit::conformance::outbox_carries_the_traceparent(store.clone(), source).await;
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_distributed_outbox_backlog_tracks_the_relay() {
+    let store = common::fresh_distributed_pg().await;
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
+    idem_testkit::conformance::outbox_backlog_tracks_the_relay(store.clone(), source).await;
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_distributed_outbox_carries_the_traceparent() {
+    let store = common::fresh_distributed_pg().await;
     let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
     idem_testkit::conformance::outbox_carries_the_traceparent(store.clone(), source).await;
     common::drop_schema(&store).await;

@@ -28,10 +28,12 @@ pub(crate) struct Args {
     #[arg(long)]
     rotate_store_identity: bool,
     /// The layout of processed_messages (Postgres only), used when it does not exist yet:
-    /// `plain` (the reference's table, shared with consumers in other languages) or
+    /// `plain` (the reference's table, shared with consumers in other languages),
     /// `partitioned` (by the submission month: old months are purged by dropping their
-    /// partition; docs/scale.md). An existing table keeps its layout; asking for
-    /// `partitioned` over a plain one is an error.
+    /// partition) or `distributed` (keyed by the award id, ready for Citus: with the citus
+    /// extension installed, processed_messages, disbursements and outbox are also
+    /// distributed, colocated; on plain Postgres they stay local tables). docs/scale.md. An
+    /// existing table keeps its layout; asking for another one over it is an error.
     #[arg(long, value_parser = parse_layout)]
     layout: Option<idem_store_postgres::PgLayout>,
     /// Partitioned layout: months of partitions to create before the current one (for
@@ -133,6 +135,15 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             .with_max_connections(1);
         let store = idem_store_postgres::PgStore::connect(url, config).await?;
         println!("layout: {}", store.layout());
+        if store.layout() == idem_store_postgres::PgLayout::Distributed {
+            // What the migration did with the tables (PgStore::migrate's Citus step).
+            let citus = if store.citus_installed().await? {
+                "distributed (processed_messages, disbursements, outbox by award id, colocated)"
+            } else {
+                "not installed (the tables stay local)"
+            };
+            println!("citus: {citus}");
+        }
         if store.layout() == idem_store_postgres::PgLayout::Partitioned {
             let months = store.partitions().await?;
             if let (Some(first), Some(last)) = (months.first(), months.last()) {

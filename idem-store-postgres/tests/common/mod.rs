@@ -112,6 +112,19 @@ pub async fn fresh_partitioned_store() -> TestPg {
     TestPg(fresh_partitioned_pg().await)
 }
 
+/// A migrated store on a new schema in the distributed layout (`PgLayout::Distributed`:
+/// the Citus-ready keys, on plain Postgres), with the test `effects` table.
+pub async fn fresh_distributed_pg() -> PgStore {
+    let store = fresh_pg_with(|c| c.with_layout(PgLayout::Distributed)).await;
+    assert_eq!(store.layout(), PgLayout::Distributed);
+    store
+}
+
+/// A fresh distributed [`TestPg`].
+pub async fn fresh_distributed_store() -> TestPg {
+    TestPg(fresh_distributed_pg().await)
+}
+
 /// Creates the `effects` table the [`TestStore`] writes.
 pub async fn create_effects(store: &PgStore) {
     sqlx::query(sqlx::AssertSqlSafe(format!(
