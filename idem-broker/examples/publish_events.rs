@@ -24,7 +24,10 @@ async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (url, name, file) = match args.as_slice() {
         [u, n, f, ..] => (u, n, f),
-        _ => fail(2, "usage: publish_events BROKER_URL NAME FILE [BATCH] [IN_FLIGHT]"),
+        _ => fail(
+            2,
+            "usage: publish_events BROKER_URL NAME FILE [BATCH] [IN_FLIGHT]",
+        ),
     };
     let number = |i: usize, default: usize| match args.get(i) {
         None => default,
@@ -67,6 +70,9 @@ async fn main() {
     println!("published: {}", events.len());
     println!("seconds: {seconds:.3}");
     if seconds > 0.0 {
-        println!("throughput_msgs_per_s: {:.0}", events.len() as f64 / seconds);
+        println!(
+            "throughput_msgs_per_s: {:.0}",
+            events.len() as f64 / seconds
+        );
     }
 }

@@ -327,6 +327,7 @@ fn least_privilege_roles_consume_and_relay_with_no_migrate() {
         format!("GRANT SELECT, INSERT ON {schema}.processed_messages, {schema}.disbursements, {schema}.outbox TO {consumer}"),
         format!("GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {consumer}"),
         format!("GRANT SELECT, UPDATE (published_at) ON {schema}.outbox TO {relay}"),
+        format!("GRANT SELECT, UPDATE, DELETE ON {schema}.outbox_pending TO {relay}"),
     ]);
     let as_role = |role: &str| pg.replacen("postgres@", &format!("{role}@"), 1);
     assert!(

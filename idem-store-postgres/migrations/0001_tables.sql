@@ -41,12 +41,7 @@ ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS failed_at timestamptz;
 -- One row per event id: `ON CONFLICT (event_id) DO NOTHING` needs this unique index.
 CREATE UNIQUE INDEX IF NOT EXISTS outbox_event_id_key
     ON {schema}.outbox (event_id);
--- The relay scans unpublished rows in id order and checks each subject's earlier rows.
-CREATE UNIQUE INDEX IF NOT EXISTS outbox_unpublished_idx
-    ON {schema}.outbox (id) WHERE published_at IS NULL;
-CREATE INDEX IF NOT EXISTS outbox_unpublished_subject_idx
-    ON {schema}.outbox (subject, id) WHERE published_at IS NULL;
--- Retention deletes published rows by age (maintained when rows are marked published,
--- not on the consumer's insert).
-CREATE INDEX IF NOT EXISTS outbox_created_at_idx
-    ON {schema}.outbox (created_at) WHERE published_at IS NOT NULL;
+-- The relay finds unpublished rows through its queue, outbox_pending, and retention finds
+-- old rows through a BRIN index on created_at: both in 0010_outbox_pending.sql, which also
+-- drops the partial indexes on published_at that earlier versions created here (an index
+-- that names published_at would make every mark a non-HOT update).

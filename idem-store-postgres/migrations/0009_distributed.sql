@@ -61,9 +61,20 @@ CREATE TABLE IF NOT EXISTS {schema}.outbox (
     PRIMARY KEY (subject, id)
 );
 
--- Under 0001's names, so that its CREATE UNIQUE INDEX IF NOT EXISTS statements (on
--- (event_id) and on (id)) find them and create nothing.
+-- Under 0001's name, so that its CREATE UNIQUE INDEX IF NOT EXISTS statement (on
+-- (event_id)) finds it and creates nothing.
 CREATE UNIQUE INDEX IF NOT EXISTS outbox_event_id_key
     ON {schema}.outbox (subject, event_id);
-CREATE INDEX IF NOT EXISTS outbox_unpublished_idx
-    ON {schema}.outbox (id) WHERE published_at IS NULL;
+-- The relay marks rows by id: the primary key leads with subject, so an index on id alone
+-- (not unique: on Citus, ids are unique per shard only).
+CREATE INDEX IF NOT EXISTS outbox_id_idx ON {schema}.outbox (id);
+
+-- The relay's queue (0010_outbox_pending.sql), keyed by its distribution column too, and
+-- under 0010's index name so that 0010 creates no second (subject, id) index; the lease
+-- walks it in id order.
+CREATE TABLE IF NOT EXISTS {schema}.outbox_pending (
+    id      bigint NOT NULL,
+    subject text NOT NULL,
+    CONSTRAINT outbox_pending_subject_idx PRIMARY KEY (subject, id)
+);
+CREATE INDEX IF NOT EXISTS outbox_pending_id_idx ON {schema}.outbox_pending (id);

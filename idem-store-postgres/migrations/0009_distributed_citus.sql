@@ -27,5 +27,10 @@ BEGIN
         PERFORM create_distributed_table('{schema}.outbox', 'subject',
                                          colocate_with => '{schema}.processed_messages');
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition
+                   WHERE logicalrelid = '{schema}.outbox_pending'::regclass) THEN
+        PERFORM create_distributed_table('{schema}.outbox_pending', 'subject',
+                                         colocate_with => '{schema}.processed_messages');
+    END IF;
 END
 $citus$;

@@ -12,7 +12,7 @@
 //! - `outbox` has the primary key `(subject, id)` and the unique `(subject, event_id)`; the
 //!   enqueue's target is `ON CONFLICT (subject, event_id)`.
 //!
-//! Every unique index of the three tables holds its [distribution
+//! Every unique index of the four tables (the three and the relay's queue) holds its [distribution
 //! column](DISTRIBUTED_TABLES), which is what Citus requires of a distributed table.
 //! Dedup stays exact because the award id is the first field of the key's preimage
 //! (`sha256(award_id|timestamp|sha256(payload))`): one key has one award id, so every
@@ -20,7 +20,7 @@
 //! shard.
 //!
 //! On plain Postgres the layout is complete as it is, and that is how this crate tests it.
-//! When the `citus` extension is installed, [`PgStore::migrate`] then distributes the three
+//! When the `citus` extension is installed, [`PgStore::migrate`] then distributes the four
 //! tables, colocated (`migrations/0009_distributed_citus.sql`, in a transaction of its
 //! own); without it, it logs at info level (target `idem::migrate`) that it skipped that
 //! step. **The Citus step is untested**: no Citus installation was available where these
@@ -34,10 +34,11 @@ use crate::store::PgStore;
 
 /// The tables of the distributed layout and their distribution columns, in the order the
 /// Citus step distributes them (the first is the one the others are colocated with).
-pub const DISTRIBUTED_TABLES: [(&str, &str); 3] = [
+pub const DISTRIBUTED_TABLES: [(&str, &str); 4] = [
     ("processed_messages", "award_id"),
     ("disbursements", "award_id"),
     ("outbox", "subject"),
+    ("outbox_pending", "subject"),
 ];
 
 /// The Citus step: `create_distributed_table` for each of [`DISTRIBUTED_TABLES`].

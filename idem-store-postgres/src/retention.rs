@@ -91,6 +91,7 @@ impl PgStore {
         let cutoff_secs = cutoff_micros as f64 / 1e6;
         let pm = self.sql_table("processed_messages");
         let ob = self.sql_table("outbox");
+        let pend = self.sql_table("outbox_pending");
         let mut report = PurgeReport::new(Timestamp::from_unix_micros(cutoff_micros), opts.dry_run);
         // Partitioned: whole months first; then only the default partition row by row.
         let dedup_table = if self.layout() == crate::PgLayout::Partitioned {
@@ -118,16 +119,21 @@ impl PgStore {
             ),
             (
                 PurgeTable::OutboxEvents,
+                // Never a row still in the relay's queue, whatever its published_at says.
                 statement(sql!(
-                    "SELECT count(*) FROM {ob} WHERE published_at IS NOT NULL \
-                     AND created_at < to_timestamp($1)",
-                    ob
+                    "SELECT count(*) FROM {ob} o WHERE o.published_at IS NOT NULL \
+                     AND o.created_at < to_timestamp($1) \
+                     AND NOT EXISTS (SELECT 1 FROM {pend} p WHERE p.id = o.id)",
+                    ob,
+                    pend
                 )),
                 statement(sql!(
-                    "DELETE FROM {ob} WHERE id IN (SELECT id FROM {ob} \
-                     WHERE published_at IS NOT NULL AND created_at < to_timestamp($1) \
+                    "DELETE FROM {ob} WHERE id IN (SELECT o.id FROM {ob} o \
+                     WHERE o.published_at IS NOT NULL AND o.created_at < to_timestamp($1) \
+                     AND NOT EXISTS (SELECT 1 FROM {pend} p WHERE p.id = o.id) \
                      LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                    ob
+                    ob,
+                    pend
                 )),
             ),
         ];

@@ -1,6 +1,7 @@
 //! [`PgOutboxSource`]: the relay's side of the outbox — `FOR UPDATE SKIP LOCKED` batches
-//! in id order, per-subject order across several relays, LISTEN/NOTIFY wake-ups with a
-//! polling fallback.
+//! in id order from the relay's queue (`outbox_pending`,
+//! `migrations/0010_outbox_pending.sql`), per-subject order across several relays,
+//! LISTEN/NOTIFY wake-ups with a polling fallback.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,14 +25,22 @@ use crate::store::PgStore;
 ///
 /// # Contract
 /// - [`lease`](OutboxSource::lease) opens a transaction and locks up to `max` of the
-///   oldest unpublished rows (`ORDER BY id … FOR UPDATE SKIP LOCKED`): rows another
-///   relay holds are skipped, never published twice at once.
+///   oldest rows of the relay's queue, `outbox_pending` (`ORDER BY id … FOR UPDATE SKIP
+///   LOCKED`): rows another relay holds are skipped, never published twice at once. The
+///   queue holds one row per event still to publish, written by a trigger on the outbox
+///   in the writer's transaction (`migrations/0010_outbox_pending.sql`).
+/// - [`mark_published`](OutboxBatch::mark_published) deletes the batch's queue rows and
+///   sets `outbox.published_at` in one statement, then commits: no index names
+///   `published_at`, so the mark is a HOT update.
+/// - A queue row whose outbox row is gone, already published or moved aside (left by a
+///   relay of an earlier version, or an outbox row deleted by hand) is deleted when it is
+///   leased, never published.
 /// - A row is returned only if every earlier unpublished row of its subject is in the
 ///   same batch before it. A subject whose earlier row is held by another relay (or
 ///   was skipped in this batch) is left out entirely, so several relays never publish one
 ///   subject's events out of id order.
 /// - Rows without an `event_id` (written by another program into a reference `outbox`)
-///   are not relayed.
+///   get no queue row and are not relayed.
 /// - The `traceparent` column (when the outbox has it) is read back into
 ///   [`OutboxEvent::traceparent`]; a value that is not a valid W3C `traceparent` is
 ///   ignored (the event is published untraced), never an error.
@@ -65,6 +74,7 @@ pub struct PgOutboxSource {
 #[derive(Debug)]
 struct SourceSql {
     lease: SqlStr,
+    drop_stale: SqlStr,
     mark_published: SqlStr,
     record_failure: SqlStr,
     moved_aside: SqlStr,
@@ -73,41 +83,52 @@ struct SourceSql {
 impl SourceSql {
     fn new(store: &PgStore) -> Self {
         let ob = store.sql_table("outbox");
-        // Rows a relay may publish: unpublished, not moved aside, written by idem.
-        let live = "published_at IS NULL AND failed_at IS NULL AND event_id IS NOT NULL";
-        let e_live = "e.published_at IS NULL AND e.failed_at IS NULL AND e.event_id IS NOT NULL";
+        let pend = store.sql_table("outbox_pending");
         // An outbox not migrated to 0007 has no trace column: its rows are untraced.
         let trace = if store.shared().has_traceparent() {
-            "traceparent"
+            "o.traceparent"
         } else {
             "NULL::text AS traceparent"
         };
         Self {
+            // `blocked`: an earlier queue row of the subject that this batch does not hold
+            // (another relay's, or skipped). `live`: the outbox row is still to publish;
+            // a queue row that is not (no outbox row, published, moved aside) is stale.
             lease: statement(sql!(
                 "WITH c AS ( \
-                   SELECT id, event_id, event_type, subject, idempotency_key, payload, {trace} \
-                   FROM {ob} \
-                   WHERE {live} ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
-                 SELECT c.id, c.event_id, c.event_type, c.subject, c.idempotency_key, \
-                   c.payload::text, \
-                   EXISTS (SELECT 1 FROM {ob} e WHERE e.subject = c.subject AND e.id < c.id \
-                     AND {e_live} AND e.id NOT IN (SELECT id FROM c)) AS blocked, \
-                   c.traceparent \
-                 FROM c ORDER BY c.id",
+                   SELECT id, subject FROM {pend} ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+                 SELECT c.id, o.event_id, o.event_type, o.subject, o.idempotency_key, \
+                   o.payload::text, \
+                   EXISTS (SELECT 1 FROM {pend} e WHERE e.subject = c.subject AND e.id < c.id \
+                     AND e.id NOT IN (SELECT id FROM c)) AS blocked, \
+                   {trace}, \
+                   (o.id IS NOT NULL AND o.published_at IS NULL AND o.failed_at IS NULL \
+                     AND o.event_id IS NOT NULL) AS live \
+                 FROM c LEFT JOIN {ob} o ON o.id = c.id ORDER BY c.id",
+                pend,
                 trace,
-                ob,
-                live,
-                e_live
+                ob
+            )),
+            drop_stale: statement(sql!(
+                "DELETE FROM {pend} WHERE id = ANY($1::bigint[])",
+                pend
             )),
             mark_published: statement(sql!(
-                "UPDATE {ob} SET published_at = now() WHERE id = ANY($1::bigint[])",
+                "WITH done AS (DELETE FROM {pend} WHERE id = ANY($1::bigint[])) \
+                 UPDATE {ob} SET published_at = now() WHERE id = ANY($1::bigint[])",
+                pend,
                 ob
             )),
+            // An event moved aside leaves the queue with its last attempt.
             record_failure: statement(sql!(
-                "UPDATE {ob} SET publish_attempts = publish_attempts + 1, last_error = $2, \
-                   failed_at = CASE WHEN publish_attempts + 1 >= $3 THEN now() END \
-                 WHERE id = ANY($1::bigint[]) RETURNING failed_at IS NOT NULL",
-                ob
+                "WITH u AS ( \
+                   UPDATE {ob} SET publish_attempts = publish_attempts + 1, last_error = $2, \
+                     failed_at = CASE WHEN publish_attempts + 1 >= $3 THEN now() END \
+                   WHERE id = ANY($1::bigint[]) RETURNING id, failed_at IS NOT NULL AS moved), \
+                 gone AS (DELETE FROM {pend} WHERE id IN (SELECT id FROM u WHERE moved)) \
+                 SELECT moved FROM u",
+                ob,
+                pend
             )),
             moved_aside: statement(sql!(
                 "SELECT count(*) FROM {ob} WHERE published_at IS NULL AND failed_at IS NOT NULL",
@@ -119,17 +140,18 @@ impl SourceSql {
 
 impl PgStore {
     /// The outbox rows not yet published and the age of the oldest (by the database's
-    /// clock): one index-only count over the unpublished rows, and the first of them by id.
+    /// clock): a count of the relay's queue, and the first of it by id.
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] when the database cannot be reached.
     pub async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
         let outbox = self.sql_table("outbox");
+        let pend = self.sql_table("outbox_pending");
         let (pending, age): (i64, Option<f64>) = sqlx::query_as(statement(sql!(
-            "SELECT (SELECT count(*) FROM {outbox} WHERE published_at IS NULL \
-                      AND failed_at IS NULL), \
-                    (SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM {outbox} \
-                      WHERE published_at IS NULL AND failed_at IS NULL ORDER BY id LIMIT 1)",
+            "SELECT (SELECT count(*) FROM {pend}), \
+                    (SELECT EXTRACT(EPOCH FROM (now() - o.created_at))::float8 \
+                      FROM {pend} p JOIN {outbox} o ON o.id = p.id ORDER BY p.id LIMIT 1)",
+            pend,
             outbox
         )))
         .fetch_one(self.pool())
@@ -181,10 +203,14 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Unavailable`] when the database cannot be reached.
     pub async fn outbox_requeue(&self, event_id: &EventId) -> Result<bool, StoreError> {
+        // Back in the relay's queue in the same statement.
         let done = sqlx::query(statement(sql!(
-            "UPDATE {ob} SET failed_at = NULL, publish_attempts = 0 \
-             WHERE event_id = $1 AND failed_at IS NOT NULL AND published_at IS NULL",
-            ob = self.sql_table("outbox")
+            "WITH u AS (UPDATE {ob} SET failed_at = NULL, publish_attempts = 0 \
+               WHERE event_id = $1 AND failed_at IS NOT NULL AND published_at IS NULL \
+               RETURNING id, subject) \
+             INSERT INTO {pend} (id, subject) SELECT id, subject FROM u ON CONFLICT DO NOTHING",
+            ob = self.sql_table("outbox"),
+            pend = self.sql_table("outbox_pending")
         )))
         .bind(event_id.to_string())
         .execute(self.pool())
@@ -267,7 +293,8 @@ impl OutboxBatch for PgOutboxBatch {
         &self.events
     }
 
-    /// `UPDATE outbox SET published_at = now() WHERE id = ANY(…)`, then commit.
+    /// Deletes the batch's queue rows and sets `outbox.published_at = now()` (one
+    /// statement), then commits.
     async fn mark_published(mut self) -> Result<(), StoreError> {
         let Some(mut tx) = self.tx.take() else {
             return Ok(());
@@ -312,19 +339,27 @@ impl OutboxBatch for PgOutboxBatch {
     }
 }
 
-fn decode_row(row: &sqlx::postgres::PgRow) -> Result<(i64, OutboxEvent, bool), StoreError> {
+/// One leased queue row: its id, whether an earlier row of its subject is held elsewhere,
+/// and its event — `None` when the queue row is stale (see [`PgOutboxSource`]).
+type LeasedRow = (i64, bool, Option<OutboxEvent>);
+
+fn decode_row(row: &sqlx::postgres::PgRow) -> Result<LeasedRow, StoreError> {
     let bad = |what: &str| StoreError::Rejected {
         message: format!("outbox row has an invalid {what}"),
         source: None,
     };
     let get = |e: sqlx::Error| map_sqlx(e, "decode outbox row");
     let id: i64 = row.try_get(0).map_err(get)?;
+    let blocked: bool = row.try_get(6).map_err(get)?;
+    let live: bool = row.try_get(8).map_err(get)?;
+    if !live {
+        return Ok((id, blocked, None));
+    }
     let event_id: String = row.try_get(1).map_err(get)?;
     let event_type: String = row.try_get(2).map_err(get)?;
     let subject: Option<String> = row.try_get(3).map_err(get)?;
     let key: Option<String> = row.try_get(4).map_err(get)?;
     let payload: String = row.try_get(5).map_err(get)?;
-    let blocked: bool = row.try_get(6).map_err(get)?;
     let traceparent: Option<String> = row.try_get(7).map_err(get)?;
     let event_id: EventId = event_id.parse().map_err(|_| bad("event_id"))?;
     let key: IdempotencyKey = key
@@ -334,15 +369,15 @@ fn decode_row(row: &sqlx::postgres::PgRow) -> Result<(i64, OutboxEvent, bool), S
         .map_err(|_| bad("idempotency_key"))?;
     Ok((
         id,
-        OutboxEvent {
+        blocked,
+        Some(OutboxEvent {
             event_id,
             event_type,
             subject: subject.unwrap_or_default(),
             idempotency_key: key,
             payload: payload.into_bytes(),
             traceparent: traceparent.and_then(|t| TraceParent::parse(&t).ok()),
-        },
-        blocked,
+        }),
     ))
 }
 
@@ -351,50 +386,73 @@ impl OutboxSource for PgOutboxSource {
     type Batch = PgOutboxBatch;
 
     async fn lease(&self, max: usize) -> Result<PgOutboxBatch, StoreError> {
-        let mut tx = self
-            .store
-            .pool()
-            // One round trip. No bitmap scan: on a table just filled (stale statistics)
-            // the planner would read and sort every unpublished row (~90 ms for 20,000)
-            // instead of walking the partial index in id order (~2 ms).
-            .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
-            .await
-            .map_err(|e| map_sqlx(e, "begin outbox lease"))?;
         let limit = i64::try_from(max.max(1)).unwrap_or(i64::MAX);
-        let rows = sqlx::query(self.sql.lease.clone())
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx(e, "lease outbox rows"))?;
-        let mut blocked: HashSet<String> = HashSet::new();
-        let mut ids = Vec::with_capacity(rows.len());
-        let mut events = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let (id, ev, is_blocked) = decode_row(row)?;
-            // Once one row of a subject is left out, every later one of it is too.
-            if is_blocked || blocked.contains(&ev.subject) {
-                blocked.insert(ev.subject);
-                continue;
-            }
-            ids.push(id);
-            events.push(ev);
-        }
-        let tx = if ids.is_empty() {
-            // Nothing to hold: end the transaction now (this releases any locked but
-            // blocked rows at once).
-            tx.rollback()
+        loop {
+            let mut tx = self
+                .store
+                .pool()
+                .begin()
                 .await
-                .map_err(|e| map_sqlx(e, "end empty outbox lease"))?;
-            None
-        } else {
-            Some(tx)
-        };
-        Ok(PgOutboxBatch {
-            tx,
-            ids,
-            events,
-            sql: Arc::clone(&self.sql),
-        })
+                .map_err(|e| map_sqlx(e, "begin outbox lease"))?;
+            let rows = sqlx::query(self.sql.lease.clone())
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| map_sqlx(e, "lease outbox rows"))?;
+            let mut blocked: HashSet<String> = HashSet::new();
+            let mut ids = Vec::with_capacity(rows.len());
+            let mut events = Vec::with_capacity(rows.len());
+            let mut stale = Vec::new();
+            for row in &rows {
+                match decode_row(row)? {
+                    (id, _, None) => stale.push(id),
+                    (id, is_blocked, Some(ev)) => {
+                        // Once one row of a subject is left out, every later one is too.
+                        if is_blocked || blocked.contains(&ev.subject) {
+                            blocked.insert(ev.subject);
+                            continue;
+                        }
+                        ids.push(id);
+                        events.push(ev);
+                    }
+                }
+            }
+            if !stale.is_empty() {
+                // Locked by this lease: deleted with its commit (a release rolls the
+                // deletion back with the rest, and a later lease deletes them again).
+                tracing::debug!(target: "idem::relay", rows = stale.len(), "dropping stale outbox queue rows");
+                sqlx::query(self.sql.drop_stale.clone())
+                    .bind(&stale)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| map_sqlx(e, "drop stale outbox queue rows"))?;
+            }
+            if !ids.is_empty() {
+                return Ok(PgOutboxBatch {
+                    tx: Some(tx),
+                    ids,
+                    events,
+                    sql: Arc::clone(&self.sql),
+                });
+            }
+            if stale.is_empty() {
+                // Nothing to hold: end the transaction now (this releases any locked but
+                // blocked rows at once).
+                tx.rollback()
+                    .await
+                    .map_err(|e| map_sqlx(e, "end empty outbox lease"))?;
+                return Ok(PgOutboxBatch {
+                    tx: None,
+                    ids,
+                    events,
+                    sql: Arc::clone(&self.sql),
+                });
+            }
+            // Only stale rows: commit their deletion and look again.
+            tx.commit()
+                .await
+                .map_err(|e| map_sqlx(e, "commit dropped outbox queue rows"))?;
+        }
     }
 
     async fn backlog(&self) -> Result<OutboxBacklog, StoreError> {

@@ -38,6 +38,8 @@ const CLAIM_IDENTITY: &str = include_str!("../migrations/0006_claim_identity.sql
 const OUTCOME_COUNTS: &str = include_str!("../migrations/0008_outcome_counts.sql");
 /// The outbox's `traceparent` column (W3C trace context), every layout.
 const OUTBOX_TRACEPARENT: &str = include_str!("../migrations/0007_outbox_traceparent.sql");
+/// The relay's queue beside the outbox, filled by a trigger (every layout).
+const OUTBOX_PENDING: &str = include_str!("../migrations/0010_outbox_pending.sql");
 /// The optional append-only trigger on `processed_messages` ([`PgStore::migrate_append_only`]).
 const APPEND_ONLY: &str = include_str!("../migrations/0003_append_only.sql");
 /// The SQLSTATE the append-only trigger raises.
@@ -545,7 +547,7 @@ impl PgStore {
             CLAIM_IDENTITY,
             &[("schema", schema), ("partition_key", &partition_key)],
         ));
-        for script in [IDENTITY, OUTCOME_COUNTS, OUTBOX_TRACEPARENT] {
+        for script in [IDENTITY, OUTCOME_COUNTS, OUTBOX_TRACEPARENT, OUTBOX_PENDING] {
             sql.push(SqlText::render(script, &[("schema", schema)]));
         }
         if self.shared.config.audit_indexes {

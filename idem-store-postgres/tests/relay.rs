@@ -458,3 +458,264 @@ async fn an_outbox_without_the_trace_column_is_upgraded_in_place() {
     batch.release().await.expect("release");
     common::drop_schema(&store).await;
 }
+
+/// The outbox's indexes and the relay's queue: no index names `published_at` (as a key
+/// or in its predicate) — one that did would make every mark a non-HOT update, a new row
+/// version in every index — and the relay's queue holds exactly the events to publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_outbox_index_names_published_at_and_the_queue_holds_what_is_unpublished() {
+    for store in [
+        common::fresh_pg().await,
+        common::fresh_distributed_pg().await,
+    ] {
+        let naming: Vec<String> = sqlx::query_scalar(
+            "SELECT pg_get_indexdef(indexrelid) FROM pg_index \
+             WHERE indrelid = $1::regclass AND pg_get_indexdef(indexrelid) LIKE '%published_at%'",
+        )
+        .bind(store.table("outbox"))
+        .fetch_all(store.pool())
+        .await
+        .expect("indexes");
+        assert!(naming.is_empty(), "{}: {naming:?}", store.config().layout);
+        commit_events(&store, &[event(1, "A"), event(2, "B"), event(3, "A")]).await;
+        let queued = |store: PgStore| async move {
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM {}",
+                store.table("outbox_pending")
+            )))
+            .fetch_one(store.pool())
+            .await
+            .expect("count")
+        };
+        assert_eq!(queued(store.clone()).await, 3);
+        let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
+        let batch = source.lease(2).await.expect("lease");
+        assert_eq!(
+            ids(batch.events()),
+            vec![event(1, "A").event_id, event(2, "B").event_id]
+        );
+        batch.mark_published().await.expect("mark");
+        assert_eq!(queued(store.clone()).await, 1);
+        let published: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {} WHERE published_at IS NOT NULL",
+            store.table("outbox")
+        )))
+        .fetch_one(store.pool())
+        .await
+        .expect("count");
+        assert_eq!(published, 2);
+        // A released batch stays queued.
+        let batch = source.lease(10).await.expect("lease");
+        assert_eq!(ids(batch.events()), vec![event(3, "A").event_id]);
+        batch.release().await.expect("release");
+        assert_eq!(queued(store.clone()).await, 1);
+        common::drop_schema(&store).await;
+    }
+}
+
+/// A writer that knows nothing of the queue — a consumer built before it, or plain SQL
+/// into idem's columns — still queues its events (the outbox's trigger); a row without an
+/// event id (another program's, in a reference outbox) is not queued; a duplicate event
+/// id (`ON CONFLICT DO NOTHING`) queues nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_writer_queues_its_events() {
+    let store = common::fresh_pg().await;
+    let ob = store.table("outbox");
+    let ev = event(7, "Z");
+    for _ in 0..2 {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {ob} (event_id, event_type, subject, idempotency_key, payload) \
+             VALUES ($1, 'effect.recorded', 'Z', $2, '{{}}') ON CONFLICT (event_id) DO NOTHING"
+        )))
+        .bind(ev.event_id.to_string())
+        .bind(ev.idempotency_key.to_hex())
+        .execute(store.pool())
+        .await
+        .expect("insert as an older writer would");
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {ob} (event_type, payload) VALUES ('reference.row', '{{}}')"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("a reference row");
+    let queued: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        store.table("outbox_pending")
+    )))
+    .fetch_one(store.pool())
+    .await
+    .expect("count");
+    assert_eq!(queued, 1);
+    let batch = PgOutboxSource::new(store.clone(), Duration::from_millis(50))
+        .lease(10)
+        .await
+        .expect("lease");
+    assert_eq!(ids(batch.events()), vec![ev.event_id]);
+    batch.mark_published().await.expect("mark");
+    common::drop_schema(&store).await;
+}
+
+/// A queue row whose event is not to be published — its outbox row gone, already
+/// published, or moved aside — is dropped when leased, never published; the events
+/// behind it are published as usual, and a lease that finds only such rows drops them
+/// and comes back empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_queue_row_is_dropped_not_published() {
+    let store = common::fresh_pg().await;
+    let (ob, pend) = (store.table("outbox"), store.table("outbox_pending"));
+    let run = |sql: String| {
+        let store = store.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(store.pool())
+                .await
+                .expect("sql");
+        }
+    };
+    commit_events(
+        &store,
+        &[event(1, "A"), event(2, "B"), event(3, "C"), event(4, "D")],
+    )
+    .await;
+    let id_of = |n: usize| {
+        format!(
+            "(SELECT id FROM {ob} WHERE event_id = '{}')",
+            event(n, "").event_id
+        )
+    };
+    run(format!(
+        "UPDATE {ob} SET published_at = now() WHERE id = {}",
+        id_of(1)
+    ))
+    .await;
+    run(format!(
+        "UPDATE {ob} SET failed_at = now() WHERE id = {}",
+        id_of(2)
+    ))
+    .await;
+    run(format!(
+        "INSERT INTO {pend} (id, subject) VALUES (0, 'gone')"
+    ))
+    .await;
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
+    let batch = source.lease(10).await.expect("lease");
+    assert_eq!(
+        ids(batch.events()),
+        vec![event(3, "C").event_id, event(4, "D").event_id]
+    );
+    batch.mark_published().await.expect("mark");
+    let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {pend}")))
+        .fetch_one(store.pool())
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "the stale rows were dropped with the batch");
+    // Only stale rows: dropped, and the lease is empty.
+    run(format!(
+        "INSERT INTO {pend} (id, subject) VALUES (0, 'gone'), {}",
+        "(-1, 'gone')"
+    ))
+    .await;
+    let batch = source.lease(10).await.expect("lease");
+    assert!(batch.events().is_empty());
+    batch.release().await.expect("release");
+    let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {pend}")))
+        .fetch_one(store.pool())
+        .await
+        .expect("count");
+    assert_eq!(left, 0);
+    common::drop_schema(&store).await;
+}
+
+/// An outbox of an earlier version (partial indexes on `published_at`, no queue) with
+/// events committed, some published, one moved aside: `migrate` queues exactly the
+/// unpublished, live ones, drops the partial indexes, and the relay then publishes those
+/// and only those. Nothing committed before the upgrade is lost or published twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_outbox_is_converted_with_its_unpublished_events() {
+    let store = common::fresh_pg().await;
+    let (ob, pend) = (store.table("outbox"), store.table("outbox_pending"));
+    let run = |sql: String| {
+        let store = store.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(store.pool())
+                .await
+                .expect("sql");
+        }
+    };
+    // Back to the earlier shape.
+    run(format!("DROP TRIGGER idem_outbox_pending ON {ob}")).await;
+    run(format!("DROP TABLE {pend}")).await;
+    run(format!(
+        "DROP INDEX {}.outbox_created_at_brin",
+        store.schema_ident()
+    ))
+    .await;
+    run(format!(
+        "CREATE UNIQUE INDEX outbox_unpublished_idx ON {ob} (id) WHERE published_at IS NULL"
+    ))
+    .await;
+    run(format!("CREATE INDEX outbox_unpublished_subject_idx ON {ob} (subject, id) WHERE published_at IS NULL")).await;
+    run(format!(
+        "CREATE INDEX outbox_created_at_idx ON {ob} (created_at) WHERE published_at IS NOT NULL"
+    ))
+    .await;
+    let events: Vec<OutboxEvent> = (1..=6).map(|n| event(n, &format!("S{n}"))).collect();
+    commit_events(&store, &events).await;
+    let id_of = |n: usize| {
+        format!(
+            "(SELECT id FROM {ob} WHERE event_id = '{}')",
+            events[n - 1].event_id
+        )
+    };
+    run(format!(
+        "UPDATE {ob} SET published_at = now() WHERE id IN ({}, {})",
+        id_of(1),
+        id_of(4)
+    ))
+    .await;
+    run(format!(
+        "UPDATE {ob} SET failed_at = now() WHERE id = {}",
+        id_of(5)
+    ))
+    .await;
+
+    store.migrate().await.expect("migrate");
+    store
+        .migrate()
+        .await
+        .expect("migrate again: nothing changes");
+    let partial: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_index WHERE indrelid = $1::regclass \
+         AND pg_get_indexdef(indexrelid) LIKE '%published_at%'",
+    )
+    .bind(&ob)
+    .fetch_one(store.pool())
+    .await
+    .expect("indexes");
+    assert_eq!(partial, 0, "a partial index on published_at is left");
+    let store = PgStore::connect(&common::url(), store.config().clone())
+        .await
+        .expect("reconnect");
+    let broker = SimBroker::new(7);
+    let relay = Relay::new(
+        PgOutboxSource::new(store.clone(), Duration::from_millis(50)),
+        broker.clone(),
+        2,
+    );
+    while relay.run_once().await.expect("relay") > 0 {}
+    let published: HashSet<EventId> = broker
+        .published_events()
+        .iter()
+        .map(|e| e.event_id)
+        .collect();
+    let expected: HashSet<EventId> = [2, 3, 6].iter().map(|n| events[n - 1].event_id).collect();
+    assert_eq!(published, expected);
+    assert_eq!(
+        broker.published_events().len(),
+        3,
+        "an event was published twice"
+    );
+    common::drop_schema(&store).await;
+}

@@ -53,9 +53,12 @@ async fn seed(store: &PgStore, n: usize, old: usize, age_days: u64, published: u
     .await
     .expect("age events");
     let pub_keys: Vec<String> = (0..published).map(|i| key(i).to_hex()).collect();
+    // As the relay marks them: published, and out of its queue.
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE {} SET published_at = now() WHERE idempotency_key = ANY($1)",
-        store.table("outbox")
+        "WITH p AS (UPDATE {} SET published_at = now() WHERE idempotency_key = ANY($1) \
+         RETURNING id) DELETE FROM {} WHERE id IN (SELECT id FROM p)",
+        store.table("outbox"),
+        store.table("outbox_pending")
     )))
     .bind(&pub_keys)
     .execute(store.pool())
@@ -175,5 +178,43 @@ async fn purge_below_the_floor_is_refused_unless_allowed() {
         .await
         .expect("purge above a configured floor");
     assert_eq!(report.dedup_records, 0);
+    common::drop_schema(&store).await;
+}
+
+/// An event still in the relay's queue is never purged, whatever its `published_at` says
+/// (set by hand, or by a relay of an earlier version that did not know of the queue): only
+/// the relay's own mark, which takes the event out of the queue, makes it purgeable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_still_in_the_relay_queue_is_not_purged() {
+    let store = common::fresh_pg().await;
+    // 20 claims: 12 four years old; 8 of their events published by the relay.
+    seed(&store, 20, 12, 4 * 365, 8).await;
+    // Two more old events marked published behind the relay's back: still queued.
+    let behind: Vec<String> = (8..10).map(|i| key(i).to_hex()).collect();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {} SET published_at = now() WHERE idempotency_key = ANY($1)",
+        store.table("outbox")
+    )))
+    .bind(&behind)
+    .execute(store.pool())
+    .await
+    .expect("publish behind the relay's back");
+    let opts = PurgeOptions::new(Duration::from_secs(3 * 365 * DAY + DAY)).with_batch_size(5);
+    let dry = store
+        .purge(&opts.clone().dry_run(true), |_| {})
+        .await
+        .expect("dry run");
+    assert_eq!(dry.outbox_events, 8, "a queued event counted as purgeable");
+    let report = store.purge(&opts, |_| {}).await.expect("purge");
+    assert_eq!(report.outbox_events, 8, "a queued event was purged");
+    let queued: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {} p JOIN {} o USING (id)",
+        store.table("outbox_pending"),
+        store.table("outbox")
+    )))
+    .fetch_one(store.pool())
+    .await
+    .expect("count");
+    assert_eq!(queued, 12, "every queued event keeps its outbox row");
     common::drop_schema(&store).await;
 }
