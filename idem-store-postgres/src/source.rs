@@ -391,7 +391,13 @@ impl OutboxSource for PgOutboxSource {
             let mut tx = self
                 .store
                 .pool()
-                .begin()
+                // One round trip. Nested loops only: the lease joins at most `max` queue
+                // rows to the outbox by primary key, but on a small or freshly filled
+                // outbox the planner would hash the whole outbox instead (15 ms for
+                // 20,000 rows against 2 ms).
+                .begin_with(
+                    "BEGIN; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off",
+                )
                 .await
                 .map_err(|e| map_sqlx(e, "begin outbox lease"))?;
             let rows = sqlx::query(self.sql.lease.clone())

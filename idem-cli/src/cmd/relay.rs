@@ -51,6 +51,10 @@ pub(crate) struct Args {
     /// Events per batch (one transaction, one pipelined publish).
     #[arg(long, value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: u32,
+    /// Batches in flight at once (each leased, published and marked on its own; per
+    /// subject, order is kept whatever the number).
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    in_flight: u32,
     /// Serve Prometheus metrics over HTTP at ADDR (e.g. 127.0.0.1:9899).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -74,7 +78,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         .batch_size(args.batch_size as usize)
         .exit_when_idle(args.exit_when_idle)
         .give_up_after(Some(timeout))
-        .in_flight(4)
+        .in_flight(args.in_flight as usize)
         .observer(Arc::clone(&counters) as Arc<dyn idem_core::RelayObserver>);
     let shutdown = crate::cmd::shutdown_signal();
     let started = Instant::now();
