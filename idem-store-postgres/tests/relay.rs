@@ -459,6 +459,31 @@ async fn an_outbox_without_the_trace_column_is_upgraded_in_place() {
     common::drop_schema(&store).await;
 }
 
+/// Runs one statement of a test's own (its text built from the test's schema).
+async fn exec(store: &PgStore, sql: String) {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(store.pool())
+        .await
+        .expect("sql");
+}
+
+/// The number a test's own `SELECT count(*) …` returns.
+async fn count_of(store: &PgStore, sql: String) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(store.pool())
+        .await
+        .expect("count")
+}
+
+/// The rows in the relay's queue.
+async fn queued(store: &PgStore) -> i64 {
+    count_of(
+        store,
+        format!("SELECT count(*) FROM {}", store.table("outbox_pending")),
+    )
+    .await
+}
+
 /// The outbox's indexes and the relay's queue: no index names `published_at` (as a key
 /// or in its predicate) — one that did would make every mark a non-HOT update, a new row
 /// version in every index — and the relay's queue holds exactly the events to publish.
@@ -478,16 +503,7 @@ async fn no_outbox_index_names_published_at_and_the_queue_holds_what_is_unpublis
         .expect("indexes");
         assert!(naming.is_empty(), "{}: {naming:?}", store.config().layout);
         commit_events(&store, &[event(1, "A"), event(2, "B"), event(3, "A")]).await;
-        let queued = |store: PgStore| async move {
-            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
-                "SELECT count(*) FROM {}",
-                store.table("outbox_pending")
-            )))
-            .fetch_one(store.pool())
-            .await
-            .expect("count")
-        };
-        assert_eq!(queued(store.clone()).await, 3);
+        assert_eq!(queued(&store).await, 3);
         let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
         let batch = source.lease(2).await.expect("lease");
         assert_eq!(
@@ -495,20 +511,17 @@ async fn no_outbox_index_names_published_at_and_the_queue_holds_what_is_unpublis
             vec![event(1, "A").event_id, event(2, "B").event_id]
         );
         batch.mark_published().await.expect("mark");
-        assert_eq!(queued(store.clone()).await, 1);
-        let published: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        assert_eq!(queued(&store).await, 1);
+        let published = format!(
             "SELECT count(*) FROM {} WHERE published_at IS NOT NULL",
             store.table("outbox")
-        )))
-        .fetch_one(store.pool())
-        .await
-        .expect("count");
-        assert_eq!(published, 2);
+        );
+        assert_eq!(count_of(&store, published).await, 2);
         // A released batch stays queued.
         let batch = source.lease(10).await.expect("lease");
         assert_eq!(ids(batch.events()), vec![event(3, "A").event_id]);
         batch.release().await.expect("release");
-        assert_eq!(queued(store.clone()).await, 1);
+        assert_eq!(queued(&store).await, 1);
         common::drop_schema(&store).await;
     }
 }
@@ -533,20 +546,13 @@ async fn every_writer_queues_its_events() {
         .await
         .expect("insert as an older writer would");
     }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {ob} (event_type, payload) VALUES ('reference.row', '{{}}')"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("a reference row");
-    let queued: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}",
-        store.table("outbox_pending")
-    )))
-    .fetch_one(store.pool())
-    .await
-    .expect("count");
-    assert_eq!(queued, 1);
+    // Another program's row in a reference outbox: no event id.
+    exec(
+        &store,
+        format!("INSERT INTO {ob} (event_type, payload) VALUES ('reference.row', '{{}}')"),
+    )
+    .await;
+    assert_eq!(queued(&store).await, 1);
     let batch = PgOutboxSource::new(store.clone(), Duration::from_millis(50))
         .lease(10)
         .await
@@ -564,15 +570,6 @@ async fn every_writer_queues_its_events() {
 async fn a_stale_queue_row_is_dropped_not_published() {
     let store = common::fresh_pg().await;
     let (ob, pend) = (store.table("outbox"), store.table("outbox_pending"));
-    let run = |sql: String| {
-        let store = store.clone();
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .execute(store.pool())
-                .await
-                .expect("sql");
-        }
-    };
     commit_events(
         &store,
         &[event(1, "A"), event(2, "B"), event(3, "C"), event(4, "D")],
@@ -584,19 +581,23 @@ async fn a_stale_queue_row_is_dropped_not_published() {
             event(n, "").event_id
         )
     };
-    run(format!(
-        "UPDATE {ob} SET published_at = now() WHERE id = {}",
-        id_of(1)
-    ))
+    exec(
+        &store,
+        format!(
+            "UPDATE {ob} SET published_at = now() WHERE id = {}",
+            id_of(1)
+        ),
+    )
     .await;
-    run(format!(
-        "UPDATE {ob} SET failed_at = now() WHERE id = {}",
-        id_of(2)
-    ))
+    exec(
+        &store,
+        format!("UPDATE {ob} SET failed_at = now() WHERE id = {}", id_of(2)),
+    )
     .await;
-    run(format!(
-        "INSERT INTO {pend} (id, subject) VALUES (0, 'gone')"
-    ))
+    exec(
+        &store,
+        format!("INSERT INTO {pend} (id, subject) VALUES (0, 'gone')"),
+    )
     .await;
     let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
     let batch = source.lease(10).await.expect("lease");
@@ -605,25 +606,24 @@ async fn a_stale_queue_row_is_dropped_not_published() {
         vec![event(3, "C").event_id, event(4, "D").event_id]
     );
     batch.mark_published().await.expect("mark");
-    let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {pend}")))
-        .fetch_one(store.pool())
-        .await
-        .expect("count");
-    assert_eq!(left, 0, "the stale rows were dropped with the batch");
+    assert_eq!(
+        queued(&store).await,
+        0,
+        "the stale rows were dropped with the batch"
+    );
     // Only stale rows: dropped, and the lease is empty.
-    run(format!(
-        "INSERT INTO {pend} (id, subject) VALUES (0, 'gone'), {}",
-        "(-1, 'gone')"
-    ))
+    exec(
+        &store,
+        format!(
+            "INSERT INTO {pend} (id, subject) VALUES (0, 'gone'), {}",
+            "(-1, 'gone')"
+        ),
+    )
     .await;
     let batch = source.lease(10).await.expect("lease");
     assert!(batch.events().is_empty());
     batch.release().await.expect("release");
-    let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {pend}")))
-        .fetch_one(store.pool())
-        .await
-        .expect("count");
-    assert_eq!(left, 0);
+    assert_eq!(queued(&store).await, 0);
     common::drop_schema(&store).await;
 }
 
@@ -635,31 +635,28 @@ async fn a_stale_queue_row_is_dropped_not_published() {
 async fn an_earlier_outbox_is_converted_with_its_unpublished_events() {
     let store = common::fresh_pg().await;
     let (ob, pend) = (store.table("outbox"), store.table("outbox_pending"));
-    let run = |sql: String| {
-        let store = store.clone();
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .execute(store.pool())
-                .await
-                .expect("sql");
-        }
-    };
     // Back to the earlier shape.
-    run(format!("DROP TRIGGER idem_outbox_pending ON {ob}")).await;
-    run(format!("DROP TABLE {pend}")).await;
-    run(format!(
-        "DROP INDEX {}.outbox_created_at_brin",
-        store.schema_ident()
-    ))
+    exec(&store, format!("DROP TRIGGER idem_outbox_pending ON {ob}")).await;
+    exec(&store, format!("DROP TABLE {pend}")).await;
+    exec(
+        &store,
+        format!("DROP INDEX {}.outbox_created_at_brin", store.schema_ident()),
+    )
     .await;
-    run(format!(
-        "CREATE UNIQUE INDEX outbox_unpublished_idx ON {ob} (id) WHERE published_at IS NULL"
-    ))
+    exec(
+        &store,
+        format!(
+            "CREATE UNIQUE INDEX outbox_unpublished_idx ON {ob} (id) WHERE published_at IS NULL"
+        ),
+    )
     .await;
-    run(format!("CREATE INDEX outbox_unpublished_subject_idx ON {ob} (subject, id) WHERE published_at IS NULL")).await;
-    run(format!(
+    exec(&store, format!("CREATE INDEX outbox_unpublished_subject_idx ON {ob} (subject, id) WHERE published_at IS NULL")).await;
+    exec(
+        &store,
+        format!(
         "CREATE INDEX outbox_created_at_idx ON {ob} (created_at) WHERE published_at IS NOT NULL"
-    ))
+    ),
+    )
     .await;
     let events: Vec<OutboxEvent> = (1..=6).map(|n| event(n, &format!("S{n}"))).collect();
     commit_events(&store, &events).await;
@@ -669,16 +666,19 @@ async fn an_earlier_outbox_is_converted_with_its_unpublished_events() {
             events[n - 1].event_id
         )
     };
-    run(format!(
-        "UPDATE {ob} SET published_at = now() WHERE id IN ({}, {})",
-        id_of(1),
-        id_of(4)
-    ))
+    exec(
+        &store,
+        format!(
+            "UPDATE {ob} SET published_at = now() WHERE id IN ({}, {})",
+            id_of(1),
+            id_of(4)
+        ),
+    )
     .await;
-    run(format!(
-        "UPDATE {ob} SET failed_at = now() WHERE id = {}",
-        id_of(5)
-    ))
+    exec(
+        &store,
+        format!("UPDATE {ob} SET failed_at = now() WHERE id = {}", id_of(5)),
+    )
     .await;
 
     store.migrate().await.expect("migrate");
