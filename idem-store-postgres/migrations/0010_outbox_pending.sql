@@ -2,11 +2,11 @@
 -- by the validated, quoted schema name before execution.
 --
 -- `outbox_pending` holds one small row (id, subject) per outbox event still to publish.
--- The relay leases from it (`ORDER BY id … FOR UPDATE SKIP LOCKED`), checks a subject's
+-- The relay leases from it (`ORDER BY id ... FOR UPDATE SKIP LOCKED`), checks a subject's
 -- earlier events in it, and on a confirmed publish deletes the rows and sets
 -- `outbox.published_at` in the same transaction. Why a queue beside the outbox rather than
 -- partial indexes on `published_at` (what earlier versions had): an index that names
--- `published_at` — as a key or in its predicate — makes every mark a non-HOT update, a new
+-- `published_at` (as a key or in its predicate) makes every mark a non-HOT update, a new
 -- row version plus an entry in each of the outbox's indexes (two of them 64-character
 -- keys). With no index naming `published_at` and room left on each page (fillfactor 50),
 -- the mark is a HOT update, and the queue rows are only deleted: the database's work per
@@ -14,7 +14,7 @@
 --
 -- Every writer fills the queue without knowing of it: a statement-level trigger on the
 -- outbox inserts the queue rows of the rows the statement inserted (those with an event id,
--- not published, not moved aside), in the writer's transaction — so a consumer built
+-- not published, not moved aside), in the writer's transaction, so that a consumer built
 -- before this migration, or another program writing idem's columns, never writes an event
 -- that no relay would see. The trigger function runs as its owner (SECURITY DEFINER):
 -- consumers need no privilege on the queue.

@@ -190,3 +190,33 @@ async fn table_names_are_quoted_and_qualified() {
     );
     common::drop_schema(&store).await;
 }
+
+/// Every migration is plain ASCII, comments included: the server converts the whole script
+/// to the database's encoding, and a `LATIN1` database refuses characters it has no
+/// equivalent for (SQLSTATE 22P05) — a dash or an ellipsis in a comment would stop
+/// `migrate` there (`idem-cli/tests/refused_bodies.rs` runs one on such a database).
+#[test]
+fn every_migration_is_ascii() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("migrations") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "sql") {
+            let text = std::fs::read_to_string(&path).expect("read");
+            for (n, line) in text.lines().enumerate() {
+                assert!(
+                    line.is_ascii(),
+                    "{}:{}: not ASCII: {line}",
+                    path.display(),
+                    n + 1
+                );
+            }
+            seen += 1;
+        }
+    }
+    assert!(
+        seen >= 10,
+        "only {seen} migrations found in {}",
+        dir.display()
+    );
+}
