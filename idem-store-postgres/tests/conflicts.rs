@@ -17,21 +17,6 @@ fn meta(subject: &str) -> ClaimMeta {
     ClaimMeta::new(subject).with_submission_timestamp(TS)
 }
 
-async fn claim_one(
-    store: &idem_store_postgres::PgStore,
-    k: &IdempotencyKey,
-    m: &ClaimMeta,
-) -> ClaimOutcome {
-    let mut tx = store.begin().await.expect("begin");
-    let out = tx.claim(k, m).await.expect("claim");
-    if out == ClaimOutcome::Claimed {
-        tx.commit().await.expect("commit");
-    } else {
-        tx.rollback().await.expect("rollback");
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migrated_table_records_the_identity_and_the_reference_consumer_still_shares_it() {
     let store = common::fresh_pg().await;
@@ -44,7 +29,7 @@ async fn a_migrated_table_records_the_identity_and_the_reference_consumer_still_
         key("P-1", "{\"amount_cents\":2}"),
     );
     assert_eq!(
-        claim_one(&store, &a, &meta("P-1")).await,
+        common::claim_one(&store, &a, &meta("P-1")).await,
         ClaimOutcome::Claimed
     );
     let row: (Option<String>, Option<String>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -57,7 +42,7 @@ async fn a_migrated_table_records_the_identity_and_the_reference_consumer_still_
     .expect("row");
     assert_eq!(row, (Some("P-1".into()), Some(TS.into())));
     assert_eq!(
-        claim_one(&store, &b, &meta("P-1")).await,
+        common::claim_one(&store, &b, &meta("P-1")).await,
         ClaimOutcome::Conflict { existing: a }
     );
 
@@ -77,7 +62,7 @@ async fn a_migrated_table_records_the_identity_and_the_reference_consumer_still_
         assert_eq!(r.rows_affected(), 1);
     }
     assert_eq!(
-        claim_one(&store, &key("P-2", "x"), &meta("P-2")).await,
+        common::claim_one(&store, &key("P-2", "x"), &meta("P-2")).await,
         ClaimOutcome::Claimed
     );
     common::drop_schema(&store).await;
@@ -103,11 +88,11 @@ async fn a_reference_table_never_migrated_claims_without_detection_and_says_so()
     assert!(!store.capabilities().detects_conflicts);
     let (a, b) = (key("R-1", "1"), key("R-1", "2"));
     assert_eq!(
-        claim_one(&store, &a, &meta("R-1")).await,
+        common::claim_one(&store, &a, &meta("R-1")).await,
         ClaimOutcome::Claimed
     );
     assert_eq!(
-        claim_one(&store, &b, &meta("R-1")).await,
+        common::claim_one(&store, &b, &meta("R-1")).await,
         ClaimOutcome::Claimed
     );
 
@@ -117,11 +102,11 @@ async fn a_reference_table_never_migrated_claims_without_detection_and_says_so()
     assert!(store.capabilities().detects_conflicts);
     let c = key("R-2", "1");
     assert_eq!(
-        claim_one(&store, &c, &meta("R-2")).await,
+        common::claim_one(&store, &c, &meta("R-2")).await,
         ClaimOutcome::Claimed
     );
     assert_eq!(
-        claim_one(&store, &key("R-2", "2"), &meta("R-2")).await,
+        common::claim_one(&store, &key("R-2", "2"), &meta("R-2")).await,
         ClaimOutcome::Conflict { existing: c }
     );
     common::drop_schema(&store).await;
@@ -158,11 +143,11 @@ async fn the_partitioned_layout_detects_conflicts_in_and_across_batches() {
         }
     );
     assert_eq!(
-        claim_one(&store, &c, &meta("Q-1")).await,
+        common::claim_one(&store, &c, &meta("Q-1")).await,
         ClaimOutcome::Conflict { existing: won }
     );
     assert_eq!(
-        claim_one(&store, &lost, &meta("Q-1").without_identity()).await,
+        common::claim_one(&store, &lost, &meta("Q-1").without_identity()).await,
         ClaimOutcome::Claimed,
         "the process policy's claim, in the message's month"
     );

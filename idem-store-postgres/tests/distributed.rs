@@ -221,17 +221,6 @@ async fn a_store_opened_on_a_distributed_schema_finds_its_layout_and_no_other_is
     common::drop_schema(&store).await;
 }
 
-async fn claim_one(store: &PgStore, k: &IdempotencyKey, m: &ClaimMeta) -> ClaimOutcome {
-    let mut tx = store.begin().await.expect("begin");
-    let out = tx.claim(k, m).await.expect("claim");
-    if out == ClaimOutcome::Claimed {
-        tx.commit().await.expect("commit");
-    } else {
-        tx.rollback().await.expect("rollback");
-    }
-    out
-}
-
 async fn count(store: &PgStore, table: &str, filter: &str, value: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {} WHERE {filter} = $1",
@@ -270,17 +259,17 @@ async fn redeliveries_duplicates_and_conflicts_are_caught_on_the_distributed_lay
     // A redelivery (same key, same award) is a duplicate, and so is a claim without the
     // timestamp.
     assert_eq!(
-        claim_one(&store, &k, &meta("D-7")).await,
+        common::claim_one(&store, &k, &meta("D-7")).await,
         ClaimOutcome::Duplicate
     );
     assert_eq!(
-        claim_one(&store, &k, &ClaimMeta::new("D-7")).await,
+        common::claim_one(&store, &k, &ClaimMeta::new("D-7")).await,
         ClaimOutcome::Duplicate
     );
     // Another payload of the same identity (award + timestamp) is a conflict.
     let other = key("D-7", "{\"amount_cents\":999}");
     assert_eq!(
-        claim_one(&store, &other, &meta("D-7")).await,
+        common::claim_one(&store, &other, &meta("D-7")).await,
         ClaimOutcome::Conflict { existing: k }
     );
     // In a batch: the redelivery, a new key, the new key again, the conflict.
@@ -360,7 +349,7 @@ async fn redeliveries_duplicates_and_conflicts_are_caught_on_the_distributed_lay
     assert_eq!(bare.layout(), PgLayout::Distributed);
     assert!(!bare.capabilities().detects_conflicts);
     assert_eq!(
-        claim_one(&bare, &k, &meta("D-7")).await,
+        common::claim_one(&bare, &k, &meta("D-7")).await,
         ClaimOutcome::Duplicate
     );
     let third = key("D-9", "{}");
@@ -377,7 +366,7 @@ async fn redeliveries_duplicates_and_conflicts_are_caught_on_the_distributed_lay
     );
     tx.commit().await.expect("commit");
     assert_eq!(
-        claim_one(&bare, &third, &meta("D-9")).await,
+        common::claim_one(&bare, &third, &meta("D-9")).await,
         ClaimOutcome::Duplicate
     );
     // The audit questions still find the claims (the key's own index, 0009's audit set).
@@ -460,7 +449,7 @@ async fn one_key_cannot_be_claimed_twice_through_different_connections_at_once()
             other.clone()
         };
         tasks.push(tokio::spawn(async move {
-            claim_one(&s, &k, &meta("C-race")).await
+            common::claim_one(&s, &k, &meta("C-race")).await
         }));
     }
     let mut outcomes = Vec::new();

@@ -237,3 +237,21 @@ impl TestStore for TestPg {
         Ok(n.unsigned_abs())
     }
 }
+
+/// Claims `k` in a transaction of its own: commits a `Claimed`, rolls back anything else,
+/// and returns the outcome.
+pub async fn claim_one(
+    store: &PgStore,
+    k: &IdempotencyKey,
+    m: &idem_core::ClaimMeta,
+) -> idem_core::ClaimOutcome {
+    use idem_core::ClaimTx;
+    let mut tx = store.begin().await.expect("begin");
+    let out = tx.claim(k, m).await.expect("claim");
+    if out == idem_core::ClaimOutcome::Claimed {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+    out
+}
