@@ -389,7 +389,7 @@ mod postgres {
     use idem_core::OutboxEvent;
     use idem_store_postgres::error::map_sqlx;
     use idem_store_postgres::sql::statement;
-    use idem_store_postgres::{PgStore, PgTx};
+    use idem_store_postgres::{PgColumn, PgRows, PgStore, PgTx};
 
     /// `"schema"."name"` for a table of the store's schema.
     fn table(store: &PgStore, name: &'static str) -> SqlText {
@@ -424,21 +424,26 @@ mod postgres {
             items: &[(&Grant, &IdempotencyKey)],
             events: &[OutboxEvent],
         ) -> Result<(), StoreError> {
-            let awards: Vec<&str> = items.iter().map(|(g, _)| g.award_id.as_str()).collect();
-            let amounts: Vec<i64> = items.iter().map(|(g, _)| g.amount_cents).collect();
-            let keys: Vec<String> = items.iter().map(|(_, k)| k.to_hex()).collect();
-            sqlx::query(statement(sql!(
-                "INSERT INTO {table} (award_id, amount_cents, idempotency_key) \
-                 SELECT * FROM unnest($1::text[], $2::int8[], $3::text[])",
-                table
-            )))
-            .bind(&awards)
-            .bind(&amounts)
-            .bind(&keys)
-            .execute(self.conn())
-            .await
-            .map_err(|e| map_sqlx(e, "recording disbursements"))?;
-            self.enqueue_many(events).await
+            // The rows and their events in one statement: one round trip.
+            let rows = PgRows::new(table.clone())
+                .column(
+                    "award_id",
+                    PgColumn::Text(items.iter().map(|(g, _)| g.award_id.as_str()).collect()),
+                )
+                .and_then(|r| {
+                    r.column(
+                        "amount_cents",
+                        PgColumn::Int8(items.iter().map(|(g, _)| g.amount_cents).collect()),
+                    )
+                })
+                .and_then(|r| {
+                    r.column(
+                        "idempotency_key",
+                        PgColumn::OwnedText(items.iter().map(|(_, k)| k.to_hex()).collect()),
+                    )
+                })
+                .map_err(|e| StoreError::other(e.to_string(), false))?;
+            self.insert_and_enqueue(&rows, events).await
         }
     }
 

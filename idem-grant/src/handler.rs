@@ -30,7 +30,11 @@ pub trait GrantBook: ClaimTx + OutboxWriter {
     ) -> Result<(), StoreError>;
 
     /// Inserts several rows and their outbox events. The default is one statement each;
-    /// stores override it with a few round trips for the whole batch.
+    /// stores override it with fewer round trips for the whole batch (Postgres: one
+    /// statement for the rows and the events, [`PgTx::insert_and_enqueue`]). The handler
+    /// writes a single submission through it too.
+    ///
+    /// [`PgTx::insert_and_enqueue`]: https://docs.rs/idem-store-postgres/latest/idem_store_postgres/struct.PgTx.html#method.insert_and_enqueue
     async fn record_batch(
         &mut self,
         table: &SqlText,
@@ -149,10 +153,12 @@ impl<T: GrantBook> Handler<T> for GrantHandler {
             .with_submission_timestamp(sub.input.submission_timestamp.clone())
     }
 
+    /// The row and its event through [`GrantBook::record_batch`]: one round trip on
+    /// Postgres.
     async fn handle(&self, tx: &mut T, sub: &Submission<Grant>) -> Result<(), HandlerError> {
-        tx.record_disbursement(&self.table, &sub.input, &sub.key)
+        let event = Self::event(&sub.key, &sub.input);
+        tx.record_batch(&self.table, &[(&sub.input, &sub.key)], &[event])
             .await?;
-        tx.enqueue(&Self::event(&sub.key, &sub.input)).await?;
         Ok(())
     }
 

@@ -85,6 +85,7 @@ pub use config::{PgConfig, PgLayout};
 pub use error::PgError;
 pub use identity::{PgIdentitySession, StoreIdentity};
 pub use inspect::{ClaimRecord, OutboxRecord, Timestamp};
+pub use outbox::{PgColumn, PgRows};
 pub use partition::PartitionMonth;
 pub use retention::{
     PurgeOptions, PurgeProgress, PurgeReport, PurgeTable, RetentionFloor, DEFAULT_RETENTION_FLOOR,

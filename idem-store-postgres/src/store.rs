@@ -55,6 +55,10 @@ pub(crate) struct Sql {
     /// and the identity's).
     pub(crate) claim_identity: SqlStr,
     pub(crate) claim_batch_identity: SqlStr,
+    /// Whether `claim_batch_identity` answers every item — `(key, inserted, refusing
+    /// key, o)` as `classify` does, from the statement's snapshot — rather than
+    /// returning the inserted keys alone.
+    pub(crate) claim_batch_classifies: bool,
     /// After an identity claim inserted nothing: the key's own row (`o = 0`: duplicate),
     /// else the identity's (`o = 1`: conflict), per item.
     pub(crate) classify: SqlStr,
@@ -67,6 +71,12 @@ pub(crate) struct Sql {
     pub(crate) enqueue_traced: [SqlStr; 2],
     /// As `enqueue_many`, with the `traceparent` column as `$6` and the channel as `$7`.
     pub(crate) enqueue_many_traced: [SqlStr; 2],
+    /// `enqueue_many`'s text after its leading `WITH `: the common table expressions and
+    /// the final query, for a statement that puts one more expression before them
+    /// ([`crate::PgRows`]).
+    pub(crate) enqueue_many_ctes: [SqlText; 2],
+    /// `enqueue_many_traced`'s text after its leading `WITH `.
+    pub(crate) enqueue_many_traced_ctes: [SqlText; 2],
 }
 
 #[derive(Debug)]
@@ -152,6 +162,74 @@ impl Shared {
             PgLayout::Plain | PgLayout::Partitioned => "(event_id)",
             PgLayout::Distributed => "(subject, event_id)",
         };
+        // The parameters of the classification (and of the batch claim that classifies):
+        // $1 keys, $2 award ids, $3 submission timestamps, $4 months (partitioned).
+        let month = match layout {
+            PgLayout::Plain | PgLayout::Distributed => "",
+            PgLayout::Partitioned => " AND p.submission_month = u.m::date",
+        };
+        let months = match layout {
+            PgLayout::Plain | PgLayout::Distributed => "",
+            PgLayout::Partitioned => ", $4::text[]",
+        };
+        let m = match layout {
+            PgLayout::Plain | PgLayout::Distributed => "",
+            PgLayout::Partitioned => ", m",
+        };
+        // The key's own row is (award_id, key) on the distributed layout: the primary
+        // key's lookup (on Citus, one shard's).
+        let award = match layout {
+            PgLayout::Plain | PgLayout::Partitioned => "",
+            PgLayout::Distributed => " AND p.award_id = u.a",
+        };
+        // Which row refused item `u`: the key's own (`o = 0`: duplicate), else the
+        // identity's (`o = 1`: conflict). `[for every item, for those not inserted (i)]`.
+        let lookup = ["", "i.idempotency_key IS NULL AND "].map(|only| {
+            sql!(
+                "LEFT JOIN LATERAL ( \
+                   SELECT p.idempotency_key, 0 AS o FROM {pm} p \
+                   WHERE {only}p.idempotency_key = u.k{award}{month} \
+                   UNION ALL \
+                   (SELECT p.idempotency_key, 1 AS o FROM {pm} p \
+                    WHERE {only}p.award_id = u.a AND p.submission_timestamp = u.ts \
+                    AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL{month} \
+                    LIMIT 1) \
+                   ORDER BY o LIMIT 1) f ON true",
+                only,
+                pm,
+                award,
+                month
+            )
+        });
+        // The many-event statements without their leading `WITH ` (see `Sql`).
+        let enqueue_many_ctes = [notify_tail, quiet_tail].map(|tail| {
+            sql!(
+                "l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
+                       (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
+                     ins AS (INSERT INTO {ob} \
+                     (event_id, event_type, subject, idempotency_key, payload, created_at) \
+                     SELECT e, t, s, k, p::jsonb, now() \
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
+                     WITH ORDINALITY AS u(e, t, s, k, p, n) \
+                     WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
+                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
+            )
+        });
+        let enqueue_many_traced_ctes = [notify_tail_traced, quiet_tail].map(|tail| {
+            sql!(
+                "l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
+                       (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
+                     ins AS (INSERT INTO {ob} \
+                     (event_id, event_type, subject, idempotency_key, payload, created_at, \
+                      traceparent) \
+                     SELECT e, t, s, k, p::jsonb, now(), tp \
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                       $6::text[]) \
+                     WITH ORDINALITY AS u(e, t, s, k, p, tp, n) \
+                     WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
+                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
+            )
+        });
         let sql = Sql {
             claim: match layout {
                 PgLayout::Plain => statement(sql!(
@@ -203,52 +281,42 @@ impl Shared {
                 )),
             },
             claim_batch_identity: match layout {
-                PgLayout::Plain | PgLayout::Distributed => statement(sql!(
+                // One round trip for the claim and the classification of what it could
+                // not insert (see `claim_batch_classifies`).
+                PgLayout::Plain | PgLayout::Partitioned => {
+                    let (column, value) = match layout {
+                        PgLayout::Partitioned => (", submission_month", ", m::date"),
+                        PgLayout::Plain | PgLayout::Distributed => ("", ""),
+                    };
+                    let lookup = &lookup[1];
+                    statement(sql!(
+                        "WITH u AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]{months}) \
+                         WITH ORDINALITY AS t(k, a, ts{m}, n)), \
+                         ins AS (INSERT INTO {pm} \
+                         (idempotency_key, award_id, claimed_at, submission_timestamp{column}) \
+                         SELECT k, a, now(), ts{value} FROM u ORDER BY n \
+                         ON CONFLICT DO NOTHING RETURNING idempotency_key) \
+                         SELECT u.k, i.idempotency_key IS NOT NULL, f.idempotency_key, f.o \
+                         FROM u LEFT JOIN ins i ON i.idempotency_key = u.k {lookup} ORDER BY u.n",
+                        months, m, pm, column, value, lookup
+                    ))
+                }
+                // Citus plans a modifying CTE joined with its own table across shards:
+                // keep the plain insert there, and the classification apart.
+                PgLayout::Distributed => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
                      SELECT k, a, now(), ts FROM unnest($1::text[], $2::text[], $3::text[]) \
                      WITH ORDINALITY AS u(k, a, ts, n) ORDER BY n \
                      ON CONFLICT DO NOTHING RETURNING idempotency_key", pm
                 )),
-                PgLayout::Partitioned => statement(sql!(
-                    "INSERT INTO {pm} \
-                     (idempotency_key, award_id, claimed_at, submission_month, submission_timestamp) \
-                     SELECT k, a, now(), m::date, ts \
-                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) \
-                     WITH ORDINALITY AS u(k, a, ts, m, n) ORDER BY n \
-                     ON CONFLICT DO NOTHING RETURNING idempotency_key", pm
-                )),
             },
+            claim_batch_classifies: layout != PgLayout::Distributed,
             classify: {
-                let month = match layout {
-                    PgLayout::Plain | PgLayout::Distributed => "",
-                    PgLayout::Partitioned => " AND p.submission_month = u.m::date",
-                };
-                let months = match layout {
-                    PgLayout::Plain | PgLayout::Distributed => "",
-                    PgLayout::Partitioned => ", $4::text[]",
-                };
-                let m = match layout {
-                    PgLayout::Plain | PgLayout::Distributed => "",
-                    PgLayout::Partitioned => ", m",
-                };
-                // The key's own row is (award_id, key) on the distributed layout: the
-                // primary key's lookup (on Citus, one shard's).
-                let award = match layout {
-                    PgLayout::Plain | PgLayout::Partitioned => "",
-                    PgLayout::Distributed => " AND p.award_id = u.a",
-                };
+                let lookup = &lookup[0];
                 statement(sql!(
                     "SELECT u.k, f.idempotency_key, f.o \
                      FROM unnest($1::text[], $2::text[], $3::text[]{months}) AS u(k, a, ts{m}) \
-                     LEFT JOIN LATERAL ( \
-                       SELECT p.idempotency_key, 0 AS o FROM {pm} p \
-                       WHERE p.idempotency_key = u.k{award}{month} \
-                       UNION ALL \
-                       (SELECT p.idempotency_key, 1 AS o FROM {pm} p \
-                        WHERE p.award_id = u.a AND p.submission_timestamp = u.ts \
-                        AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL{month} \
-                        LIMIT 1) \
-                       ORDER BY o LIMIT 1) f ON true", months, m, pm, award, month
+                     {lookup}", months, m, lookup
                 ))
             },
             // Per-subject order: see crate::outbox (a transaction-scoped advisory lock per
@@ -262,19 +330,9 @@ impl Shared {
                      ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
                 ))
             }),
-            enqueue_many: [notify_tail, quiet_tail].map(|tail| {
-                statement(sql!(
-                    "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
-                       (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
-                     ins AS (INSERT INTO {ob} \
-                     (event_id, event_type, subject, idempotency_key, payload, created_at) \
-                     SELECT e, t, s, k, p::jsonb, now() \
-                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
-                     WITH ORDINALITY AS u(e, t, s, k, p, n) \
-                     WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
-                ))
-            }),
+            enqueue_many: enqueue_many_ctes
+                .clone()
+                .map(|ctes| statement(sql!("WITH {ctes}", ctes))),
             enqueue_traced: [notify_tail_traced, quiet_tail].map(|tail| {
                 statement(sql!(
                     "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, hashtext($3))), \
@@ -285,21 +343,11 @@ impl Shared {
                      ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
                 ))
             }),
-            enqueue_many_traced: [notify_tail_traced, quiet_tail].map(|tail| {
-                statement(sql!(
-                    "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
-                       (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
-                     ins AS (INSERT INTO {ob} \
-                     (event_id, event_type, subject, idempotency_key, payload, created_at, \
-                      traceparent) \
-                     SELECT e, t, s, k, p::jsonb, now(), tp \
-                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                       $6::text[]) \
-                     WITH ORDINALITY AS u(e, t, s, k, p, tp, n) \
-                     WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
-                ))
-            }),
+            enqueue_many_traced: enqueue_many_traced_ctes
+                .clone()
+                .map(|ctes| statement(sql!("WITH {ctes}", ctes))),
+            enqueue_many_ctes,
+            enqueue_many_traced_ctes,
         };
         let begin = match config.lock_timeout {
             // One round trip: a simple query with two statements.
@@ -721,19 +769,7 @@ impl PgTx {
             };
         let mut found: HashMap<String, ClaimOutcome> = HashMap::with_capacity(rows.len());
         for (k, existing, o) in rows {
-            let out = match (existing, o) {
-                (Some(_), Some(0)) => ClaimOutcome::Duplicate,
-                (Some(existing), Some(_)) => ClaimOutcome::Conflict {
-                    existing: existing.parse().map_err(|_| {
-                        StoreError::other(
-                            format!("processed_messages holds a malformed key {existing:?}"),
-                            false,
-                        )
-                    })?,
-                },
-                _ => ClaimOutcome::InProgress,
-            };
-            found.insert(k, out);
+            found.insert(k, refusal(existing, o)?.unwrap_or(ClaimOutcome::InProgress));
         }
         Ok(keys
             .iter()
@@ -744,13 +780,13 @@ impl PgTx {
     /// Runs one batch-claim insert over `order`'s items (sorted, distinct keys): keys and
     /// subjects, then, on a table with the identity column, [`ClaimMeta::identity`]'s
     /// timestamps, then the months on the partitioned layout. `None`: the lock timeout
-    /// expired and nothing was claimed; else the keys (hex) inserted, in `order`'s order
-    /// as `keys`.
+    /// expired and nothing was claimed; else what the statement answered per key (hex),
+    /// with `keys` in `order`'s order. A key it answered nothing for was not inserted.
     async fn insert_batch(
         &mut self,
         items: &[(IdempotencyKey, ClaimMeta)],
         order: &[usize],
-    ) -> Result<(Vec<String>, Option<HashSet<String>>), StoreError> {
+    ) -> Result<(Vec<String>, Option<HashMap<String, Answer>>), StoreError> {
         let shared = Arc::clone(&self.shared);
         let identity = shared.has_identity();
         let keys: Vec<String> = order.iter().map(|&i| items[i].0.to_hex()).collect();
@@ -760,7 +796,8 @@ impl PgTx {
         } else {
             &shared.sql.claim_batch
         };
-        let mut query = sqlx::query_as(sql.clone()).bind(&keys).bind(&subjects);
+        let classifies = identity && shared.sql.claim_batch_classifies;
+        let mut query = sqlx::query(sql.clone()).bind(&keys).bind(&subjects);
         if identity {
             let stamps: Vec<Option<&str>> = order
                 .iter()
@@ -772,9 +809,8 @@ impl PgTx {
             let months: Vec<String> = order.iter().map(|&i| Self::month(&items[i].1)).collect();
             query = query.bind(months);
         }
-        let res: Result<Vec<(String,)>, sqlx::Error> = query.fetch_all(&mut *self.tx).await;
-        let inserted = match res {
-            Ok(rows) => rows.into_iter().map(|(k,)| k).collect::<HashSet<String>>(),
+        let rows = match query.fetch_all(&mut *self.tx).await {
+            Ok(rows) => rows,
             Err(e) => {
                 self.aborted = true;
                 if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
@@ -783,11 +819,65 @@ impl PgTx {
                 return Err(map_sqlx(e, "claim batch"));
             }
         };
-        if !inserted.is_empty() {
-            self.claimed = true;
+        let mut answers = HashMap::with_capacity(rows.len());
+        for row in rows {
+            use sqlx::Row as _;
+            let decoded: Result<(String, bool, Option<String>, Option<i32>), sqlx::Error> =
+                if classifies {
+                    (|| {
+                        Ok((
+                            row.try_get(0)?,
+                            row.try_get(1)?,
+                            row.try_get(2)?,
+                            row.try_get(3)?,
+                        ))
+                    })()
+                } else {
+                    row.try_get(0).map(|k| (k, true, None, None))
+                };
+            let (k, claimed, refusing, o) =
+                decoded.map_err(|e| map_sqlx(e, "read the batch claim's answer"))?;
+            if claimed {
+                self.claimed = true;
+            }
+            let refused_by = refusal(refusing, o)?;
+            answers.insert(
+                k,
+                Answer {
+                    claimed,
+                    refused_by,
+                },
+            );
         }
-        Ok((keys, Some(inserted)))
+        Ok((keys, Some(answers)))
     }
+}
+
+/// A batch claim's answer for one key.
+struct Answer {
+    /// This statement inserted the key's row.
+    claimed: bool,
+    /// Else what the row that refused it means, when the statement could see that row
+    /// (see [`refusal`]).
+    refused_by: Option<ClaimOutcome>,
+}
+
+/// The outcome a refusing row found by the classification means: the key's own row
+/// (`o = 0`) → `Duplicate`, the identity's (`o = 1`) → `Conflict`; `None` when no row
+/// was found.
+fn refusal(existing: Option<String>, o: Option<i32>) -> Result<Option<ClaimOutcome>, StoreError> {
+    Ok(match (existing, o) {
+        (Some(_), Some(0)) => Some(ClaimOutcome::Duplicate),
+        (Some(existing), Some(_)) => Some(ClaimOutcome::Conflict {
+            existing: existing.parse().map_err(|_| {
+                StoreError::other(
+                    format!("processed_messages holds a malformed key {existing:?}"),
+                    false,
+                )
+            })?,
+        }),
+        _ => None,
+    })
 }
 
 #[async_trait]
@@ -865,12 +955,18 @@ impl ClaimTx for PgTx {
         let mut unsure: Vec<(&IdempotencyKey, &ClaimMeta)> = Vec::new();
         for (&i, hex) in order.iter().zip(&keys) {
             let (key, meta) = (&items[i].0, &items[i].1);
-            if inserted.contains(hex) {
+            let answer = inserted.get(hex);
+            if answer.is_some_and(|a| a.claimed) {
                 by_key.insert(*key, ClaimOutcome::Claimed);
             } else if !identity || meta.identity().is_none() {
                 // Only the key's own unique index can have refused it.
                 by_key.insert(*key, ClaimOutcome::Duplicate);
+            } else if let Some(out) = answer.and_then(|a| a.refused_by) {
+                by_key.insert(*key, out);
             } else {
+                // Refused by a row the statement's snapshot could not see (committed
+                // since it began, or inserted by the same statement): classified by a
+                // statement of its own, which sees it.
                 unsure.push((key, meta));
             }
         }

@@ -210,3 +210,67 @@ async fn concurrent_batches_of_crossing_conflicts_never_deadlock() {
     }
     common::drop_schema(&store).await;
 }
+
+/// A batch claim answers a refused key from the rows its own statement can see; a row
+/// committed while the statement waited on it is not among them. Such a key must still
+/// come back `Duplicate` or `Conflict` (classified by a statement of its own), never
+/// `InProgress`, which would nack a message whose effect is already committed.
+async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(
+    store: idem_store_postgres::PgStore,
+) {
+    let (a, b) = (key("W-1", "1"), key("W-1", "2"));
+    let fresh = key("W-2", "1");
+    let mut first = store.begin().await.expect("begin");
+    assert_eq!(
+        first.claim(&a, &meta("W-1")).await.expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.begin().await?;
+            // The same key, another payload of the same submission, and a new one.
+            let out = tx
+                .claim_batch(&[(a, meta("W-1")), (fresh, meta("W-2"))])
+                .await?;
+            let mut other = store.begin().await?;
+            let conflict = other.claim_batch(&[(b, meta("W-1"))]).await?;
+            other.rollback().await?;
+            tx.commit().await?;
+            Ok::<_, idem_core::StoreError>((out, conflict))
+        })
+    };
+    // Let the batch start (its snapshot taken) and wait on the uncommitted claim.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the batch waits for the first claim"
+    );
+    first.commit().await.expect("commit");
+    let (out, conflict) = waiting.await.expect("task").expect("batch");
+    assert_eq!(out, [ClaimOutcome::Duplicate, ClaimOutcome::Claimed]);
+    assert_eq!(conflict, [ClaimOutcome::Conflict { existing: a }]);
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified_plain() {
+    a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(common::fresh_pg().await)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified_partitioned() {
+    a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(
+        common::fresh_partitioned_pg().await,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified_distributed() {
+    a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(
+        common::fresh_distributed_pg().await,
+    )
+    .await;
+}
