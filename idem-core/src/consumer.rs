@@ -40,9 +40,11 @@ impl ConsumerConfig {
     /// waiting, so at low load a delivery still goes alone and costs no added latency;
     /// under a backlog one commit serves up to 100.
     pub const DEFAULT_BATCH_SIZE: usize = 100;
-    /// The default concurrency: two batches in flight, so one is claimed and written
-    /// while the other waits for its commit.
-    pub const DEFAULT_CONCURRENCY: usize = 2;
+    /// The default concurrency: four batches in flight, so that while some wait for a
+    /// round trip or their commit's WAL flush, others are claimed and written (measured
+    /// by `scripts/bench-postgres`: four beat two in every pair of runs; see the
+    /// README's performance table). Each needs a database connection of its own.
+    pub const DEFAULT_CONCURRENCY: usize = 4;
 
     /// A configuration; zero values are raised to one.
     pub fn new(concurrency: usize, batch_size: usize) -> Self {

@@ -301,8 +301,9 @@ impl Shared {
                         months, m, pm, column, value, lookup
                     ))
                 }
-                // Citus plans a modifying CTE joined with its own table across shards:
-                // keep the plain insert there, and the classification apart.
+                // A modifying CTE joined with its own distributed table is not a plain
+                // single-shard statement on Citus (and real Citus is not in our tests):
+                // the distributed layout keeps the insert and the classification apart.
                 PgLayout::Distributed => statement(sql!(
                     "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
                      SELECT k, a, now(), ts FROM unnest($1::text[], $2::text[], $3::text[]) \
