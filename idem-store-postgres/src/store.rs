@@ -55,9 +55,11 @@ pub(crate) struct Sql {
     /// and the identity's).
     pub(crate) claim_identity: SqlStr,
     pub(crate) claim_batch_identity: SqlStr,
-    /// Whether `claim_batch_identity` answers every item — `(key, inserted, refusing
-    /// key, o)` as `classify` does, from the statement's snapshot — rather than
-    /// returning the inserted keys alone.
+    /// Whether `claim_batch_identity` answers every item — `(key, inserted, duplicate)`,
+    /// duplicate when it inserted nothing and the key's own row is in the statement's
+    /// snapshot — rather than returning the inserted keys alone. Any other refusal (a
+    /// conflict, or a row committed while the statement waited) is left to `classify`,
+    /// whose fresh snapshot answers as it always did.
     pub(crate) claim_batch_classifies: bool,
     /// After an identity claim inserted nothing: the key's own row (`o = 0`: duplicate),
     /// else the identity's (`o = 1`: conflict), per item.
@@ -183,24 +185,21 @@ impl Shared {
             PgLayout::Distributed => " AND p.award_id = u.a",
         };
         // Which row refused item `u`: the key's own (`o = 0`: duplicate), else the
-        // identity's (`o = 1`: conflict). `[for every item, for those not inserted (i)]`.
-        let lookup = ["", "i.idempotency_key IS NULL AND "].map(|only| {
-            sql!(
-                "LEFT JOIN LATERAL ( \
-                   SELECT p.idempotency_key, 0 AS o FROM {pm} p \
-                   WHERE {only}p.idempotency_key = u.k{award}{month} \
-                   UNION ALL \
-                   (SELECT p.idempotency_key, 1 AS o FROM {pm} p \
-                    WHERE {only}p.award_id = u.a AND p.submission_timestamp = u.ts \
-                    AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL{month} \
-                    LIMIT 1) \
-                   ORDER BY o LIMIT 1) f ON true",
-                only,
-                pm,
-                award,
-                month
-            )
-        });
+        // identity's (`o = 1`: conflict).
+        let lookup = sql!(
+            "LEFT JOIN LATERAL ( \
+               SELECT p.idempotency_key, 0 AS o FROM {pm} p \
+               WHERE p.idempotency_key = u.k{award}{month} \
+               UNION ALL \
+               (SELECT p.idempotency_key, 1 AS o FROM {pm} p \
+                WHERE p.award_id = u.a AND p.submission_timestamp = u.ts \
+                AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL{month} \
+                LIMIT 1) \
+               ORDER BY o LIMIT 1) f ON true",
+            pm,
+            award,
+            month
+        );
         // The many-event statements without their leading `WITH ` (see `Sql`).
         let enqueue_many_ctes = [notify_tail, quiet_tail].map(|tail| {
             sql!(
@@ -281,14 +280,13 @@ impl Shared {
                 )),
             },
             claim_batch_identity: match layout {
-                // One round trip for the claim and the classification of what it could
-                // not insert (see `claim_batch_classifies`).
+                // One round trip for the claim and, for what it could not insert, whether
+                // the key's own row is there (see `claim_batch_classifies`).
                 PgLayout::Plain | PgLayout::Partitioned => {
                     let (column, value) = match layout {
                         PgLayout::Partitioned => (", submission_month", ", m::date"),
                         PgLayout::Plain | PgLayout::Distributed => ("", ""),
                     };
-                    let lookup = &lookup[1];
                     statement(sql!(
                         "WITH u AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]{months}) \
                          WITH ORDINALITY AS t(k, a, ts{m}, n)), \
@@ -296,9 +294,11 @@ impl Shared {
                          (idempotency_key, award_id, claimed_at, submission_timestamp{column}) \
                          SELECT k, a, now(), ts{value} FROM u ORDER BY n \
                          ON CONFLICT DO NOTHING RETURNING idempotency_key) \
-                         SELECT u.k, i.idempotency_key IS NOT NULL, f.idempotency_key, f.o \
-                         FROM u LEFT JOIN ins i ON i.idempotency_key = u.k {lookup} ORDER BY u.n",
-                        months, m, pm, column, value, lookup
+                         SELECT u.k, i.idempotency_key IS NOT NULL, \
+                         i.idempotency_key IS NULL AND EXISTS \
+                           (SELECT 1 FROM {pm} p WHERE p.idempotency_key = u.k{month}) \
+                         FROM u LEFT JOIN ins i ON i.idempotency_key = u.k ORDER BY u.n",
+                        months, m, pm, column, value, month
                     ))
                 }
                 // A modifying CTE joined with its own distributed table is not a plain
@@ -313,7 +313,6 @@ impl Shared {
             },
             claim_batch_classifies: layout != PgLayout::Distributed,
             classify: {
-                let lookup = &lookup[0];
                 statement(sql!(
                     "SELECT u.k, f.idempotency_key, f.o \
                      FROM unnest($1::text[], $2::text[], $3::text[]{months}) AS u(k, a, ts{m}) \
@@ -823,32 +822,17 @@ impl PgTx {
         let mut answers = HashMap::with_capacity(rows.len());
         for row in rows {
             use sqlx::Row as _;
-            let decoded: Result<(String, bool, Option<String>, Option<i32>), sqlx::Error> =
-                if classifies {
-                    (|| {
-                        Ok((
-                            row.try_get(0)?,
-                            row.try_get(1)?,
-                            row.try_get(2)?,
-                            row.try_get(3)?,
-                        ))
-                    })()
-                } else {
-                    row.try_get(0).map(|k| (k, true, None, None))
-                };
-            let (k, claimed, refusing, o) =
+            let decoded: Result<(String, bool, bool), sqlx::Error> = if classifies {
+                (|| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))()
+            } else {
+                row.try_get(0).map(|k| (k, true, false))
+            };
+            let (k, claimed, duplicate) =
                 decoded.map_err(|e| map_sqlx(e, "read the batch claim's answer"))?;
             if claimed {
                 self.claimed = true;
             }
-            let refused_by = refusal(refusing, o)?;
-            answers.insert(
-                k,
-                Answer {
-                    claimed,
-                    refused_by,
-                },
-            );
+            answers.insert(k, Answer { claimed, duplicate });
         }
         Ok((keys, Some(answers)))
     }
@@ -858,12 +842,12 @@ impl PgTx {
 struct Answer {
     /// This statement inserted the key's row.
     claimed: bool,
-    /// Else what the row that refused it means, when the statement could see that row
-    /// (see [`refusal`]).
-    refused_by: Option<ClaimOutcome>,
+    /// Else whether the key's own row was in the statement's snapshot: a duplicate
+    /// (the key's row comes first in [`PgTx::classify`] too).
+    duplicate: bool,
 }
 
-/// The outcome a refusing row found by the classification means: the key's own row
+/// The outcome a refusing row found by [`PgTx::classify`] means: the key's own row
 /// (`o = 0`) → `Duplicate`, the identity's (`o = 1`) → `Conflict`; `None` when no row
 /// was found.
 fn refusal(existing: Option<String>, o: Option<i32>) -> Result<Option<ClaimOutcome>, StoreError> {
@@ -962,12 +946,12 @@ impl ClaimTx for PgTx {
             } else if !identity || meta.identity().is_none() {
                 // Only the key's own unique index can have refused it.
                 by_key.insert(*key, ClaimOutcome::Duplicate);
-            } else if let Some(out) = answer.and_then(|a| a.refused_by) {
-                by_key.insert(*key, out);
+            } else if answer.is_some_and(|a| a.duplicate) {
+                by_key.insert(*key, ClaimOutcome::Duplicate);
             } else {
-                // Refused by a row the statement's snapshot could not see (committed
-                // since it began, or inserted by the same statement): classified by a
-                // statement of its own, which sees it.
+                // Refused by the identity's row, or by a row the statement's snapshot
+                // could not see (committed since it began, or inserted by the same
+                // statement): classified by a statement of its own, which sees it.
                 unsure.push((key, meta));
             }
         }

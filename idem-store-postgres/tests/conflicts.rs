@@ -274,3 +274,40 @@ async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified_dist
     )
     .await;
 }
+
+/// The key's own row decides before the identity's, as in a classification of its own: a
+/// batch item whose identity row was committed long ago, and whose key another consumer
+/// (the process policy's claim without identity) committed while the batch waited on it,
+/// is a `Duplicate` — its effect is committed — not a `Conflict` with the older row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_committed_while_the_batch_waited_is_a_duplicate_before_an_older_conflict() {
+    let store = common::fresh_pg().await;
+    let (a, b) = (key("V-1", "1"), key("V-1", "2"));
+    assert_eq!(
+        common::claim_one(&store, &a, &meta("V-1")).await,
+        ClaimOutcome::Claimed
+    );
+    let mut other = store.begin().await.expect("begin");
+    assert_eq!(
+        other
+            .claim(&b, &meta("V-1").without_identity())
+            .await
+            .expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.begin().await?;
+            let out = tx.claim_batch(&[(b, meta("V-1"))]).await?;
+            tx.rollback().await?;
+            Ok::<_, idem_core::StoreError>(out)
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the batch waits for the key's claim");
+    other.commit().await.expect("commit");
+    let out = waiting.await.expect("task").expect("batch");
+    assert_eq!(out, [ClaimOutcome::Duplicate]);
+    common::drop_schema(&store).await;
+}

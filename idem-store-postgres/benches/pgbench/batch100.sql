@@ -22,17 +22,10 @@ WITH u AS (SELECT * FROM unnest(
   ins AS (INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp)
     SELECT k, a, now(), ts FROM u ORDER BY n
     ON CONFLICT DO NOTHING RETURNING idempotency_key)
-SELECT u.k, i.idempotency_key IS NOT NULL, f.idempotency_key, f.o
+SELECT u.k, i.idempotency_key IS NOT NULL,
+    i.idempotency_key IS NULL AND EXISTS
+      (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = u.k)
   FROM u LEFT JOIN ins i ON i.idempotency_key = u.k
-  LEFT JOIN LATERAL (
-    SELECT p.idempotency_key, 0 AS o FROM processed_messages p
-    WHERE i.idempotency_key IS NULL AND p.idempotency_key = u.k
-    UNION ALL
-    (SELECT p.idempotency_key, 1 AS o FROM processed_messages p
-     WHERE i.idempotency_key IS NULL AND p.award_id = u.a AND p.submission_timestamp = u.ts
-     AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL
-     LIMIT 1)
-    ORDER BY o LIMIT 1) f ON true
   ORDER BY u.n;
 WITH idem_rows AS (INSERT INTO disbursements (award_id, amount_cents, idempotency_key)
     SELECT * FROM unnest(
