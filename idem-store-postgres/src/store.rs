@@ -281,7 +281,8 @@ impl Shared {
             },
             claim_batch_identity: match layout {
                 // One round trip for the claim and, for what it could not insert, whether
-                // the key's own row is there (see `claim_batch_classifies`).
+                // the key's own row is there (see `claim_batch_classifies`): a lateral
+                // index lookup per such key, never a plan that reads the whole table.
                 PgLayout::Plain | PgLayout::Partitioned => {
                     let (column, value) = match layout {
                         PgLayout::Partitioned => (", submission_month", ", m::date"),
@@ -294,10 +295,12 @@ impl Shared {
                          (idempotency_key, award_id, claimed_at, submission_timestamp{column}) \
                          SELECT k, a, now(), ts{value} FROM u ORDER BY n \
                          ON CONFLICT DO NOTHING RETURNING idempotency_key) \
-                         SELECT u.k, i.idempotency_key IS NOT NULL, \
-                         i.idempotency_key IS NULL AND EXISTS \
-                           (SELECT 1 FROM {pm} p WHERE p.idempotency_key = u.k{month}) \
-                         FROM u LEFT JOIN ins i ON i.idempotency_key = u.k ORDER BY u.n",
+                         SELECT u.k, i.idempotency_key IS NOT NULL, d.found IS NOT NULL \
+                         FROM u LEFT JOIN ins i ON i.idempotency_key = u.k \
+                         LEFT JOIN LATERAL (SELECT true AS found FROM {pm} p \
+                           WHERE i.idempotency_key IS NULL AND p.idempotency_key = u.k{month} \
+                           LIMIT 1) d ON true \
+                         ORDER BY u.n",
                         months, m, pm, column, value, month
                     ))
                 }

@@ -305,7 +305,10 @@ async fn a_key_committed_while_the_batch_waited_is_a_duplicate_before_an_older_c
         })
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished(), "the batch waits for the key's claim");
+    assert!(
+        !waiting.is_finished(),
+        "the batch waits for the key's claim"
+    );
     other.commit().await.expect("commit");
     let out = waiting.await.expect("task").expect("batch");
     assert_eq!(out, [ClaimOutcome::Duplicate]);

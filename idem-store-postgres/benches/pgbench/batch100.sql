@@ -22,10 +22,11 @@ WITH u AS (SELECT * FROM unnest(
   ins AS (INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp)
     SELECT k, a, now(), ts FROM u ORDER BY n
     ON CONFLICT DO NOTHING RETURNING idempotency_key)
-SELECT u.k, i.idempotency_key IS NOT NULL,
-    i.idempotency_key IS NULL AND EXISTS
-      (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = u.k)
+SELECT u.k, i.idempotency_key IS NOT NULL, d.found IS NOT NULL
   FROM u LEFT JOIN ins i ON i.idempotency_key = u.k
+  LEFT JOIN LATERAL (SELECT true AS found FROM processed_messages p
+    WHERE i.idempotency_key IS NULL AND p.idempotency_key = u.k
+    LIMIT 1) d ON true
   ORDER BY u.n;
 WITH idem_rows AS (INSERT INTO disbursements (award_id, amount_cents, idempotency_key)
     SELECT * FROM unnest(
