@@ -79,6 +79,7 @@ pub mod retention;
 pub mod source;
 pub mod sql;
 pub mod store;
+mod warm;
 
 pub use audit::AuditSummary;
 pub use config::{PgConfig, PgLayout};

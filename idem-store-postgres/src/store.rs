@@ -11,13 +11,17 @@ use idem_core::sql::SqlText;
 use idem_core::{
     sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError,
 };
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgTransactionManager;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Executor, PgConnection, PgPool, Postgres, SqlStr, Transaction};
+use sqlx::{Executor, PgConnection, PgPool, Postgres, SqlStr};
+use sqlx_core::transaction::TransactionManager;
 
 use crate::config::{quote, PgConfig, PgLayout};
 use crate::error::{map_sqlx, sqlstate, LOCK_NOT_AVAILABLE};
 use crate::outbox::SUBJECT_LOCK;
 use crate::sql::statement;
+use crate::warm::Warm;
 
 /// The embedded migration, with `{schema}` standing for the quoted schema name.
 const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
@@ -100,6 +104,15 @@ pub(crate) struct Shared {
     /// When the last notifying insert was sent, in microseconds since `epoch`.
     last_notify: std::sync::atomic::AtomicU64,
     epoch: std::time::Instant,
+    /// Connections of claim transactions that ended cleanly, for the next `begin`
+    /// ([`crate::warm`]).
+    pub(crate) warm: Warm,
+}
+
+impl AsRef<Warm> for Shared {
+    fn as_ref(&self) -> &Warm {
+        &self.warm
+    }
 }
 
 impl Shared {
@@ -374,6 +387,7 @@ impl Shared {
             identity: std::sync::atomic::AtomicBool::new(identity),
             traceparent: std::sync::atomic::AtomicBool::new(traceparent),
             last_notify: std::sync::atomic::AtomicU64::new(0),
+            warm: Warm::default(),
             epoch: std::time::Instant::now(),
         })
     }
@@ -667,14 +681,34 @@ impl PgStore {
 impl ClaimStore for PgStore {
     type Tx = PgTx;
 
+    /// A connection kept warm by the last transaction that ended cleanly
+    /// ([`crate::warm`]), else one from the pool; then `BEGIN; SET LOCAL lock_timeout`.
     async fn begin(&self) -> Result<PgTx, StoreError> {
-        let tx = self
-            .pool
-            .begin_with(self.shared.begin.clone())
-            .await
-            .map_err(|e| map_sqlx(e, "begin"))?;
+        let mut conn = match self.shared.warm.take() {
+            Some(mut conn) => {
+                match PgTransactionManager::begin(&mut conn, Some(self.shared.begin.clone())).await
+                {
+                    Ok(()) => Some(conn),
+                    // Broken while it was parked (a server restart): try a pooled one.
+                    Err(_) => None,
+                }
+            }
+            None => None,
+        };
+        if conn.is_none() {
+            let mut fresh = self
+                .pool
+                .acquire()
+                .await
+                .map_err(|e| map_sqlx(e, "begin"))?;
+            PgTransactionManager::begin(&mut fresh, Some(self.shared.begin.clone()))
+                .await
+                .map_err(|e| map_sqlx(e, "begin"))?;
+            conn = Some(fresh);
+        }
         Ok(PgTx {
-            tx,
+            conn,
+            pool: self.pool.clone(),
             shared: self.shared.clone(),
             aborted: false,
             claimed: false,
@@ -699,16 +733,59 @@ impl ClaimStore for PgStore {
 /// propagate errors of their own statements on [`PgTx::conn`] for the same reason.
 #[derive(Debug)]
 pub struct PgTx {
-    tx: Transaction<'static, Postgres>,
+    /// `Some` until the transaction ends; its transaction depth is 1 while it is open.
+    conn: Option<PoolConnection<Postgres>>,
+    pool: PgPool,
     shared: Arc<Shared>,
     aborted: bool,
     claimed: bool,
 }
 
+/// A transaction dropped before its end (a crash, a cancelled future) is rolled back as
+/// sqlx's `Transaction` does it: the `ROLLBACK` is queued on the connection and sent by
+/// the pool's test when the connection goes back to it; the connection is never kept warm.
+impl Drop for PgTx {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
+            if PgTransactionManager::get_transaction_depth(conn) > 0 {
+                PgTransactionManager::start_rollback(conn);
+            }
+        }
+    }
+}
+
 impl PgTx {
     /// The transaction's connection, for the handler's business writes.
     pub fn conn(&mut self) -> &mut PgConnection {
-        &mut self.tx
+        self.conn
+            .as_deref_mut()
+            .expect("a PgTx holds its connection until commit or rollback consumes it")
+    }
+
+    /// Ends the transaction with `COMMIT` (or `ROLLBACK`); a connection whose
+    /// transaction ended cleanly is kept warm for the next `begin`.
+    async fn end(mut self, commit: bool) -> Result<(), sqlx::Error> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        let ended = if commit {
+            PgTransactionManager::commit(&mut conn).await
+        } else {
+            PgTransactionManager::rollback(&mut conn).await
+        };
+        match ended {
+            Ok(()) if PgTransactionManager::get_transaction_depth(&conn) == 0 => {
+                let owner = Arc::downgrade(&self.shared);
+                self.shared.warm.park(&self.pool, owner, conn);
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Not known to have ended: rolled back as sqlx's Transaction would be.
+                PgTransactionManager::start_rollback(&mut conn);
+                Err(e)
+            }
+        }
     }
 
     /// The quoted, schema-qualified name of `name` (see [`PgStore::table`]).
@@ -763,7 +840,7 @@ impl PgTx {
             query = query.bind(months);
         }
         let rows: Vec<(String, Option<String>, Option<i32>)> =
-            match query.fetch_all(&mut *self.tx).await {
+            match query.fetch_all(self.conn()).await {
                 Ok(rows) => rows,
                 Err(e) => {
                     self.aborted = true;
@@ -812,7 +889,7 @@ impl PgTx {
             let months: Vec<String> = order.iter().map(|&i| Self::month(&items[i].1)).collect();
             query = query.bind(months);
         }
-        let rows = match query.fetch_all(&mut *self.tx).await {
+        let rows = match query.fetch_all(self.conn()).await {
             Ok(rows) => rows,
             Err(e) => {
                 self.aborted = true;
@@ -898,7 +975,7 @@ impl ClaimTx for PgTx {
         if shared.layout == PgLayout::Partitioned {
             query = query.bind(Self::month(meta));
         }
-        match query.execute(&mut *self.tx).await {
+        match query.execute(self.conn()).await {
             Ok(r) if r.rows_affected() == 1 => {
                 self.claimed = true;
                 Ok(ClaimOutcome::Claimed)
@@ -986,7 +1063,7 @@ impl ClaimTx for PgTx {
     async fn commit(self) -> Result<(), StoreError> {
         if self.aborted {
             let claimed = self.claimed;
-            let _ = self.tx.rollback().await;
+            let _ = self.end(false).await;
             return Err(StoreError::Conflict {
                 message: format!(
                     "the transaction was aborted by an earlier failed statement and has been \
@@ -1000,14 +1077,11 @@ impl ClaimTx for PgTx {
                 source: None,
             });
         }
-        self.tx.commit().await.map_err(|e| map_sqlx(e, "commit"))
+        self.end(true).await.map_err(|e| map_sqlx(e, "commit"))
     }
 
     async fn rollback(self) -> Result<(), StoreError> {
-        self.tx
-            .rollback()
-            .await
-            .map_err(|e| map_sqlx(e, "rollback"))
+        self.end(false).await.map_err(|e| map_sqlx(e, "rollback"))
     }
 }
 
