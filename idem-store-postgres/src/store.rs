@@ -681,8 +681,9 @@ impl PgStore {
 impl ClaimStore for PgStore {
     type Tx = PgTx;
 
-    /// A connection kept warm by the last transaction that ended cleanly
-    /// ([`crate::warm`]), else one from the pool; then `BEGIN; SET LOCAL lock_timeout`.
+    /// A connection kept warm by the last transaction that ended cleanly (`src/warm.rs`:
+    /// without the round trip sqlx spends testing a connection given back to its pool),
+    /// else one from the pool; then `BEGIN; SET LOCAL lock_timeout`.
     async fn begin(&self) -> Result<PgTx, StoreError> {
         let mut conn = match self.shared.warm.take() {
             Some(mut conn) => {
