@@ -780,7 +780,19 @@ impl PgTx {
                 self.shared.warm.park(&self.pool, owner, conn);
                 Ok(())
             }
-            Ok(()) => Ok(()),
+            // Still open: a nested transaction of the handler was left open (forgotten),
+            // so the `COMMIT` above only released its savepoint. Nothing was committed;
+            // saying so keeps the message from being acked.
+            Ok(()) => {
+                while PgTransactionManager::get_transaction_depth(&conn) > 0 {
+                    PgTransactionManager::start_rollback(&mut conn);
+                }
+                Err(sqlx::Error::Protocol(
+                    "a nested transaction opened on PgTx::conn was left open: the claim \
+                     transaction was rolled back, not committed"
+                        .into(),
+                ))
+            }
             Err(e) => {
                 // Not known to have ended: rolled back as sqlx's Transaction would be.
                 PgTransactionManager::start_rollback(&mut conn);

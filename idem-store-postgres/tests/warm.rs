@@ -169,3 +169,34 @@ async fn closing_the_pool_does_not_wait_on_a_parked_connection() {
         .expect("the pool closes with a connection parked");
     assert_eq!(store.pool().size(), 0);
 }
+
+#[tokio::test]
+async fn a_commit_that_only_releases_a_forgotten_savepoint_is_an_error_not_a_commit() {
+    let store = common::fresh_pg().await;
+    let mut tx = store.begin().await.expect("begin");
+    assert_eq!(
+        tx.claim(&key(5), &ClaimMeta::new("W-5"))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    // A handler's nested transaction (a savepoint), never ended.
+    let nested = sqlx::Connection::begin(tx.conn()).await.expect("savepoint");
+    std::mem::forget(nested);
+    assert!(
+        tx.commit().await.is_err(),
+        "the COMMIT only released the savepoint: acking now would lose the message"
+    );
+    assert_eq!(claims(&store, &key(5)).await, 0);
+    // The store goes on with a clean transaction.
+    let mut tx = store.begin().await.expect("begin");
+    assert_eq!(
+        tx.claim(&key(5), &ClaimMeta::new("W-5"))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!(claims(&store, &key(5)).await, 1);
+    common::drop_schema(&store).await;
+}
