@@ -685,35 +685,33 @@ impl ClaimStore for PgStore {
     /// without the round trip sqlx spends testing a connection given back to its pool),
     /// else one from the pool; then `BEGIN; SET LOCAL lock_timeout`.
     async fn begin(&self) -> Result<PgTx, StoreError> {
-        let mut conn = match self.shared.warm.take() {
-            Some(mut conn) => {
-                match PgTransactionManager::begin(&mut conn, Some(self.shared.begin.clone())).await
-                {
-                    Ok(()) => Some(conn),
-                    // Broken while it was parked (a server restart): try a pooled one.
-                    Err(_) => None,
-                }
-            }
-            None => None,
-        };
-        if conn.is_none() {
-            let mut fresh = self
-                .pool
-                .acquire()
-                .await
-                .map_err(|e| map_sqlx(e, "begin"))?;
-            PgTransactionManager::begin(&mut fresh, Some(self.shared.begin.clone()))
-                .await
-                .map_err(|e| map_sqlx(e, "begin"))?;
-            conn = Some(fresh);
-        }
-        Ok(PgTx {
-            conn,
+        let begin = || Some(self.shared.begin.clone());
+        let tx = |conn| PgTx {
+            conn: Some(conn),
             pool: self.pool.clone(),
             shared: self.shared.clone(),
             aborted: false,
             claimed: false,
-        })
+        };
+        if let Some(mut conn) = self.shared.warm.take() {
+            // A failure means it broke while it was parked (a server restart): it is
+            // dropped, and a pooled connection is tried instead.
+            if PgTransactionManager::begin(&mut conn, begin())
+                .await
+                .is_ok()
+            {
+                return Ok(tx(conn));
+            }
+        }
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| map_sqlx(e, "begin"))?;
+        PgTransactionManager::begin(&mut conn, begin())
+            .await
+            .map_err(|e| map_sqlx(e, "begin"))?;
+        Ok(tx(conn))
     }
 
     /// Conflicts are detected once `processed_messages` has the identity column

@@ -77,6 +77,16 @@ impl Warm {
         }
     }
 
+    /// Removes the connections idle for [`WARM_IDLE`] or more.
+    fn take_stale(&self) -> Vec<(PoolConnection<Postgres>, Instant)> {
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        let fresh = conns
+            .iter()
+            .position(|(_, at)| at.elapsed() < WARM_IDLE)
+            .unwrap_or(conns.len());
+        conns.drain(..fresh).collect()
+    }
+
     /// Every parked connection, back to the pool.
     fn drain(&self) {
         let conns: Vec<_> =
@@ -115,17 +125,5 @@ async fn janitor<T: AsRef<Warm>>(pool: PgPool, owner: Weak<T>) {
             return;
         }
         drop(warm.take_stale());
-    }
-}
-
-impl Warm {
-    /// Removes the connections idle for [`WARM_IDLE`] or more.
-    fn take_stale(&self) -> Vec<(PoolConnection<Postgres>, Instant)> {
-        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        let fresh = conns
-            .iter()
-            .position(|(_, at)| at.elapsed() < WARM_IDLE)
-            .unwrap_or(conns.len());
-        conns.drain(..fresh).collect()
     }
 }

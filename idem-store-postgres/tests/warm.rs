@@ -15,6 +15,12 @@ fn key(n: usize) -> IdempotencyKey {
     IdempotencyKey::derive(&format!("W-{n}"), "2026-07-01T09:00:00Z", b"{}").expect("key")
 }
 
+async fn claim(tx: &mut PgTx, n: usize) -> ClaimOutcome {
+    tx.claim(&key(n), &ClaimMeta::new(format!("W-{n}")))
+        .await
+        .expect("claim")
+}
+
 async fn backend(tx: &mut PgTx) -> i32 {
     sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(tx.conn())
@@ -47,12 +53,7 @@ async fn a_committed_transaction_leaves_its_connection_warm_for_a_new_transactio
     let mut tx = store.begin().await.expect("begin");
     let pid = backend(&mut tx).await;
     let first = xid(&mut tx).await;
-    assert_eq!(
-        tx.claim(&key(1), &ClaimMeta::new("W-1"))
-            .await
-            .expect("claim"),
-        ClaimOutcome::Claimed
-    );
+    assert_eq!(claim(&mut tx, 1).await, ClaimOutcome::Claimed);
     tx.commit().await.expect("commit");
 
     let mut tx = store.begin().await.expect("begin");
@@ -72,12 +73,7 @@ async fn a_committed_transaction_leaves_its_connection_warm_for_a_new_transactio
         timeout, "5s",
         "begin's SET LOCAL lock_timeout (the default, 5 s)"
     );
-    assert_eq!(
-        tx.claim(&key(1), &ClaimMeta::new("W-1"))
-            .await
-            .expect("claim"),
-        ClaimOutcome::Duplicate
-    );
+    assert_eq!(claim(&mut tx, 1).await, ClaimOutcome::Duplicate);
     tx.rollback().await.expect("rollback");
     assert_eq!(claims(&store, &key(1)).await, 1);
     common::drop_schema(&store).await;
@@ -92,21 +88,13 @@ async fn a_dropped_transaction_is_rolled_back_and_its_connection_not_reused_open
 
     let mut tx = store.begin().await.expect("begin");
     let crashed = backend(&mut tx).await;
-    assert_eq!(
-        tx.claim(&key(2), &ClaimMeta::new("W-2"))
-            .await
-            .expect("claim"),
-        ClaimOutcome::Claimed
-    );
+    assert_eq!(claim(&mut tx, 2).await, ClaimOutcome::Claimed);
     drop(tx); // a crash before the commit
 
     // The claim is released: a redelivery claims it again, on whatever connection.
     for _ in 0..3 {
         let mut tx = store.begin().await.expect("begin");
-        let outcome = tx
-            .claim(&key(2), &ClaimMeta::new("W-2"))
-            .await
-            .expect("claim");
+        let outcome = claim(&mut tx, 2).await;
         let open: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state LIKE 'idle in transaction%'",
         )
@@ -174,12 +162,7 @@ async fn closing_the_pool_does_not_wait_on_a_parked_connection() {
 async fn a_commit_that_only_releases_a_forgotten_savepoint_is_an_error_not_a_commit() {
     let store = common::fresh_pg().await;
     let mut tx = store.begin().await.expect("begin");
-    assert_eq!(
-        tx.claim(&key(5), &ClaimMeta::new("W-5"))
-            .await
-            .expect("claim"),
-        ClaimOutcome::Claimed
-    );
+    assert_eq!(claim(&mut tx, 5).await, ClaimOutcome::Claimed);
     // A handler's nested transaction (a savepoint), never ended.
     let nested = sqlx::Connection::begin(tx.conn()).await.expect("savepoint");
     std::mem::forget(nested);
@@ -190,12 +173,7 @@ async fn a_commit_that_only_releases_a_forgotten_savepoint_is_an_error_not_a_com
     assert_eq!(claims(&store, &key(5)).await, 0);
     // The store goes on with a clean transaction.
     let mut tx = store.begin().await.expect("begin");
-    assert_eq!(
-        tx.claim(&key(5), &ClaimMeta::new("W-5"))
-            .await
-            .expect("claim"),
-        ClaimOutcome::Claimed
-    );
+    assert_eq!(claim(&mut tx, 5).await, ClaimOutcome::Claimed);
     tx.commit().await.expect("commit");
     assert_eq!(claims(&store, &key(5)).await, 1);
     common::drop_schema(&store).await;
