@@ -20,8 +20,8 @@ GRANT USAGE ON SCHEMA {schema} TO {consumer}, {relay}, {auditor};
 GRANT SELECT, INSERT ON {schema}.processed_messages, {schema}.disbursements, {schema}.outbox TO {consumer};
 GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {consumer};
 GRANT SELECT, INSERT, UPDATE ON {schema}.idem_outcome_counts TO {consumer};
-GRANT SELECT, UPDATE (published_at) ON {schema}.outbox TO {relay};
-GRANT SELECT, UPDATE, DELETE ON {schema}.outbox_pending TO {relay};
+GRANT SELECT, UPDATE (published_at, publish_attempts, last_error, failed_at) ON {schema}.outbox TO {relay};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_pending TO {relay};
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {auditor};
 "#
     )
@@ -85,13 +85,14 @@ async fn the_documented_grants_keep_evidence_safe() {
         .expect("the README's GRANTs");
 
     let result = tokio::spawn({
-        let (schema, consumer, relay, auditor) = (
+        let (owner, schema, consumer, relay, auditor) = (
+            owner.clone(),
             schema.clone(),
             consumer.clone(),
             relay.clone(),
             auditor.clone(),
         );
-        async move { check(&schema, &consumer, &relay, &auditor).await }
+        async move { check(&owner, &schema, &consumer, &relay, &auditor).await }
     })
     .await;
 
@@ -109,7 +110,7 @@ async fn the_documented_grants_keep_evidence_safe() {
     }
 }
 
-async fn check(schema: &str, consumer: &str, relay: &str, auditor: &str) {
+async fn check(owner: &PgStore, schema: &str, consumer: &str, relay: &str, auditor: &str) {
     // The consumer: the whole claim transaction works.
     let c = as_role(schema, consumer).await;
     let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
@@ -165,9 +166,27 @@ async fn check(schema: &str, consumer: &str, relay: &str, auditor: &str) {
     )
     .await;
 
-    // The relay: leases and marks published, nothing else.
+    // The relay: leases, records what the broker refused (and moves an event aside),
+    // marks published, nothing else.
     let r = as_role(schema, relay).await;
     let source = PgOutboxSource::new(r.clone(), std::time::Duration::from_millis(50));
+    for (attempt, moved) in [(1, 0), (2, 1)] {
+        let batch = source.lease(10).await.expect("lease");
+        assert_eq!(batch.events().len(), 1, "attempt {attempt}");
+        assert_eq!(
+            batch
+                .record_failure("refused by the broker", 2)
+                .await
+                .expect("the relay records a refused publish under its role"),
+            moved,
+            "attempt {attempt}"
+        );
+    }
+    assert!(source.lease(10).await.expect("lease").events().is_empty());
+    assert_eq!(source.moved_aside().await.expect("count"), 1);
+    // An operator (the owner) puts it back in line; the relay publishes it.
+    let event_id = OutboxEvent::new(key, "disbursement.recorded", "A-1", "{}").event_id;
+    assert!(owner.outbox_requeue(&event_id).await.expect("requeue"));
     let batch = source.lease(10).await.expect("lease");
     assert_eq!(batch.events().len(), 1);
     batch.mark_published().await.expect("mark published");
