@@ -68,8 +68,8 @@ pub use gate::{
 };
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{
-    Backoff, EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, Publisher, Relay,
-    RelayObserver, RelayOptions, RelayStats,
+    Backoff, EventId, InvalidStoredEvent, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource,
+    Publisher, Relay, RelayObserver, RelayOptions, RelayStats,
 };
 pub use store::{
     claim_order, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter,

@@ -137,6 +137,74 @@ impl OutboxEvent {
     }
 }
 
+/// Why an outbox row that a store read back is not an event a relay can publish: a
+/// column that does not parse (a row written by another program, or edited by hand).
+///
+/// A store's [`OutboxSource`] moves such a row aside with this reason, as it does an
+/// event the broker refuses for good (see [`OutboxBatch::record_failure`]): listed and
+/// counted for an operator, never published as it is, and no longer in the way of the
+/// events behind it. Failing every lease on it instead would stop the whole outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidStoredEvent {
+    /// The column whose value does not parse: `event_id` or `idempotency_key`.
+    pub column: &'static str,
+}
+
+impl fmt::Display for InvalidStoredEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "not a valid event: its {} is not 64 hex digits (fix the row, then requeue it)",
+            self.column
+        )
+    }
+}
+
+impl std::error::Error for InvalidStoredEvent {}
+
+impl OutboxEvent {
+    /// An event read back from a store's outbox columns: both ids parsed; a stored
+    /// `traceparent` that is not a valid W3C `traceparent` is dropped (the event is
+    /// published untraced), never an error.
+    ///
+    /// ```
+    /// use idem_core::{IdempotencyKey, OutboxEvent};
+    /// let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}")?;
+    /// let ev = OutboxEvent::new(key, "disbursement.recorded", "A-1", "{}");
+    /// let back = OutboxEvent::from_stored(
+    ///     &ev.event_id.to_string(), ev.event_type.clone(), ev.subject.clone(),
+    ///     &key.to_hex(), ev.payload.clone(), Some("not a traceparent"),
+    /// )?;
+    /// assert_eq!(back, ev.clone().with_traceparent(None));
+    /// let bad = OutboxEvent::from_stored("x", ev.event_type, ev.subject, &key.to_hex(), ev.payload, None);
+    /// assert_eq!(bad.unwrap_err().column, "event_id");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`InvalidStoredEvent`] naming the first id column that does not parse.
+    pub fn from_stored(
+        event_id: &str,
+        event_type: String,
+        subject: String,
+        idempotency_key: &str,
+        payload: Vec<u8>,
+        traceparent: Option<&str>,
+    ) -> Result<Self, InvalidStoredEvent> {
+        let invalid = |column| InvalidStoredEvent { column };
+        Ok(Self {
+            event_id: event_id.parse().map_err(|_| invalid("event_id"))?,
+            event_type,
+            subject,
+            idempotency_key: idempotency_key
+                .parse()
+                .map_err(|_| invalid("idempotency_key"))?,
+            payload,
+            traceparent: traceparent.and_then(|t| TraceParent::parse(t).ok()),
+        })
+    }
+}
+
 /// Publishes outbox events to a broker.
 ///
 /// # Contract

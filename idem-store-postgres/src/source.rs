@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::outbox::MovedAside;
 use idem_core::{
-    sql, EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource,
-    StoreError, TraceParent,
+    sql, EventId, InvalidStoredEvent, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource,
+    StoreError,
 };
 use sqlx::postgres::PgListener;
 use sqlx::{Postgres, Row, SqlStr, Transaction};
@@ -41,6 +41,10 @@ use crate::store::PgStore;
 ///   subject's events out of id order.
 /// - Rows without an `event_id` (written by another program into a reference `outbox`)
 ///   get no queue row and are not relayed.
+/// - A row that is not a valid event (an `event_id` or `idempotency_key` that is not 64
+///   hex digits: see [`InvalidStoredEvent`]) is moved aside when it is leased, with the
+///   reason as its `last_error`, and never published as it is; the events behind it go on.
+///   Failing the lease on it would stop the whole outbox.
 /// - The `traceparent` column (when the outbox has it) is read back into
 ///   [`OutboxEvent::traceparent`]; a value that is not a valid W3C `traceparent` is
 ///   ignored (the event is published untraced), never an error.
@@ -77,6 +81,7 @@ struct SourceSql {
     drop_stale: SqlStr,
     mark_published: SqlStr,
     record_failure: SqlStr,
+    move_aside_invalid: SqlStr,
     moved_aside: SqlStr,
 }
 
@@ -127,6 +132,16 @@ impl SourceSql {
                    WHERE id = ANY($1::bigint[]) RETURNING id, failed_at IS NOT NULL AS moved), \
                  gone AS (DELETE FROM {pend} WHERE id IN (SELECT id FROM u WHERE moved)) \
                  SELECT moved FROM u",
+                ob,
+                pend
+            )),
+            // Rows that are not valid events ($1 ids, $2 reasons), locked by the lease:
+            // moved aside with their reason, out of the queue.
+            move_aside_invalid: statement(sql!(
+                "WITH r AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS r(id, reason)), \
+                 u AS (UPDATE {ob} o SET failed_at = now(), last_error = r.reason \
+                   FROM r WHERE o.id = r.id) \
+                 DELETE FROM {pend} WHERE id = ANY($1::bigint[])",
                 ob,
                 pend
             )),
@@ -340,14 +355,11 @@ impl OutboxBatch for PgOutboxBatch {
 }
 
 /// One leased queue row: its id, whether an earlier row of its subject is held elsewhere,
-/// and its event — `None` when the queue row is stale (see [`PgOutboxSource`]).
-type LeasedRow = (i64, bool, Option<OutboxEvent>);
+/// and its event — `None` when the queue row is stale (see [`PgOutboxSource`]), an error
+/// when the row is not a valid event (it is then moved aside).
+type LeasedRow = (i64, bool, Option<Result<OutboxEvent, InvalidStoredEvent>>);
 
 fn decode_row(row: &sqlx::postgres::PgRow) -> Result<LeasedRow, StoreError> {
-    let bad = |what: &str| StoreError::Rejected {
-        message: format!("outbox row has an invalid {what}"),
-        source: None,
-    };
     let get = |e: sqlx::Error| map_sqlx(e, "decode outbox row");
     let id: i64 = row.try_get(0).map_err(get)?;
     let blocked: bool = row.try_get(6).map_err(get)?;
@@ -355,30 +367,19 @@ fn decode_row(row: &sqlx::postgres::PgRow) -> Result<LeasedRow, StoreError> {
     if !live {
         return Ok((id, blocked, None));
     }
-    let event_id: String = row.try_get(1).map_err(get)?;
-    let event_type: String = row.try_get(2).map_err(get)?;
-    let subject: Option<String> = row.try_get(3).map_err(get)?;
-    let key: Option<String> = row.try_get(4).map_err(get)?;
-    let payload: String = row.try_get(5).map_err(get)?;
-    let traceparent: Option<String> = row.try_get(7).map_err(get)?;
-    let event_id: EventId = event_id.parse().map_err(|_| bad("event_id"))?;
-    let key: IdempotencyKey = key
-        .as_deref()
-        .unwrap_or_default()
-        .parse()
-        .map_err(|_| bad("idempotency_key"))?;
-    Ok((
-        id,
-        blocked,
-        Some(OutboxEvent {
-            event_id,
-            event_type,
-            subject: subject.unwrap_or_default(),
-            idempotency_key: key,
-            payload: payload.into_bytes(),
-            traceparent: traceparent.and_then(|t| TraceParent::parse(&t).ok()),
-        }),
-    ))
+    let event = OutboxEvent::from_stored(
+        row.try_get(1).map_err(get)?,
+        row.try_get(2).map_err(get)?,
+        row.try_get::<Option<String>, _>(3)
+            .map_err(get)?
+            .unwrap_or_default(),
+        row.try_get::<Option<&str>, _>(4)
+            .map_err(get)?
+            .unwrap_or_default(),
+        row.try_get::<String, _>(5).map_err(get)?.into_bytes(),
+        row.try_get(7).map_err(get)?,
+    );
+    Ok((id, blocked, Some(event)))
 }
 
 #[async_trait]
@@ -409,10 +410,16 @@ impl OutboxSource for PgOutboxSource {
             let mut ids = Vec::with_capacity(rows.len());
             let mut events = Vec::with_capacity(rows.len());
             let mut stale = Vec::new();
+            let (mut invalid, mut reasons) = (Vec::new(), Vec::new());
             for row in &rows {
                 match decode_row(row)? {
                     (id, _, None) => stale.push(id),
-                    (id, is_blocked, Some(ev)) => {
+                    (id, _, Some(Err(why))) => {
+                        tracing::warn!(target: "idem::relay", row = id, error = %why, "outbox row moved aside");
+                        invalid.push(id);
+                        reasons.push(why.to_string());
+                    }
+                    (id, is_blocked, Some(Ok(ev))) => {
                         // Once one row of a subject is left out, every later one is too.
                         if is_blocked || blocked.contains(&ev.subject) {
                             blocked.insert(ev.subject);
@@ -433,6 +440,16 @@ impl OutboxSource for PgOutboxSource {
                     .await
                     .map_err(|e| map_sqlx(e, "drop stale outbox queue rows"))?;
             }
+            if !invalid.is_empty() {
+                // Locked by this lease: moved aside with its commit (a release rolls it
+                // back, and a later lease moves them aside again).
+                sqlx::query(self.sql.move_aside_invalid.clone())
+                    .bind(&invalid)
+                    .bind(&reasons)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| map_sqlx(e, "move invalid outbox rows aside"))?;
+            }
             if !ids.is_empty() {
                 return Ok(PgOutboxBatch {
                     tx: Some(tx),
@@ -441,7 +458,7 @@ impl OutboxSource for PgOutboxSource {
                     sql: Arc::clone(&self.sql),
                 });
             }
-            if stale.is_empty() {
+            if stale.is_empty() && invalid.is_empty() {
                 // Nothing to hold: end the transaction now (this releases any locked but
                 // blocked rows at once).
                 tx.rollback()
@@ -454,7 +471,7 @@ impl OutboxSource for PgOutboxSource {
                     sql: Arc::clone(&self.sql),
                 });
             }
-            // Only stale rows: commit their deletion and look again.
+            // Only stale or invalid rows: commit their removal and look again.
             tx.commit()
                 .await
                 .map_err(|e| map_sqlx(e, "commit dropped outbox queue rows"))?;

@@ -526,6 +526,69 @@ async fn no_outbox_index_names_published_at_and_the_queue_holds_what_is_unpublis
     }
 }
 
+/// The lease takes its events out of the queue and marks them published in its own
+/// transaction: until the commit (the mark), everyone else still sees them queued and
+/// unpublished; a refused publish (`record_failure`) and a dropped batch (a relay that
+/// dies mid-publish) leave every event queued, unpublished and leased again in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_batch_stays_queued_and_unpublished_for_others_until_its_mark() {
+    let store = common::fresh_pg().await;
+    let all = [event(1, "A"), event(2, "B"), event(3, "A")];
+    commit_events(&store, &all).await;
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
+    let published = || {
+        format!(
+            "SELECT count(*) FROM {} WHERE published_at IS NOT NULL",
+            store.table("outbox")
+        )
+    };
+    let attempted = format!(
+        "SELECT count(*) FROM {} WHERE publish_attempts = 1 AND failed_at IS NULL",
+        store.table("outbox")
+    );
+
+    let batch = source.lease(10).await.expect("lease");
+    assert_eq!(ids(batch.events()), ids(&all));
+    assert_eq!(queued(&store).await, 3, "held, not yet marked");
+    assert_eq!(
+        count_of(&store, published()).await,
+        0,
+        "held, not yet marked"
+    );
+    assert_eq!(batch.record_failure("refused", 5).await.expect("record"), 0);
+    assert_eq!(
+        queued(&store).await,
+        3,
+        "a refused batch goes back in the queue"
+    );
+    assert_eq!(count_of(&store, published()).await, 0);
+    assert_eq!(count_of(&store, attempted).await, 3);
+
+    // A relay that dies with its batch: rolled back once its connection is used again.
+    let batch = source.lease(10).await.expect("lease");
+    assert_eq!(ids(batch.events()), ids(&all));
+    drop(batch);
+    let batch = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let batch = source.lease(10).await.expect("lease");
+            if !batch.events().is_empty() {
+                return batch;
+            }
+            batch.release().await.expect("release");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the dropped batch's rows are leased again");
+    assert_eq!(ids(batch.events()), ids(&all));
+    assert_eq!(count_of(&store, published()).await, 0);
+    batch.mark_published().await.expect("mark");
+    assert_eq!(queued(&store).await, 0);
+    assert_eq!(count_of(&store, published()).await, 3);
+    assert!(source.lease(10).await.expect("lease").events().is_empty());
+    common::drop_schema(&store).await;
+}
+
 /// A writer that knows nothing of the queue — a consumer built before it, or plain SQL
 /// into idem's columns — still queues its events (the outbox's trigger); a row without an
 /// event id (another program's, in a reference outbox) is not queued; a duplicate event

@@ -106,6 +106,70 @@ async fn a_refused_event_is_moved_aside_and_the_rest_is_published() {
     assert!(store.outbox_moved_aside().await.expect("list").is_empty());
 }
 
+/// A row that is not a valid event — written by another program into idem's columns,
+/// or edited by hand — is moved aside with its reason, not published, and does not stop
+/// the relay: every event behind it, of its subject too, is published.
+#[tokio::test]
+async fn a_row_that_is_not_a_valid_event_is_moved_aside_and_the_rest_is_published() {
+    // Batches of one: a lease of nothing but an invalid row looks again at once.
+    for batch_size in [50, 1] {
+        invalid_rows_are_moved_aside(batch_size).await;
+    }
+}
+
+async fn invalid_rows_are_moved_aside(batch_size: usize) {
+    let store = common::fresh_pg().await;
+    let ob = store.table("outbox");
+    let good = [event(1, "a"), event(3, "b"), event(5, "c")];
+    commit(&store, &good[0]).await;
+    let bad_row = |event_id: &str, key: &str| {
+        format!(
+            "INSERT INTO {ob} (event_id, event_type, subject, idempotency_key, payload) \
+             VALUES ('{event_id}', 'effect.recorded', 'b', '{key}', '{{}}')"
+        )
+    };
+    let key = good[0].idempotency_key.to_hex();
+    for sql in [
+        bad_row("not-an-event-id", &key),
+        bad_row(&"e".repeat(64), "not-a-key"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .expect("a row written by another program");
+    }
+    commit(&store, &good[1]).await;
+    commit(&store, &good[2]).await;
+
+    let broker = SimBroker::new(1);
+    let source = PgOutboxSource::new(store.clone(), Duration::from_millis(50));
+    let relay = Relay::with_options(source, broker.clone(), options().batch_size(batch_size));
+    let stats = tokio::time::timeout(Duration::from_secs(20), relay.run(std::future::pending()))
+        .await
+        .expect("the relay is not stuck on the rows")
+        .expect("run");
+    assert_eq!(stats.published, 3);
+    let sent: Vec<_> = broker
+        .published_events()
+        .iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(sent, good.map(|e| e.event_id));
+    let aside = store.outbox_moved_aside().await.expect("list");
+    assert_eq!(
+        aside
+            .iter()
+            .map(|a| a.event_id.as_str())
+            .collect::<Vec<_>>(),
+        ["not-an-event-id", "e".repeat(64).as_str()]
+    );
+    assert!(aside[0].last_error.contains("event_id"), "{aside:?}");
+    assert!(aside[1].last_error.contains("idempotency_key"), "{aside:?}");
+    assert_eq!(relay.source().moved_aside().await.expect("count"), 2);
+    assert_eq!(store.outbox_backlog().await.expect("backlog").pending, 0);
+    common::drop_schema(&store).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_subjects_events_are_published_in_commit_order() {
     let store = common::fresh_pg().await;

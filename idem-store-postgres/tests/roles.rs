@@ -21,7 +21,7 @@ GRANT SELECT, INSERT ON {schema}.processed_messages, {schema}.disbursements, {sc
 GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {consumer};
 GRANT SELECT, INSERT, UPDATE ON {schema}.idem_outcome_counts TO {consumer};
 GRANT SELECT, UPDATE (published_at, publish_attempts, last_error, failed_at) ON {schema}.outbox TO {relay};
-GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_pending TO {relay};
+GRANT SELECT, UPDATE, DELETE ON {schema}.outbox_pending TO {relay};
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {auditor};
 "#
     )

@@ -19,10 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use idem_core::outbox::MovedAside;
-use idem_core::{
-    EventId, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, StoreError,
-    TraceParent,
-};
+use idem_core::{EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, StoreError};
 use sqlx::{Row as _, SqlitePool};
 
 use crate::error::map;
@@ -212,6 +209,8 @@ pub struct SqliteOutboxBatch {
     token: String,
     events: Vec<OutboxEvent>,
     done: bool,
+    /// The lease moved a row aside that was not a valid event.
+    moved_invalid: bool,
 }
 
 impl SqliteOutboxBatch {
@@ -249,23 +248,10 @@ impl Drop for SqliteOutboxBatch {
     }
 }
 
-#[async_trait]
-impl OutboxSource for SqliteOutboxSource {
-    type Batch = SqliteOutboxBatch;
-
-    async fn lease(&self, max: usize) -> Result<SqliteOutboxBatch, StoreError> {
-        let abandoned = self
-            .abandoned
-            .lock()
-            .map(|mut a| std::mem::take(&mut *a))
-            .unwrap_or_default();
-        for token in abandoned {
-            sqlx::query(RELEASE)
-                .bind(token)
-                .execute(self.store.pool())
-                .await
-                .map_err(|e| map("releasing an abandoned relay batch", e))?;
-        }
+impl SqliteOutboxSource {
+    /// One lease (see [`OutboxSource::lease`]). A row that is not a valid event is moved
+    /// aside at once, with its reason, and left out of the batch.
+    async fn lease_once(&self, max: usize) -> Result<SqliteOutboxBatch, StoreError> {
         let token = lease_token();
         let now = now_ms();
         let until = now.saturating_add(i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX));
@@ -293,33 +279,73 @@ impl OutboxSource for SqliteOutboxSource {
             token,
             events: Vec::with_capacity(rows.len()),
             done: false,
+            moved_invalid: false,
         };
         // RETURNING gives no order: publication order is id order.
         let mut rows: Vec<_> = rows.iter().map(|r| (r.get::<i64, _>(0), r)).collect();
         rows.sort_by_key(|(id, _)| *id);
-        for (_, r) in rows {
+        for (id, r) in rows {
             let event_id: String = r.get(1);
             let key: String = r.get(4);
             let payload: String = r.get(5);
-            // A malformed stored value is ignored: the event is published untraced.
-            let traceparent = r
-                .get::<Option<String>, _>(6)
-                .and_then(|t| t.parse::<TraceParent>().ok());
-            // A corrupt row fails the lease; dropping `batch` releases what it holds.
-            batch.events.push(OutboxEvent {
-                event_id: event_id.parse::<EventId>().map_err(|e| {
-                    StoreError::other(format!("corrupt outbox event id: {e}"), false)
-                })?,
-                event_type: r.get(2),
-                subject: r.get(3),
-                idempotency_key: key
-                    .parse::<IdempotencyKey>()
-                    .map_err(|e| StoreError::other(format!("corrupt outbox key: {e}"), false))?,
-                payload: payload.into_bytes(),
-                traceparent,
-            });
+            let traceparent: Option<String> = r.get(6);
+            match OutboxEvent::from_stored(
+                &event_id,
+                r.get(2),
+                r.get(3),
+                &key,
+                payload.into_bytes(),
+                traceparent.as_deref(),
+            ) {
+                Ok(ev) => batch.events.push(ev),
+                // Failing the lease on it would stop the whole outbox.
+                Err(why) => {
+                    tracing::warn!(target: "idem::relay", row = id, error = %why, "outbox row moved aside");
+                    sqlx::query(concat!(
+                        "UPDATE outbox SET failed_at = ",
+                        now!(),
+                        ", last_error = ?2, lease_token = NULL, leased_until = NULL \
+                         WHERE id = ?1 AND lease_token = ?3"
+                    ))
+                    .bind(id)
+                    .bind(why.to_string())
+                    .bind(&batch.token)
+                    .execute(self.store.pool())
+                    .await
+                    .map_err(|e| map("moving an invalid outbox row aside", e))?;
+                    batch.moved_invalid = true;
+                }
+            }
         }
         Ok(batch)
+    }
+}
+
+#[async_trait]
+impl OutboxSource for SqliteOutboxSource {
+    type Batch = SqliteOutboxBatch;
+
+    async fn lease(&self, max: usize) -> Result<SqliteOutboxBatch, StoreError> {
+        let abandoned = self
+            .abandoned
+            .lock()
+            .map(|mut a| std::mem::take(&mut *a))
+            .unwrap_or_default();
+        for token in abandoned {
+            sqlx::query(RELEASE)
+                .bind(token)
+                .execute(self.store.pool())
+                .await
+                .map_err(|e| map("releasing an abandoned relay batch", e))?;
+        }
+        loop {
+            let batch = self.lease_once(max).await?;
+            // A lease whose every row was moved aside (see `lease_once`) is no sign of an
+            // empty outbox: look again.
+            if !batch.events.is_empty() || !batch.moved_invalid {
+                return Ok(batch);
+            }
+        }
     }
 
     async fn backlog(&self) -> Result<OutboxBacklog, StoreError> {

@@ -148,3 +148,59 @@ async fn a_refused_event_is_moved_aside_and_the_rest_is_published() {
         .expect("requeue"));
     assert_eq!(t.store.outbox_backlog().await.expect("backlog").pending, 1);
 }
+
+/// A row that is not a valid event — written by another program, or edited by hand — is
+/// moved aside with its reason, not published, and does not stop the relay: the events
+/// behind it, of its subject too, are published.
+#[tokio::test]
+async fn a_row_that_is_not_a_valid_event_is_moved_aside_and_the_rest_is_published() {
+    let t = common::fresh().await;
+    let good = [event(1, "a"), event(3, "b"), event(5, "c")];
+    commit(&t.store, &good[0]).await;
+    let key = good[0].idempotency_key.to_hex();
+    for (event_id, key) in [
+        ("not-an-event-id".to_owned(), key.as_str()),
+        ("e".repeat(64), "not-a-key"),
+    ] {
+        sqlx::query(
+            "INSERT INTO outbox (event_id, event_type, subject, idempotency_key, payload) \
+             VALUES (?, 'effect.recorded', 'b', ?, '{}')",
+        )
+        .bind(event_id)
+        .bind(key)
+        .execute(t.store.pool())
+        .await
+        .expect("a row written by another program");
+    }
+    commit(&t.store, &good[1]).await;
+    commit(&t.store, &good[2]).await;
+
+    let broker = SimBroker::new(1);
+    let options = idem_runtime::relay_options()
+        .batch_size(1)
+        .exit_when_idle(Some(Duration::from_millis(200)));
+    let relay = Relay::with_options(source(&t.store), broker.clone(), options);
+    let stats = tokio::time::timeout(Duration::from_secs(20), relay.run(std::future::pending()))
+        .await
+        .expect("the relay is not stuck on the rows")
+        .expect("run");
+    assert_eq!(stats.published, 3);
+    let sent: Vec<_> = broker
+        .published_events()
+        .iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(sent, good.map(|e| e.event_id));
+    let aside = t.store.outbox_moved_aside().await.expect("list");
+    assert_eq!(
+        aside
+            .iter()
+            .map(|a| a.event_id.as_str())
+            .collect::<Vec<_>>(),
+        ["not-an-event-id", "e".repeat(64).as_str()]
+    );
+    assert!(aside[0].last_error.contains("event_id"), "{aside:?}");
+    assert!(aside[1].last_error.contains("idempotency_key"), "{aside:?}");
+    assert_eq!(relay.source().moved_aside().await.expect("count"), 2);
+    assert_eq!(t.store.outbox_backlog().await.expect("backlog").pending, 0);
+}
