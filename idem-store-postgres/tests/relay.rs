@@ -526,10 +526,9 @@ async fn no_outbox_index_names_published_at_and_the_queue_holds_what_is_unpublis
     }
 }
 
-/// The lease takes its events out of the queue and marks them published in its own
-/// transaction: until the commit (the mark), everyone else still sees them queued and
-/// unpublished; a refused publish (`record_failure`) and a dropped batch (a relay that
-/// dies mid-publish) leave every event queued, unpublished and leased again in order.
+/// A held batch is queued and unpublished for everyone until its mark; a refused publish
+/// (`record_failure`) and a dropped batch (a relay that dies mid-publish) leave every
+/// event queued, unpublished and leased again in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_batch_stays_queued_and_unpublished_for_others_until_its_mark() {
     let store = common::fresh_pg().await;
