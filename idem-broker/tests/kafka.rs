@@ -72,6 +72,11 @@ async fn poison_goes_to_the_dead_letter_topic_with_its_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reason_on_several_lines_is_dead_lettered() {
+    common::a_reason_on_several_lines_is_dead_lettered(broker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_delivers_each_event_once_downstream() {
     common::relay_delivers_each_event_once(broker()).await;
 }

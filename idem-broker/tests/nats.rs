@@ -31,6 +31,11 @@ async fn poison_goes_to_the_dead_letter_stream_with_its_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reason_on_several_lines_is_dead_lettered() {
+    common::within(common::a_reason_on_several_lines_is_dead_lettered(broker())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_delivers_each_event_once_downstream() {
     common::within(common::relay_delivers_each_event_once(broker())).await;
 }
@@ -168,4 +173,34 @@ mod lease {
         })
         .await;
     }
+}
+
+/// An event whose header would not fit on one line (an event type with a CR or LF,
+/// written by a handler or another program) is refused, not retryable — the relay then
+/// moves it aside — where async-nats panicked and took the relay down on every restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_header_has_a_line_break_is_refused_not_a_panic() {
+    use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
+    let url =
+        std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let name = common::fresh_name("header-lines");
+    let publisher = idem_broker::nats::NatsPublisher::connect(&url, &name)
+        .await
+        .expect("connect");
+    let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
+    let bad = OutboxEvent::new(key, "recorded\r\nNats-Msg-Id: forged", "A-1", "{}");
+    let err = publisher.publish(&[bad]).await.expect_err("refused");
+    assert!(!err.is_retryable(), "{err}");
+    let mut chain = err.to_string();
+    let mut cur = std::error::Error::source(&err);
+    while let Some(e) = cur {
+        chain = format!("{chain}: {e}");
+        cur = e.source();
+    }
+    assert!(chain.contains("CR or LF"), "{chain}");
+    let good = OutboxEvent::new(key, "recorded", "A-1", "{}");
+    publisher
+        .publish(&[good])
+        .await
+        .expect("the next event goes");
 }

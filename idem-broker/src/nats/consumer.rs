@@ -385,7 +385,12 @@ impl Acker for NatsAcker {
             })
             .cloned()
             .collect();
-        out.push((DEAD_LETTER_REASON_HEADER.to_owned(), reason.to_string()));
+        // A header line ends at CR or LF (async-nats panics on either): a reason on several
+        // lines (a handler's multi-line error) goes on one.
+        out.push((
+            DEAD_LETTER_REASON_HEADER.to_owned(),
+            reason.to_string().replace(['\r', '\n'], " "),
+        ));
         let published = publish_confirmed(
             &self.shared.js,
             &self.shared.dead_letter_subject,

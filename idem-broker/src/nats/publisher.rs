@@ -2,7 +2,7 @@
 //! bodies as they are, and [`pending_count`].
 
 use async_nats::jetstream::{self, context::PublishAckFuture};
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use async_trait::async_trait;
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
@@ -25,11 +25,11 @@ pub(super) async fn publish_confirmed(
     let mut pending: Vec<PublishAckFuture> = Vec::new();
     for (payload, headers, msg_id) in msgs {
         let mut h = HeaderMap::new();
-        for (k, v) in headers {
-            h.insert(k.as_str(), v.as_str());
+        for (k, v) in &headers {
+            h.insert(header_name(k)?, header_value(k, v)?);
         }
         if let Some(id) = msg_id {
-            h.insert("Nats-Msg-Id", id.as_str());
+            h.insert("Nats-Msg-Id", header_value("Nats-Msg-Id", &id)?);
         }
         let ack = js
             .publish_with_headers(subject.to_owned(), h, payload.into())
@@ -41,6 +41,32 @@ pub(super) async fn publish_confirmed(
         }
     }
     wait_all(pending).await
+}
+
+/// A header's name, refused (not retryable) where async-nats would panic: a control
+/// character, a non-ASCII one or `:`.
+fn header_name(name: &str) -> Result<HeaderName, BrokerError> {
+    name.parse().map_err(|_| BrokerError::Operation {
+        broker: BROKER,
+        action: "publish",
+        retryable: false,
+        source: format!(
+            "header name {name:?}: NATS header names take printable ASCII other than ':'"
+        )
+        .into(),
+    })
+}
+
+/// A header's value, refused (not retryable) where async-nats would panic: a value with a
+/// CR or LF, which would also end the header line and could forge another header (a
+/// `Nats-Msg-Id` the server dedups by). The value itself is not repeated in the error.
+fn header_value(name: &str, value: &str) -> Result<HeaderValue, BrokerError> {
+    value.parse().map_err(|_| BrokerError::Operation {
+        broker: BROKER,
+        action: "publish",
+        retryable: false,
+        source: format!("header {name:?}: a NATS header value cannot contain CR or LF").into(),
+    })
 }
 
 async fn wait_all(pending: Vec<PublishAckFuture>) -> Result<(), BrokerError> {

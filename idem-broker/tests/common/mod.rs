@@ -327,6 +327,60 @@ pub async fn poison_is_dead_lettered(broker: Broker) {
     assert!(reason.starts_with("not_json: "), "{reason}");
 }
 
+/// A reason on several lines — a handler's multi-line error, after its attempts — is
+/// dead-lettered like any other (on NATS on one line: a header line ends at CR or LF, and
+/// async-nats panicked on either, so the delivery looped through a crashing consumer).
+pub async fn a_reason_on_several_lines_is_dead_lettered(broker: Broker) {
+    let name = fresh_name("lines");
+    let body = b"{\"award_id\":\"A-1\"}".to_vec();
+    publish_raw(&broker.url, &name, std::slice::from_ref(&body))
+        .await
+        .expect("publish");
+    let mut deliveries = AnyConsumer::connect(&broker.url, &name, 4)
+        .await
+        .expect("connect consumer");
+    let d = take(&mut deliveries, 1).await.remove(0);
+    let reason = RejectReason::new(
+        "attempts_exhausted",
+        "5 attempts; the last failed with: upstream said\r\n  line two\nNats-Msg-Id: forged",
+    );
+    d.acker
+        .dead_letter(&d.payload, &d.headers, &reason)
+        .await
+        .expect("dead-lettered");
+    drop(deliveries);
+    assert_eq!(wait_pending(&broker.url, &name, 0).await, 0, "settled");
+
+    let dead = dead_letter_name(&name);
+    let mut letters = until_idle(
+        AnyConsumer::connect(&broker.url, &dead, 4)
+            .await
+            .expect("dead-letter consumer"),
+        Duration::from_secs(5),
+    );
+    let letter = take(&mut letters, 1).await.remove(0);
+    assert_eq!(letter.payload, body);
+    let got = letter
+        .header(DEAD_LETTER_REASON_HEADER)
+        .unwrap_or_else(|| panic!("reason header in {:?}", letter.headers));
+    assert!(
+        got.starts_with("attempts_exhausted: 5 attempts; the last failed with: upstream said"),
+        "{got:?}"
+    );
+    assert!(
+        got.contains("line two") && got.contains("forged"),
+        "{got:?}"
+    );
+    assert!(
+        !letter
+            .headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("Nats-Msg-Id") && v == "forged"),
+        "a reason forged a header: {:?}",
+        letter.headers
+    );
+}
+
 /// Downstream: dedups outbox events by their event id header.
 #[derive(Debug, Clone, Copy)]
 struct EventHandler;
