@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::{
+    BatchResultErrorEntry, MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry,
+};
 use aws_sdk_sqs::Client;
 use futures::{StreamExt, TryStreamExt};
 use idem_core::{OutboxEvent, PublishError, Publisher};
@@ -13,6 +15,38 @@ use super::{
     attributes, body_text, client, ensure_queues, is_fifo, op_err, queue_url, SqsConfig, BROKER,
 };
 use crate::BrokerError;
+
+/// The error for a batch some of whose entries SQS did not store, if any. An entry
+/// refused through the sender's fault (`SenderFault`: its content, its size, its
+/// attributes) is refused for good — not retryable, so that a relay moves the event aside
+/// instead of retrying the batch forever; anything else (the service's fault) may pass on
+/// a retry.
+fn refused(failed: &[BatchResultErrorEntry]) -> Option<BrokerError> {
+    let first = failed.first()?;
+    let detail = format!(
+        "{} of the batch refused: {} {}",
+        failed.len(),
+        first.code,
+        first.message.clone().unwrap_or_default()
+    );
+    Some(match failed.iter().find(|f| f.sender_fault) {
+        Some(f) => BrokerError::Operation {
+            broker: BROKER,
+            action: "SendMessageBatch",
+            retryable: false,
+            source: format!(
+                "{detail} (the sender's fault: {} {})",
+                f.code,
+                f.message.clone().unwrap_or_default()
+            )
+            .into(),
+        },
+        None => BrokerError::NotConfirmed {
+            broker: BROKER,
+            detail,
+        },
+    })
+}
 
 /// The most messages one `SendMessageBatch` carries.
 const SQS_BATCH: usize = 10;
@@ -102,18 +136,7 @@ impl SqsPublisher {
             .send()
             .await
             .map_err(|e| op_err("SendMessageBatch", e))?;
-        if let Some(f) = out.failed.first() {
-            return Err(BrokerError::NotConfirmed {
-                broker: BROKER,
-                detail: format!(
-                    "{} of the batch refused: {} {}",
-                    out.failed.len(),
-                    f.code,
-                    f.message.clone().unwrap_or_default()
-                ),
-            });
-        }
-        Ok(())
+        refused(&out.failed).map_or(Ok(()), Err)
     }
 
     async fn send_all(&self, messages: Vec<Outgoing>) -> Result<(), BrokerError> {
@@ -244,4 +267,37 @@ pub async fn pending_count(endpoint: Option<&str>, name: &str) -> Result<u64, Br
         .values()
         .filter_map(|v| v.parse::<u64>().ok())
         .sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(code: &str, sender_fault: bool) -> BatchResultErrorEntry {
+        BatchResultErrorEntry::builder()
+            .id("0")
+            .code(code)
+            .sender_fault(sender_fault)
+            .message("refused")
+            .build()
+            .expect("entry")
+    }
+
+    #[test]
+    fn an_entry_refused_through_the_senders_fault_is_not_retryable() {
+        assert!(refused(&[]).is_none());
+        let service = refused(&[entry("InternalError", false)]).expect("an error");
+        assert!(service.is_retryable(), "{service}");
+        let sender = refused(&[
+            entry("InternalError", false),
+            entry("InvalidMessageContents", true),
+        ])
+        .expect("an error");
+        assert!(!sender.is_retryable(), "{sender}");
+        let chain = std::error::Error::source(&sender).map(ToString::to_string);
+        assert!(
+            chain.is_some_and(|c| c.contains("InvalidMessageContents")),
+            "{sender:?}"
+        );
+    }
 }
