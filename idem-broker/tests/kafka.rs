@@ -452,3 +452,26 @@ async fn a_member_joining_mid_run_takes_partitions_with_deliveries_in_flight() {
 fn assignment() -> String {
     std::env::var("IDEM_TEST_KAFKA_ASSIGNMENT").unwrap_or_else(|_| "cooperative-sticky".to_owned())
 }
+
+/// An event Kafka refuses for good (over librdkafka's `message.max.bytes`, 1,000,000 by
+/// default) is a refusal that no retry helps — the relay moves it aside — where it was a
+/// retryable error and the relay retried its batch forever; the next event goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_too_large_for_kafka_is_refused_for_good() {
+    use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
+    let topic = common::fresh_name("too-large");
+    let publisher = idem_broker::kafka::KafkaPublisher::connect(&brokers(), &topic)
+        .await
+        .expect("connect");
+    let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(1_100_000));
+    let err = publisher
+        .publish(&[OutboxEvent::new(key, "recorded", "A-1", big)])
+        .await
+        .expect_err("refused");
+    assert!(!err.is_retryable(), "{err}");
+    publisher
+        .publish(&[OutboxEvent::new(key, "recorded", "A-1", "{}")])
+        .await
+        .expect("the next event goes");
+}

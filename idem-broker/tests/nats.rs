@@ -204,3 +204,28 @@ async fn an_event_whose_header_has_a_line_break_is_refused_not_a_panic() {
         .await
         .expect("the next event goes");
 }
+
+/// An event over the server's `max_payload` (1 MiB by default) is refused for good — the
+/// relay moves it aside — where it was a retryable error and the relay retried its batch
+/// forever; the next event goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_over_max_payload_is_refused_for_good() {
+    use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
+    let url =
+        std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let name = common::fresh_name("too-large");
+    let publisher = idem_broker::nats::NatsPublisher::connect(&url, &name)
+        .await
+        .expect("connect");
+    let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(1_100_000));
+    let err = publisher
+        .publish(&[OutboxEvent::new(key, "recorded", "A-1", big)])
+        .await
+        .expect_err("refused");
+    assert!(!err.is_retryable(), "{err}");
+    publisher
+        .publish(&[OutboxEvent::new(key, "recorded", "A-1", "{}")])
+        .await
+        .expect("the next event goes");
+}

@@ -118,7 +118,7 @@ impl KafkaPublisher {
                         }
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
-                    Err((e, _)) => return Err(BrokerError::op(BROKER, "produce", e)),
+                    Err((e, _)) => return Err(produce_error("produce", e)),
                 }
             }
         }
@@ -159,6 +159,32 @@ impl KafkaPublisher {
     }
 }
 
+/// Whether Kafka (or librdkafka, before sending) refuses the record itself — its size,
+/// its form — so that no retry can help: the relay then moves the event aside rather than
+/// retrying its batch forever.
+fn refused_for_good(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::MessageBatchTooLarge
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    )
+}
+
+/// A produce error, not retryable when [`refused_for_good`].
+fn produce_error(action: &'static str, e: KafkaError) -> BrokerError {
+    BrokerError::Operation {
+        broker: BROKER,
+        action,
+        retryable: !refused_for_good(&e),
+        source: Box::new(e),
+    }
+}
+
 fn check(
     r: Result<
         rdkafka::producer::future_producer::OwnedDeliveryResult,
@@ -167,6 +193,7 @@ fn check(
 ) -> Result<(), BrokerError> {
     match r {
         Ok(Ok(_)) => Ok(()),
+        Ok(Err((e, _))) if refused_for_good(&e) => Err(produce_error("delivery", e)),
         Ok(Err((e, _))) => Err(BrokerError::NotConfirmed {
             broker: BROKER,
             detail: e.to_string(),

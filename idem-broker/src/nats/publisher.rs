@@ -34,7 +34,14 @@ pub(super) async fn publish_confirmed(
         let ack = js
             .publish_with_headers(subject.to_owned(), h, payload.into())
             .await
-            .map_err(|e| BrokerError::op(BROKER, "publish", e))?;
+            .map_err(|e| BrokerError::Operation {
+                broker: BROKER,
+                action: "publish",
+                // Over the server's max_payload: no retry helps (the relay moves the
+                // event aside rather than retrying its batch forever).
+                retryable: e.kind() != jetstream::context::PublishErrorKind::MaxPayloadExceeded,
+                source: Box::new(e),
+            })?;
         pending.push(ack);
         if pending.len() >= ACK_WINDOW {
             wait_all(std::mem::take(&mut pending)).await?;
