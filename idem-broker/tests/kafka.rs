@@ -458,20 +458,9 @@ fn assignment() -> String {
 /// retryable error and the relay retried its batch forever; the next event goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_too_large_for_kafka_is_refused_for_good() {
-    use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
     let topic = common::fresh_name("too-large");
     let publisher = idem_broker::kafka::KafkaPublisher::connect(&brokers(), &topic)
         .await
         .expect("connect");
-    let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
-    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(1_100_000));
-    let err = publisher
-        .publish(&[OutboxEvent::new(key, "recorded", "A-1", big)])
-        .await
-        .expect_err("refused");
-    assert!(!err.is_retryable(), "{err}");
-    publisher
-        .publish(&[OutboxEvent::new(key, "recorded", "A-1", "{}")])
-        .await
-        .expect("the next event goes");
+    common::an_oversized_event_is_refused_for_good(&publisher, 1_100_000).await;
 }

@@ -210,22 +210,11 @@ async fn an_event_whose_header_has_a_line_break_is_refused_not_a_panic() {
 /// forever; the next event goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_over_max_payload_is_refused_for_good() {
-    use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
     let url =
         std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let name = common::fresh_name("too-large");
     let publisher = idem_broker::nats::NatsPublisher::connect(&url, &name)
         .await
         .expect("connect");
-    let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
-    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(1_100_000));
-    let err = publisher
-        .publish(&[OutboxEvent::new(key, "recorded", "A-1", big)])
-        .await
-        .expect_err("refused");
-    assert!(!err.is_retryable(), "{err}");
-    publisher
-        .publish(&[OutboxEvent::new(key, "recorded", "A-1", "{}")])
-        .await
-        .expect("the next event goes");
+    common::an_oversized_event_is_refused_for_good(&publisher, 1_100_000).await;
 }

@@ -711,3 +711,20 @@ pub async fn slow_handler_causes_no_redelivery<S, A>(
     assert!(after.is_empty(), "redelivered: {:?}", bodies_of(&after));
     assert_eq!(store.rows("done").len(), n, "each processed once");
 }
+
+/// An event larger than the broker takes (`over` bytes of padding) is refused for good —
+/// not retryable, so the relay moves it aside rather than retrying its batch forever —
+/// and the publisher goes on with the next event.
+pub async fn an_oversized_event_is_refused_for_good(publisher: &impl Publisher, over: usize) {
+    let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(over));
+    let err = publisher
+        .publish(&[OutboxEvent::new(key, "recorded", "A-1", big)])
+        .await
+        .expect_err("refused");
+    assert!(!err.is_retryable(), "{err}");
+    publisher
+        .publish(&[OutboxEvent::new(key, "recorded", "A-1", "{}")])
+        .await
+        .expect("the next event goes");
+}
