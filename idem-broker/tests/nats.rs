@@ -218,3 +218,55 @@ async fn an_event_over_max_payload_is_refused_for_good() {
         .expect("connect");
     common::an_oversized_event_is_refused_for_good(&publisher, 1_100_000).await;
 }
+
+/// A delivery as large as the server takes is still dead-lettered, byte for byte: its
+/// reason header is cut to fit `max_payload` (here there is no room: it is only logged).
+/// Before, the publish of the dead letter failed, and the delivery was handed back every
+/// 5 s until `max_deliver`, never dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_at_max_payload_is_dead_lettered_whole() {
+    use futures::StreamExt;
+    use idem_broker::{dead_letter_name, until_idle};
+    use idem_core::{Acker, RejectReason};
+    common::within(async {
+        let b = broker();
+        let name = common::fresh_name("at-max");
+        let url =
+            std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+        let max = idem_broker::nats::NatsPublisher::connect(&url, &name)
+            .await
+            .expect("connect")
+            .max_payload();
+        let body = vec![b'x'; max - 10];
+        idem_broker::any::publish_raw(&b.url, &name, std::slice::from_ref(&body))
+            .await
+            .expect("publish");
+        let mut deliveries = idem_broker::any::AnyConsumer::connect(&b.url, &name, 1)
+            .await
+            .expect("consumer");
+        let d = common::take(&mut deliveries, 1).await.remove(0);
+        d.acker
+            .dead_letter(
+                &d.payload,
+                &d.headers,
+                &RejectReason::new("not_json", "not JSON"),
+            )
+            .await
+            .expect("dead-lettered");
+        drop(deliveries);
+        assert_eq!(common::wait_pending(&b.url, &name, 0).await, 0, "settled");
+        let mut letters = until_idle(
+            idem_broker::any::AnyConsumer::connect(&b.url, &dead_letter_name(&name), 1)
+                .await
+                .expect("dead-letter consumer"),
+            std::time::Duration::from_secs(5),
+        );
+        let letter = letters
+            .next()
+            .await
+            .expect("a dead letter")
+            .expect("delivery");
+        assert!(letter.payload == body, "the payload, byte for byte");
+    })
+    .await;
+}

@@ -359,6 +359,45 @@ impl NatsAcker {
     }
 }
 
+/// The headers of a dead letter — the delivery's own (`copied`) and the reason — cut so
+/// that the message fits the server's `max_payload` (a message whose reason pushed it
+/// over could never be dead-lettered: it came back every few seconds until `max_deliver`).
+/// In order, while it does not fit: the copied headers are dropped, the reason is
+/// shortened (at a character boundary), and at last no header is sent. The payload itself
+/// fits (the server delivered it), and a message without headers goes as a plain `PUB`.
+fn fit_dead_letter(
+    copied: Vec<(String, String)>,
+    reason: String,
+    payload_len: usize,
+    max_payload: usize,
+) -> Vec<(String, String)> {
+    // `HeaderMap::wire_len`: "NATS/1.0\r\n" + each "<name>: <value>\r\n" + "\r\n".
+    let line = |k: &str, v: &str| k.len() + 2 + v.len() + 2;
+    let block = |h: &[(String, String)]| 12 + h.iter().map(|(k, v)| line(k, v)).sum::<usize>();
+    let mut out = copied;
+    out.push((DEAD_LETTER_REASON_HEADER.to_owned(), reason));
+    if payload_len + block(&out) <= max_payload {
+        return out;
+    }
+    let mut reason = out.pop().map(|(_, v)| v).unwrap_or_default();
+    let fixed = payload_len + 12 + line(DEAD_LETTER_REASON_HEADER, "");
+    let room = max_payload.saturating_sub(fixed);
+    if room == 0 {
+        return Vec::new();
+    }
+    if reason.len() > room {
+        let mut end = room;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    if reason.is_empty() {
+        return Vec::new();
+    }
+    vec![(DEAD_LETTER_REASON_HEADER.to_owned(), reason)]
+}
+
 #[async_trait]
 impl Acker for NatsAcker {
     /// A double ack: `+ACK` as a request; when it returns `Ok`, the server has the ack.
@@ -378,7 +417,7 @@ impl Acker for NatsAcker {
         headers: &Headers,
         reason: &RejectReason,
     ) -> Result<(), AckError> {
-        let mut out: Vec<(String, String)> = headers
+        let copied: Vec<(String, String)> = headers
             .iter()
             .filter(|(k, _)| {
                 !k.eq_ignore_ascii_case("Nats-Msg-Id") && k != DEAD_LETTER_REASON_HEADER
@@ -387,10 +426,16 @@ impl Acker for NatsAcker {
             .collect();
         // A header line ends at CR or LF (async-nats panics on either): a reason on several
         // lines (a handler's multi-line error) goes on one.
-        out.push((
-            DEAD_LETTER_REASON_HEADER.to_owned(),
-            reason.to_string().replace(['\r', '\n'], " "),
-        ));
+        let reason_line = reason.to_string().replace(['\r', '\n'], " ");
+        let out = fit_dead_letter(
+            copied,
+            reason_line,
+            payload.len(),
+            self.shared.client.max_payload(),
+        );
+        if !out.iter().any(|(k, _)| k == DEAD_LETTER_REASON_HEADER) {
+            tracing::warn!(target: "idem::broker", %reason, "dead letter too close to the server's max_payload for its reason header: the reason is only in this log");
+        }
         let published = publish_confirmed(
             &self.shared.js,
             &self.shared.dead_letter_subject,
@@ -418,5 +463,56 @@ impl Acker for NatsAcker {
                 .map(|(a, _proof)| async move { a.settle(AckKind::Ack, "ack").await }),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes a message with `headers` and a payload of `payload` bytes counts against
+    /// `max_payload` (async-nats's `HeaderMap::wire_len`; no header block when empty).
+    fn size(headers: &[(String, String)], payload: usize) -> usize {
+        if headers.is_empty() {
+            return payload;
+        }
+        let lines: usize = headers.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+        payload + "NATS/1.0\r\n\r\n".len() + lines
+    }
+
+    fn copied() -> Vec<(String, String)> {
+        vec![("traceparent".to_owned(), "x".repeat(55))]
+    }
+
+    #[test]
+    fn a_dead_letter_is_cut_to_fit_max_payload_headers_first_then_the_reason() {
+        let reason = "not_json: é".repeat(10);
+        let full = fit_dead_letter(copied(), reason.clone(), 1_000, 1 << 20);
+        assert_eq!(full.len(), 2, "room for everything: {full:?}");
+        let all = size(&full, 1_000);
+
+        // One byte short: the copied header goes, the whole reason stays.
+        let max = all - 1;
+        let cut = fit_dead_letter(copied(), reason.clone(), 1_000, max);
+        assert_eq!(
+            cut,
+            [(DEAD_LETTER_REASON_HEADER.to_owned(), reason.clone())]
+        );
+        assert!(size(&cut, 1_000) <= max);
+
+        // Less room still: the reason is shortened, at a character boundary, to fit.
+        for max in (1_000..all).step_by(7) {
+            let cut = fit_dead_letter(copied(), reason.clone(), 1_000, max);
+            assert!(size(&cut, 1_000) <= max, "{max}: {cut:?}");
+            if let Some((_, r)) = cut.first() {
+                assert!(reason.starts_with(r.as_str()) && !r.is_empty());
+                // Not one more character would have fitted.
+                let next = reason[r.len()..].chars().next().map_or(0, char::len_utf8);
+                assert!(size(&cut, 1_000) + next > max || r.len() == reason.len());
+            }
+        }
+
+        // No room for a header at all: the payload alone.
+        assert!(fit_dead_letter(copied(), reason, 1_000, 1_010).is_empty());
     }
 }

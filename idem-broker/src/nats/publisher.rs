@@ -113,6 +113,12 @@ impl NatsPublisher {
         })
     }
 
+    /// The largest message, payload and headers, the server takes (its `max_payload`):
+    /// a larger event is refused for good (see [`Publisher::publish`]).
+    pub fn max_payload(&self) -> usize {
+        self.js.client().max_payload()
+    }
+
     /// Publishes each body as it is (no `Nats-Msg-Id`, so equal bodies stay two
     /// messages), in order, waiting for every ack.
     ///
