@@ -287,3 +287,34 @@ mod settle {
         .await;
     }
 }
+
+/// An event over the broker's `max_message_size` (128 MiB on RabbitMQ 3.10, 16 MiB from
+/// 4.0) is refused for good — the relay moves it aside — where it was a retryable error
+/// and the relay retried it forever. The broker closes the channel: a new publisher (the
+/// runtime's reconnecting one, in a relay) publishes the next event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_over_max_message_size_is_refused_for_good() {
+    use idem_broker::rabbitmq::RabbitPublisher;
+    use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
+    common::within(async {
+        let url = std::env::var("IDEM_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+        let name = common::fresh_name("too-large");
+        let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
+        let big = vec![b'x'; (128 << 20) + 1024];
+        let err = RabbitPublisher::connect(&url, &name)
+            .await
+            .expect("connect")
+            .publish(&[OutboxEvent::new(key, "recorded", "A-1", big)])
+            .await
+            .expect_err("refused");
+        assert!(!err.is_retryable(), "{err}");
+        RabbitPublisher::connect(&url, &name)
+            .await
+            .expect("connect")
+            .publish(&[OutboxEvent::new(key, "recorded", "A-1", "{}")])
+            .await
+            .expect("the next event goes");
+    })
+    .await;
+}

@@ -58,13 +58,13 @@ pub(super) async fn confirmed_publish(
                     props,
                 )
                 .await
-                .map_err(|e| BrokerError::op(BROKER, "basic.publish", e))?;
+                .map_err(|e| publish_error("basic.publish", e))?;
             confirms.push(confirm);
         }
         for confirm in confirms {
             let c = confirm
                 .await
-                .map_err(|e| BrokerError::op(BROKER, "publisher confirm", e))?;
+                .map_err(|e| publish_error("publisher confirm", e))?;
             if c.is_nack() {
                 return Err(BrokerError::NotConfirmed {
                     broker: BROKER,
@@ -225,6 +225,24 @@ pub async fn pending_count(url: &str, name: &str) -> Result<u64, BrokerError> {
     };
     let _ = connection.close(200, "done".into()).await;
     Ok(n)
+}
+
+/// A publish error; not retryable when the broker closed the channel with 406
+/// `PRECONDITION_FAILED`, which a publish gets for a message over `max_message_size`: no
+/// retry helps, and the relay moves the event aside rather than retrying it forever.
+fn publish_error(action: &'static str, e: lapin::Error) -> BrokerError {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    let refused = matches!(
+        e.kind(),
+        lapin::ErrorKind::ProtocolError(p)
+            if *p.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)
+    );
+    BrokerError::Operation {
+        broker: BROKER,
+        action,
+        retryable: !refused,
+        source: Box::new(e),
+    }
 }
 
 fn is_not_found(e: &lapin::Error) -> bool {
