@@ -24,6 +24,20 @@ use super::{attributes, body_text, client, ensure_queues, op_err, BROKER};
 use crate::idle::IdleLink;
 use crate::{BrokerError, DEAD_LETTER_REASON_HEADER};
 
+/// `text` with every character SQS refuses in a message or attribute (a control character
+/// other than tab, LF and CR; U+FFFE, U+FFFF) replaced by U+FFFD: a dead-letter reason
+/// (a handler's error, perhaps with terminal colour codes) that SQS refused would leave
+/// the message to come back until the queue's redrive policy moves it without its reason.
+fn sqs_text(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\t' | '\n' | '\r' => c,
+            c if c < ' ' || c == '\u{FFFE}' || c == '\u{FFFF}' => '\u{FFFD}',
+            c => c,
+        })
+        .collect()
+}
+
 /// The most messages one `ReceiveMessage`, `DeleteMessageBatch` or
 /// `ChangeMessageVisibilityBatch` handles.
 const SQS_BATCH: usize = 10;
@@ -626,7 +640,10 @@ impl Acker for SqsAcker {
             .take(9)
             .cloned()
             .collect();
-        kept.push((DEAD_LETTER_REASON_HEADER.to_owned(), reason.to_string()));
+        kept.push((
+            DEAD_LETTER_REASON_HEADER.to_owned(),
+            sqs_text(&reason.to_string()),
+        ));
         let attrs = attributes(&kept)?;
         // SQS bodies are text: a body that is not UTF-8 is kept as lossy text (the
         // reason says what was wrong with it).
@@ -685,6 +702,16 @@ mod tests {
     //! `http://127.0.0.1:5000`): a missing server fails the test.
 
     use super::*;
+
+    #[test]
+    fn a_reason_keeps_only_what_sqs_takes() {
+        let reason = "failed:\t\u{1b}[31mred\u{1b}[0m\r\nline \u{0}two \u{FFFF} é 🦀 \u{7f}";
+        assert_eq!(
+            sqs_text(reason),
+            "failed:\t\u{FFFD}[31mred\u{FFFD}[0m\r\nline \u{FFFD}two \u{FFFD} é 🦀 \u{7f}"
+        );
+        assert_eq!(sqs_text("plain"), "plain");
+    }
 
     fn endpoint() -> String {
         std::env::var("IDEM_TEST_SQS_ENDPOINT")
