@@ -8,6 +8,11 @@ use std::time::Duration;
 
 use common::Broker;
 
+/// The server's URL, without the test's settings.
+fn url() -> String {
+    std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
 fn broker() -> Broker {
     Broker::from_env(
         "IDEM_TEST_NATS_URL",
@@ -54,10 +59,7 @@ mod lease {
     use idem_testkit::MemoryStore;
 
     use super::common::{self, drain, fresh_name, plain_bodies, take, Plain};
-
-    fn url() -> String {
-        std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-    }
+    use super::url;
 
     fn config(name: &str) -> NatsConfig {
         NatsConfig::new(url(), name)
@@ -181,8 +183,7 @@ mod lease {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_whose_header_has_a_line_break_is_refused_not_a_panic() {
     use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
-    let url =
-        std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let url = url();
     let name = common::fresh_name("header-lines");
     let publisher = idem_broker::nats::NatsPublisher::connect(&url, &name)
         .await
@@ -210,8 +211,7 @@ async fn an_event_whose_header_has_a_line_break_is_refused_not_a_panic() {
 /// forever; the next event goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_over_max_payload_is_refused_for_good() {
-    let url =
-        std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let url = url();
     let name = common::fresh_name("too-large");
     let publisher = idem_broker::nats::NatsPublisher::connect(&url, &name)
         .await
@@ -231,8 +231,7 @@ async fn a_delivery_at_max_payload_is_dead_lettered_whole() {
     common::within(async {
         let b = broker();
         let name = common::fresh_name("at-max");
-        let url =
-            std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+        let url = url();
         let max = idem_broker::nats::NatsPublisher::connect(&url, &name)
             .await
             .expect("connect")

@@ -8,6 +8,12 @@ use std::time::Duration;
 
 use common::Broker;
 
+/// The server's URL, without the test's settings.
+fn url() -> String {
+    std::env::var("IDEM_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
 fn broker() -> Broker {
     Broker::from_env(
         "IDEM_TEST_AMQP_URL",
@@ -56,11 +62,7 @@ mod settle {
     use idem_testkit::MemoryStore;
 
     use super::common::{self, bodies_of, drain, fresh_name, plain_bodies, take, Plain};
-
-    fn url() -> String {
-        std::env::var("IDEM_TEST_AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-    }
+    use super::url;
 
     async fn consumer(name: &str, prefetch: usize) -> RabbitConsumer {
         RabbitConsumer::connect(&RabbitConfig::new(url(), name).with_prefetch(prefetch))
@@ -297,8 +299,7 @@ async fn an_event_over_max_message_size_is_refused_for_good() {
     use idem_broker::rabbitmq::RabbitPublisher;
     use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
     common::within(async {
-        let url = std::env::var("IDEM_TEST_AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+        let url = url();
         let name = common::fresh_name("too-large");
         let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
         let big = vec![b'x'; (128 << 20) + 1024];
