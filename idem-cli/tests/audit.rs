@@ -1,18 +1,17 @@
 //! `idem audit export`: the window, the order, the paging and the line format, against
 //! the Postgres at `IDEM_TEST_POSTGRES_URL` (a missing server fails the test).
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use idem_core::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter,
 };
 use idem_store_postgres::{PgConfig, PgStore};
 
+mod common;
+
 fn idem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem")
+    common::idem(args)
 }
 
 fn url() -> String {

@@ -2,11 +2,10 @@
 
 use std::process::{Command, Output};
 
+mod common;
+
 fn idem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem")
+    common::idem(args)
 }
 
 fn stdout(o: &Output) -> String {

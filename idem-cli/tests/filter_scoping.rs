@@ -9,11 +9,10 @@
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
+mod common;
+
 fn idem<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem")
+    common::idem(args)
 }
 
 fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Child {

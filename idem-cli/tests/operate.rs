@@ -11,11 +11,10 @@ use std::time::{Duration, Instant};
 
 use idem_store_postgres::{PgConfig, PgStore};
 
+mod common;
+
 fn idem<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem")
+    common::idem(args)
 }
 
 fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Child {

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 /// Names the dashboard and rules use that idem does not export yet. Each is asserted
 /// absent from the scrape, so the entry must go once it is exported.
 const PENDING: &[&str] = &[];
@@ -25,10 +27,7 @@ fn repo() -> PathBuf {
 }
 
 fn idem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem")
+    common::idem(args)
 }
 
 fn spawn(args: &[&str]) -> Child {

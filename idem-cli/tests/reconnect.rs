@@ -2,8 +2,10 @@
 //! one-line error and exit 1 — never a silent hang.
 
 use std::net::TcpListener;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
+
+mod common;
 
 /// A local port with nothing listening on it.
 fn closed_port() -> u16 {
@@ -15,10 +17,7 @@ fn closed_port() -> u16 {
 
 fn idem(args: &[&str]) -> (Output, Duration) {
     let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem");
+    let out = common::idem(args);
     (out, started.elapsed())
 }
 

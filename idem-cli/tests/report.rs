@@ -15,11 +15,10 @@ use std::process::{Command, Output};
 use idem_broker::any::{pending_count, BrokerUrl};
 use idem_store_postgres::{PgConfig, PgStore};
 
+mod common;
+
 fn idem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .expect("run idem")
+    common::idem(args)
 }
 
 #[track_caller]

@@ -56,9 +56,39 @@ use crate::BrokerError;
 pub(crate) const BROKER: &str = "rabbitmq";
 
 pub(crate) async fn connect(url: &str) -> Result<Connection, BrokerError> {
-    Connection::connect(url, ConnectionProperties::default())
+    let connection = Connection::connect(url, ConnectionProperties::default())
         .await
-        .map_err(|e| BrokerError::connect(BROKER, e))
+        .map_err(|e| BrokerError::connect(BROKER, e))?;
+    let events = connection.events_listener();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = futures::StreamExt::next(&mut events).await {
+            report_blocking(&event);
+        }
+    });
+    Ok(connection)
+}
+
+/// What a connection event tells an operator. RabbitMQ blocks a publishing connection
+/// while it is low on memory or disk (a resource alarm): its publishes, their confirms
+/// and so its dead letters wait, without an error, until the alarm clears. Nothing is
+/// lost or acked meanwhile, but a relay, a consumer's dead letters or `idem publish`
+/// stand still, so the wait is logged with the broker's reason (`connection.blocked`),
+/// and its end too.
+fn report_blocking(event: &lapin::Event) {
+    match event {
+        lapin::Event::ConnectionBlocked(reason) => {
+            tracing::warn!(
+                target: "idem::broker", broker = BROKER, reason = %reason,
+                "the broker blocked this connection (a resource alarm: low on memory or disk); \
+                 publishes, confirms and dead letters wait until it clears"
+            );
+        }
+        lapin::Event::ConnectionUnblocked => {
+            tracing::info!(target: "idem::broker", broker = BROKER, "the broker unblocked this connection");
+        }
+        _ => {}
+    }
 }
 
 /// The arguments idem declares queue `name` with. Every role (consumer, publisher, relay,
