@@ -32,14 +32,19 @@ pub struct NatsConfig {
     pub durable: String,
     /// How long the server waits for an ack before redelivering (default 30 s).
     pub ack_wait: Duration,
-    /// How many deliveries are fetched ahead, and the consumer's `max_ack_pending`.
+    /// How many received deliveries may wait for the gate: the consumer pulls only the
+    /// room left. A durable created here gets a `max_ack_pending` of twice this, at
+    /// least 1,000 (it bounds every unsettled delivery of the durable, in all processes).
     pub prefetch: usize,
     /// The durable consumer's `max_deliver` (default 20, `-1` for unlimited; URL option
     /// `max_deliver=N`): past it the server stops redelivering a message (it publishes a
-    /// `MAX_DELIVERIES` advisory and the message stays in the stream, unacked). Keep it
-    /// above the core's `max_attempts` (default 10) so the core dead-letters first, with
-    /// its reason; the server's limit only stops a message that kills the process before
-    /// the gate can count it from looping forever.
+    /// `MAX_DELIVERIES` advisory, which the consumer logs and counts, and the message
+    /// stays in the stream, unacked). Only deliveries a process lost count towards it (a
+    /// crash, a lost connection): nacks with a delay and deferrals are held by the
+    /// consumer and cost no delivery. Keep it above the core's `max_attempts` (default
+    /// 10) so the core dead-letters first, with its reason; the server's limit only stops
+    /// a message that kills the process before the gate can count it from looping
+    /// forever.
     pub max_deliver: i64,
     /// The stream's duplicate window for `Nats-Msg-Id` (default 2 min), used when the
     /// stream is created.

@@ -1,26 +1,44 @@
 //! Consuming a stream through a durable pull consumer: [`NatsConsumer`] and its
 //! [`NatsAcker`].
 //!
-//! Every settlement is confirmed: the ack (`+ACK`, `-NAK`, `+TERM`) is sent as a request
-//! and the server's reply awaited, so `Ok` means the server has it. While a delivery is
-//! taken and not settled, a keep-alive task sends `+WPI` (work in progress) for it every
-//! third of the ack wait, so a slow handler is not redelivered mid-work.
+//! - **Fetching**: a background task asks the server for as many deliveries as the
+//!   prefetch has room for (one pull request at a time, [`NatsConfig::prefetch`] in all,
+//!   a new request once half of it is taken) and reads each one as it arrives, so a
+//!   delivery is kept alive from the moment it is received: nothing waits unseen in the
+//!   client's buffer.
+//! - **Keeping alive**: every delivery received and not settled — waiting in the
+//!   prefetch, in the gate's hands, or held after a nack — gets `+WPI` (work in progress)
+//!   every third of the ack wait, so the server redelivers it only when this process
+//!   loses it (a crash, a lost connection, an acker dropped unsettled).
+//! - **Handing back**: a nack with a delay and a deferral are held here, alive, and come
+//!   out of this consumer's stream again after the delay, without a round trip through
+//!   the server: the server counts a delivery for each `-NAK` (towards `max_deliver`),
+//!   so a key held elsewhere for minutes or a store down for ten would otherwise end with
+//!   the message never delivered again. A nack counts as an attempt (the delivery comes
+//!   back with `attempt + 1`, as a `-NAK` would have); a deferral ([`NatsAcker::defer`])
+//!   does not.
+//! - **Settling**: every settlement is confirmed: the ack (`+ACK`, `-NAK`, `+TERM`) is
+//!   sent as a request and the server's reply awaited, so `Ok` means the server has it.
+//! - **The server's limit**: `MAX_DELIVERIES` advisories of the durable are logged and
+//!   counted ([`NatsConsumer::max_deliveries`]).
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{pull, AckPolicy};
+use async_nats::jetstream;
+use async_nats::jetstream::consumer::pull::{self, BatchConfig};
+use async_nats::jetstream::consumer::AckPolicy;
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::message::AckKind;
-use async_nats::jetstream::{self, consumer::pull::MessagesErrorKind};
-use async_nats::Subject;
+use async_nats::{StatusCode, Subject};
 use async_trait::async_trait;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
+use tokio::sync::{mpsc, Notify};
 
 use super::config::NatsConfig;
 use super::publisher::publish_confirmed;
@@ -29,14 +47,48 @@ use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How long a settlement waits for the server's confirmation.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the server keeps a pull request waiting for messages.
+const PULL_EXPIRES: Duration = Duration::from_secs(30);
+/// How often the server signals that an idle pull request is alive; two missed in a row
+/// end the stream with an error (a server that stays down is reported, not waited for).
+const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long a failed dead-letter publish holds the delivery before handing it back.
+const DEAD_LETTER_RETRY: Duration = Duration::from_secs(5);
+
+/// A delivery received and not yet taken from the consumer's stream.
+struct Taken {
+    /// The key of its entry in [`Shared::live`].
+    id: u64,
+    reply: Subject,
+    message: Box<async_nats::Message>,
+    /// The attempt it is yielded with.
+    attempt: Option<u32>,
+    /// Fetched from the server (it counts against the prefetch), not handed back.
+    fresh: bool,
+}
+
+/// What the consumer's stream yields next.
+enum Ready {
+    Taken(Taken),
+    /// The fetcher stopped: the stream ends with this error.
+    Failed(BrokerError),
+}
 
 struct Shared {
     client: async_nats::Client,
     js: jetstream::Context,
     dead_letter_subject: String,
-    /// Deliveries taken and not settled: their ack subjects, kept alive with `+WPI`.
+    /// Deliveries received and not settled: their ack subjects, kept alive with `+WPI`.
     live: Mutex<HashMap<u64, Subject>>,
     next_id: AtomicU64,
+    /// Into the consumer's stream: fetched deliveries, and held ones handed back.
+    ready: mpsc::UnboundedSender<Ready>,
+    /// Fetched deliveries in `ready`, not yet taken.
+    buffered: AtomicUsize,
+    /// Wakes the fetcher when a fetched delivery is taken.
+    room: Notify,
+    /// `close` was called: nothing is held any more.
+    closed: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -70,6 +122,58 @@ impl Shared {
             .map(|_| ())
             .map_err(|e| op_err(action, e))
     }
+
+    /// Registers a delivery just received from the server (the keep-alive starts now)
+    /// and queues it for the consumer's stream. `false` when the stream is gone.
+    fn receive(&self, message: async_nats::Message) -> bool {
+        let Some(reply) = message.reply.clone() else {
+            tracing::warn!(target: "idem::broker", broker = BROKER, subject = %message.subject, "a delivery without an ack subject; skipped");
+            return true;
+        };
+        let message = jetstream::Message {
+            message,
+            context: self.js.clone(),
+        };
+        let attempt = message
+            .info()
+            .ok()
+            .and_then(|i| u32::try_from(i.delivered).ok())
+            .filter(|n| *n > 0);
+        let message = Box::new(message.message);
+        let id = self.register(reply.clone());
+        self.buffered.fetch_add(1, Ordering::AcqRel);
+        let taken = Taken {
+            id,
+            reply,
+            message,
+            attempt,
+            fresh: true,
+        };
+        if let Err(mpsc::error::SendError(Ready::Taken(t))) = self.ready.send(Ready::Taken(taken)) {
+            self.forget(t.id);
+            return false;
+        }
+        true
+    }
+}
+
+/// Hands `taken` back into the consumer's stream after `delay`, kept alive meanwhile
+/// (its entry stays in `live`). If the consumer is gone by then, the keep-alive stops and
+/// the server redelivers it after the ack wait.
+fn hand_back_after(shared: &Arc<Shared>, taken: Taken, delay: Duration) {
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let Some(shared) = weak.upgrade() else {
+            return;
+        };
+        if let Err(mpsc::error::SendError(Ready::Taken(t))) = shared.ready.send(Ready::Taken(taken))
+        {
+            shared.forget(t.id);
+        }
+    });
 }
 
 /// Sends `+WPI` for every live delivery every `every`, until the consumer and all its
@@ -95,15 +199,182 @@ fn spawn_keep_alive(shared: Weak<Shared>, every: Duration) {
     });
 }
 
+/// Fetches deliveries into the consumer's stream until the stream is dropped; an error
+/// that stops it ends the stream.
+fn spawn_fetcher(
+    shared: Arc<Shared>,
+    consumer: jetstream::consumer::PullConsumer,
+    prefetch: usize,
+    name: String,
+) {
+    tokio::spawn(async move {
+        if let Err(e) = fetch(&shared, &consumer, prefetch.max(1), &name).await {
+            // After `close`, the end of the connection is no error.
+            if !shared.closed.load(Ordering::Acquire) {
+                let _ = shared.ready.send(Ready::Failed(e));
+            }
+        }
+    });
+}
+
+/// One pull request at a time, for as many deliveries as the prefetch has room for
+/// (asked once half of it is free), each registered for the keep-alive as it arrives.
+/// `Ok` when the consumer's stream is gone.
+async fn fetch(
+    shared: &Shared,
+    consumer: &jetstream::consumer::PullConsumer,
+    prefetch: usize,
+    name: &str,
+) -> Result<(), BrokerError> {
+    let inbox = Subject::from(shared.client.new_inbox());
+    let mut sub = shared
+        .client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| BrokerError::op(BROKER, "pull", e))?;
+    let threshold = prefetch.div_ceil(2);
+    // Of the request in flight: how many deliveries the server may still send.
+    let mut asked = 0usize;
+    let mut heard = tokio::time::Instant::now();
+    loop {
+        let room = prefetch.saturating_sub(shared.buffered.load(Ordering::Acquire));
+        if asked == 0 && room >= threshold {
+            let request = BatchConfig {
+                batch: room,
+                expires: Some(PULL_EXPIRES),
+                idle_heartbeat: PULL_HEARTBEAT,
+                ..Default::default()
+            };
+            consumer
+                .request_batch(request, inbox.clone())
+                .await
+                .map_err(|e| BrokerError::op(BROKER, "pull", e))?;
+            asked = room;
+            heard = tokio::time::Instant::now();
+        }
+        let silent = tokio::time::sleep_until(heard + 2 * PULL_HEARTBEAT);
+        tokio::select! {
+            () = shared.ready.closed() => return Ok(()),
+            () = shared.room.notified(), if asked == 0 => {}
+            () = silent, if asked > 0 => {
+                tracing::warn!(target: "idem::broker", broker = BROKER, stream = %stream_name(name), "missed JetStream heartbeats: the server is unreachable; ending the stream");
+                return Err(BrokerError::op(
+                    BROKER,
+                    "pull (missed heartbeats)",
+                    std::io::Error::other("missed idle heartbeat"),
+                ));
+            }
+            m = sub.next() => {
+                let Some(m) = m else {
+                    return Err(BrokerError::op(
+                        BROKER,
+                        "pull",
+                        std::io::Error::other("the pull subscription ended"),
+                    ));
+                };
+                heard = tokio::time::Instant::now();
+                match m.status.unwrap_or(StatusCode::OK) {
+                    StatusCode::OK => {
+                        asked = asked.saturating_sub(1);
+                        if !shared.receive(m) {
+                            return Ok(());
+                        }
+                    }
+                    StatusCode::IDLE_HEARTBEAT => {}
+                    StatusCode::TIMEOUT | StatusCode::REQUEST_TERMINATED => {
+                        let description = m.description.unwrap_or_default();
+                        if description == "Consumer Deleted"
+                            || description == "Consumer is push based"
+                            || description.starts_with("Exceeded MaxRequest")
+                        {
+                            return Err(BrokerError::op(
+                                BROKER,
+                                "pull",
+                                std::io::Error::other(description),
+                            ));
+                        }
+                        // The request is over (expired, or ended by the server): ask again,
+                        // after a pause if the server refused it outright.
+                        asked = 0;
+                        if m.status == Some(StatusCode::REQUEST_TERMINATED) {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                    status => {
+                        return Err(BrokerError::op(
+                            BROKER,
+                            "pull",
+                            std::io::Error::other(format!(
+                                "the server answered the pull request with {status} {:?}",
+                                m.description.unwrap_or_default()
+                            )),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Logs and counts the server's `MAX_DELIVERIES` advisories for the durable `durable` of
+/// `stream`, until the consumer's stream is dropped.
+async fn watch_max_deliveries(
+    client: &async_nats::Client,
+    stream: &str,
+    durable: &str,
+    ready: mpsc::UnboundedSender<Ready>,
+    hits: Arc<AtomicU64>,
+) -> Result<(), BrokerError> {
+    let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}");
+    let mut sub = client
+        .subscribe(subject)
+        .await
+        .map_err(|e| BrokerError::op(BROKER, "advisory subscribe", e))?;
+    let (stream, durable) = (stream.to_owned(), durable.to_owned());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = ready.closed() => return,
+                m = sub.next() => {
+                    let Some(m) = m else { return };
+                    hits.fetch_add(1, Ordering::Relaxed);
+                    let advisory = String::from_utf8_lossy(&m.payload);
+                    tracing::warn!(
+                        target: "idem::broker",
+                        broker = BROKER,
+                        stream = %stream,
+                        durable = %durable,
+                        stream_seq = json_number(&advisory, "stream_seq").unwrap_or_default(),
+                        deliveries = json_number(&advisory, "deliveries").unwrap_or_default(),
+                        "the server reached max_deliver: it delivers this message no more (it stays in the stream, unacked, not dead-lettered)"
+                    );
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The number after `"field":` in an advisory's JSON, if any.
+fn json_number(json: &str, field: &str) -> Option<u64> {
+    let at = json.find(&format!("\"{field}\""))? + field.len() + 2;
+    let rest = json[at..].trim_start().strip_prefix(':')?.trim_start();
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
 /// Deliveries of a JetStream durable pull consumer, as a stream of
 /// `Result<Delivery<NatsAcker>, BrokerError>`. The stream ends after its first error
-/// (a missed heartbeat included: a server that stays down is reported, not waited for
+/// (missed heartbeats included: a server that stays down is reported, not waited for
 /// silently), so a supervisor reconnects it.
 pub struct NatsConsumer {
-    inner: pull::Stream,
+    ready: mpsc::UnboundedReceiver<Ready>,
     shared: Arc<Shared>,
     name: String,
     done: bool,
+    max_deliveries: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for NatsConsumer {
@@ -114,6 +385,18 @@ impl std::fmt::Debug for NatsConsumer {
     }
 }
 
+impl Drop for NatsConsumer {
+    /// What was received and not taken is not kept alive any more: the server redelivers
+    /// it after the ack wait.
+    fn drop(&mut self) {
+        self.ready.close();
+        while let Ok(r) = self.ready.try_recv() {
+            if let Ready::Taken(t) = r {
+                self.shared.forget(t.id);
+            }
+        }
+    }
+}
 /// The durable consumer's configuration.
 pub(super) fn consumer_config(config: &NatsConfig) -> pull::Config {
     let prefetch = i64::try_from(config.prefetch).unwrap_or(i64::MAX);
@@ -190,7 +473,8 @@ pub(super) async fn ensure_consumer(
 impl NatsConsumer {
     /// Connects, creates the stream and its dead-letter stream if missing, gets the
     /// durable consumer (created if missing; an existing one is never rewritten), and
-    /// starts pulling and keeping taken deliveries alive.
+    /// starts fetching, keeping received deliveries alive and watching the durable's
+    /// `MAX_DELIVERIES` advisories.
     ///
     /// # Errors
     /// [`BrokerError::Connect`] when the server cannot be reached (or has no JetStream);
@@ -203,36 +487,52 @@ impl NatsConsumer {
         let dead_letter_subject = dead_letter_name(&config.name);
         ensure_stream(&js, &dead_letter_subject, config.duplicate_window).await?;
         let consumer = ensure_consumer(&stream, config).await?;
-        let inner = consumer
-            .stream()
-            .max_messages_per_batch(config.prefetch.max(1))
-            .heartbeat(Duration::from_secs(5))
-            .messages()
-            .await
-            .map_err(|e| BrokerError::op(BROKER, "pull", e))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let max_deliveries = Arc::new(AtomicU64::new(0));
+        let client = js.client();
+        watch_max_deliveries(
+            &client,
+            &stream_name(&config.name),
+            &config.durable,
+            tx.clone(),
+            Arc::clone(&max_deliveries),
+        )
+        .await?;
         let shared = Arc::new(Shared {
-            client: js.client(),
+            client,
             js,
             dead_letter_subject,
             live: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            ready: tx,
+            buffered: AtomicUsize::new(0),
+            room: Notify::new(),
+            closed: AtomicBool::new(false),
         });
         spawn_keep_alive(Arc::downgrade(&shared), config.keep_alive_every());
+        spawn_fetcher(
+            Arc::clone(&shared),
+            consumer,
+            config.prefetch,
+            config.name.clone(),
+        );
         Ok(Self {
-            inner,
+            ready: rx,
             shared,
             name: config.name.clone(),
             done: false,
+            max_deliveries,
         })
     }
 
     /// Closes the connection (after flushing what is buffered): settling one of this
     /// consumer's deliveries from now on is an error, and the server redelivers them
-    /// after the ack wait.
+    /// (and those held after a nack) after the ack wait.
     ///
     /// # Errors
     /// The connection could not be drained.
     pub async fn close(&self) -> Result<(), BrokerError> {
+        self.shared.closed.store(true, Ordering::Release);
         let client = &self.shared.client;
         client
             .drain()
@@ -254,9 +554,18 @@ impl NatsConsumer {
         Ok(())
     }
 
-    /// How many deliveries are taken and not settled (kept alive) right now.
+    /// How many deliveries are received and not settled (kept alive) right now: waiting
+    /// in the prefetch, in the gate's hands, or held after a nack.
     pub fn live(&self) -> usize {
         lock(&self.shared.live).len()
+    }
+
+    /// How many `MAX_DELIVERIES` advisories of this durable the server has published
+    /// since this consumer connected: messages the server no longer delivers because a
+    /// process lost them `max_deliver` times (they stay in the stream, unacked). Every
+    /// process sharing the durable sees each one.
+    pub fn max_deliveries(&self) -> u64 {
+        self.max_deliveries.load(Ordering::Relaxed)
     }
 }
 
@@ -267,56 +576,39 @@ impl Stream for NatsConsumer {
         if self.done {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut self.inner).poll_next(cx) {
+        match self.ready.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
                 self.done = true;
                 Poll::Ready(None)
             }
-            Poll::Ready(Some(Err(e))) => {
+            Poll::Ready(Some(Ready::Failed(e))) => {
                 self.done = true;
-                let action = if e.kind() == MessagesErrorKind::MissingHeartbeat {
-                    tracing::warn!(target: "idem::broker", broker = BROKER, stream = %stream_name(&self.name), "missed JetStream heartbeats: the server is unreachable; ending the stream");
-                    "pull (missed heartbeats)"
-                } else {
-                    "pull"
-                };
-                Poll::Ready(Some(Err(BrokerError::op(BROKER, action, e))))
+                Poll::Ready(Some(Err(e)))
             }
-            Poll::Ready(Some(Ok(m))) => {
-                let attempt = m
-                    .info()
-                    .ok()
-                    .and_then(|i| u32::try_from(i.delivered).ok())
-                    .filter(|n| *n > 0);
-                // `split` takes the reply subject into the client's acker: read it first.
-                let reply = m.message.reply.clone();
-                let (msg, _acker) = m.split();
-                let Some(reply) = reply else {
-                    self.done = true;
-                    return Poll::Ready(Some(Err(BrokerError::op(
-                        BROKER,
-                        "pull",
-                        std::io::Error::other("a delivery without an ack subject"),
-                    ))));
-                };
+            Poll::Ready(Some(Ready::Taken(t))) => {
+                if t.fresh {
+                    self.shared.buffered.fetch_sub(1, Ordering::AcqRel);
+                    self.shared.room.notify_one();
+                }
                 let mut headers = Headers::new();
-                if let Some(h) = &msg.headers {
+                if let Some(h) = &t.message.headers {
                     for (k, vs) in h.iter() {
                         for v in vs {
                             headers.push((k.to_string(), v.as_str().to_owned()));
                         }
                     }
                 }
-                let id = self.shared.register(reply.clone());
                 Poll::Ready(Some(Ok(Delivery {
-                    payload: msg.payload.to_vec(),
+                    payload: t.message.payload.to_vec(),
                     headers,
-                    attempt,
+                    attempt: t.attempt,
                     acker: NatsAcker {
-                        id,
-                        reply,
+                        id: t.id,
+                        reply: t.reply,
                         shared: Arc::clone(&self.shared),
+                        message: Some(t.message),
+                        attempt: t.attempt,
                     },
                 })))
             }
@@ -331,19 +623,26 @@ pub struct NatsAcker {
     id: u64,
     reply: Subject,
     shared: Arc<Shared>,
+    /// The delivery as received, to hand it back after a hold; `None` once handed back.
+    message: Option<Box<async_nats::Message>>,
+    attempt: Option<u32>,
 }
 
 impl std::fmt::Debug for NatsAcker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsAcker")
             .field("reply", &self.reply.as_str())
+            .field("attempt", &self.attempt)
             .finish_non_exhaustive()
     }
 }
 
 impl Drop for NatsAcker {
     fn drop(&mut self) {
-        self.shared.forget(self.id);
+        // Handed back, the delivery stays alive under the same id.
+        if self.message.is_some() {
+            self.shared.forget(self.id);
+        }
     }
 }
 
@@ -357,8 +656,46 @@ impl NatsAcker {
         self.shared.forget(self.id);
         self.shared.confirmed(&self.reply, kind, action).await
     }
-}
 
+    /// Holds the delivery, alive, and hands it back into the consumer's stream after
+    /// `delay`, with its attempt plus one when `counted`. On a closed consumer the
+    /// delivery cannot be held: a `-NAK` is tried (and fails).
+    async fn hand_back(mut self, delay: Duration, counted: bool) -> Result<(), AckError> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            let delay = Some(delay).filter(|d| !d.is_zero());
+            return self.settle(AckKind::Nak(delay), "nak").await;
+        }
+        let Some(message) = self.message.take() else {
+            return Ok(());
+        };
+        let attempt = if counted {
+            self.attempt.map(|n| n.saturating_add(1))
+        } else {
+            self.attempt
+        };
+        let taken = Taken {
+            id: self.id,
+            reply: self.reply.clone(),
+            message,
+            attempt,
+            fresh: false,
+        };
+        hand_back_after(&self.shared, taken, delay);
+        Ok(())
+    }
+
+    /// Defers the delivery: holds it, alive, and hands it back into the consumer's stream
+    /// after `delay` with the same attempt — the server counts no delivery and the
+    /// attempt counts nothing. For a delivery that could not run yet (its key held by
+    /// another transaction), not for one that failed.
+    ///
+    /// # Errors
+    /// The consumer was closed (the delivery cannot be held; the server redelivers it
+    /// after the ack wait).
+    pub async fn defer(self, delay: Duration) -> Result<(), AckError> {
+        self.hand_back(delay, false).await
+    }
+}
 /// The headers of a dead letter — the delivery's own (`copied`) and the reason — cut so
 /// that the message fits the server's `max_payload` (a message whose reason pushed it
 /// over could never be dead-lettered: it came back every few seconds until `max_deliver`).
@@ -405,10 +742,17 @@ impl Acker for NatsAcker {
         self.settle(AckKind::Ack, "ack").await
     }
 
-    /// `-NAK` with the delay, confirmed.
+    /// With a delay: held here, alive (`+WPI`), and handed back into this consumer's
+    /// stream after the delay with its attempt plus one; the server counts no delivery,
+    /// so `max_deliver` does not end a message that the gate keeps handing back (a key
+    /// held elsewhere, a store outage). Without a delay (or a zero one): `-NAK`,
+    /// confirmed; the server redelivers it at once, to any consumer of the durable, and
+    /// counts a delivery.
     async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
-        self.settle(AckKind::Nak(delay.filter(|d| !d.is_zero())), "nak")
-            .await
+        match delay.filter(|d| !d.is_zero()) {
+            Some(delay) => self.hand_back(delay, true).await,
+            None => self.settle(AckKind::Nak(None), "nak").await,
+        }
     }
 
     async fn dead_letter(
@@ -445,11 +789,9 @@ impl Acker for NatsAcker {
         match published {
             Ok(()) => self.settle(AckKind::Term, "term").await,
             Err(e) => {
-                // Not dead-lettered: hand it back rather than lose it, after a pause (an
-                // immediate redelivery would loop as fast as the server delivers).
-                let _ = self
-                    .settle(AckKind::Nak(Some(Duration::from_secs(5))), "nak")
-                    .await;
+                // Not dead-lettered: hand it back rather than lose it, after a pause (at
+                // once it would loop as fast as the gate rejects it), as a failed attempt.
+                let _ = self.hand_back(DEAD_LETTER_RETRY, true).await;
                 Err(e.into())
             }
         }

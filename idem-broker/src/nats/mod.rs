@@ -7,18 +7,40 @@
 //! - **Consuming** ([`NatsConsumer`]): a durable pull consumer (default name `idem`,
 //!   explicit acks, [`NatsConfig::ack_wait`] and [`NatsConfig::max_deliver`], default 20,
 //!   above the core's `max_attempts`). An existing durable is read, never rewritten: a
-//!   different ack policy, ack wait or `max_deliver` is a [`BrokerError::Config`]. A
-//!   delivery's attempt is the server's delivery count. While a delivery is taken and not
-//!   settled, `+WPI` (progress) is sent for it every third of the ack wait, so a slow
-//!   handler is not redelivered mid-work. [`NatsAcker`] confirms every settlement (the
-//!   ack is a request; the server's reply is awaited): `ack` → a double ack;
-//!   `nack(delay)` → `-NAK` with the delay; `dead_letter` → a confirmed publish to
+//!   different ack policy, ack wait or `max_deliver` is a [`BrokerError::Config`].
+//!   [`NatsAcker`] confirms every settlement (the ack is a request; the server's reply is
+//!   awaited): `ack` → a double ack; `dead_letter` → a confirmed publish to
 //!   `NAME.dead-letter` with the reason in the
 //!   [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header, then `+TERM`
-//!   (no more redeliveries; a failed publish naks with a 5 s delay). A delivery not acked
-//!   within `ack_wait` of its last progress (a crash, a dropped acker) is redelivered.
+//!   (no more redeliveries; a failed publish hands the delivery back after 5 s, as a nack).
 //!   Missed heartbeats (a server that stays down) end the stream with an error, so a
 //!   supervisor reconnects and its timeout applies.
+//! - **The prefetch** ([`NatsConfig::prefetch`]; `idem consume` asks 2 × concurrency ×
+//!   batch size): how many received deliveries may wait for the gate. The consumer pulls
+//!   only as many as it has room for (a new pull request once half is free) and reads
+//!   each one as it arrives. The durable's `max_ack_pending` (set when it is created:
+//!   twice the prefetch, at least 1,000, shared by every process of the durable) bounds
+//!   all unsettled deliveries, held ones included.
+//! - **What counts a delivery**: the server counts one each time it sends a message —
+//!   the first time, and each redelivery. From the moment a delivery is received until
+//!   it is settled — waiting in the prefetch, in the gate's hands, or held after a nack —
+//!   the consumer sends `+WPI` (progress) for it every third of the ack wait, so the
+//!   server redelivers only what this process lost: a crash, a lost connection, an acker
+//!   dropped unsettled. A nack with a delay (a transient failure, a store outage) and a
+//!   deferral ([`NatsAcker::defer`]: a key held by another transaction) are held by the
+//!   consumer and handed back into its own stream after the delay: they cost no server
+//!   delivery, so no wait of the gate — a key held for minutes, a store down for ten —
+//!   ends a message at `max_deliver`. Only a nack without a delay is a `-NAK`, which the
+//!   server counts. A delivery's attempt is the server's delivery count plus the nacks
+//!   this process handed back (the same number a `-NAK` for each would have made); a
+//!   deferral adds nothing. After a restart the attempt is the server's count again
+//!   (handed-back nacks are forgotten: a few more attempts, never fewer).
+//! - **The server's limit** (`max_deliver`): a backstop for a message that kills the
+//!   process (the gate never sees it fail) — past it the server delivers the message no
+//!   more, and it stays in the stream, unacked, not dead-lettered. Each such message is
+//!   announced by the server's `MAX_DELIVERIES` advisory, which the consumer logs (a
+//!   warning with the stream sequence) and counts ([`NatsConsumer::max_deliveries`]). A
+//!   durable made by an earlier version has the same default (20) and joins as it is.
 //! - **Publishing** ([`NatsPublisher`]): each outbox event with its id both as
 //!   `Nats-Msg-Id` (the stream's duplicate window drops a republish) and in the
 //!   [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header; `publish` waits for
