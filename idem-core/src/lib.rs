@@ -48,6 +48,7 @@ pub mod key;
 pub mod mutant;
 pub mod outbox;
 pub mod record;
+pub mod redact;
 pub mod retention;
 pub mod sql;
 pub mod store;
@@ -71,6 +72,7 @@ pub use outbox::{
     Backoff, EventId, InvalidStoredEvent, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource,
     Publisher, Relay, RelayObserver, RelayOptions, RelayStats,
 };
+pub use redact::{redact_url, Redacted};
 pub use store::{
     claim_order, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter,
 };
