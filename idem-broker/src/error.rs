@@ -2,6 +2,15 @@
 
 use idem_core::{AckError, BoxError, PublishError};
 
+/// An [`BrokerError::InvalidParam`] value as shown: quoted, or masked for a secret.
+fn shown_value(param: &str, value: &str) -> String {
+    if idem_core::redact::is_secret_param(param) {
+        idem_core::redact::MASK.to_owned()
+    } else {
+        format!("{value:?}")
+    }
+}
+
 /// A broker adapter failed. Every variant says whether retrying can help
 /// ([`BrokerError::is_retryable`]).
 #[derive(Debug, thiserror::Error)]
@@ -13,7 +22,7 @@ pub enum BrokerError {
     /// A parameter in the broker URL's query that this broker does not take, one given
     /// twice, or a value it cannot use (each broker's `Config::from_url` lists its
     /// parameters).
-    #[error("invalid broker URL parameter {param}={value:?}: {reason}")]
+    #[error("invalid broker URL parameter {param}={}: {reason}", shown_value(.param, .value))]
     InvalidParam {
         /// The parameter's name.
         param: String,
@@ -133,6 +142,16 @@ impl From<BrokerError> for PublishError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_secret_parameter_value_is_never_shown() {
+        let e = super::BrokerError::InvalidParam {
+            param: "sasl.password".into(),
+            value: "hunter2".into(),
+            reason: "unknown parameter".into(),
+        };
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
     use super::*;
 
     #[test]

@@ -13,18 +13,10 @@ pub fn dead_letter_name(name: &str) -> String {
     format!("{name}.dead-letter")
 }
 
-/// `url` without its password, for messages.
+/// `url` without its secrets, for messages: [`idem_core::redact_url`].
 #[allow(dead_code)] // used by the broker features
 pub(crate) fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        Err(_) => "<unparsable URL>".to_owned(),
-    }
+    idem_core::redact_url(url).into_owned()
 }
 
 #[cfg(test)]
@@ -38,5 +30,10 @@ mod tests {
             "amqp://guest:***@127.0.0.1:5672/%2f"
         );
         assert_eq!(redact("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(
+            redact("kafka://h:9092?sasl.password=secret"),
+            "kafka://h:9092?sasl.password=***"
+        );
+        assert_eq!(redact("not a url"), "not a url");
     }
 }

@@ -275,8 +275,8 @@ mod fred_impl {
         timeout: Duration,
         wait: bool,
     ) -> Result<Client, RedisError> {
-        let mut config =
-            Config::from_url(url).map_err(|e| RedisError::Config(format!("{url:?}: {e}")))?;
+        let mut config = Config::from_url(url)
+            .map_err(|e| RedisError::Config(format!("{:?}: {e}", idem_core::Redacted(url))))?;
         config.fail_fast = wait;
         let client = Builder::from_config(config)
             .with_connection_config(|c| {
@@ -544,7 +544,7 @@ mod rs {
     impl Lazy {
         pub(super) fn new(url: &str, timeout: Duration) -> Result<Self, RedisError> {
             let client = redis::Client::open(url)
-                .map_err(|e| RedisError::Config(format!("{url:?}: {e}")))?;
+                .map_err(|e| RedisError::Config(format!("{:?}: {e}", idem_core::Redacted(url))))?;
             Ok(Self::with_target(Target::Single(client), timeout))
         }
 

@@ -57,7 +57,7 @@ impl Default for ClientKind {
 /// so no hash tag pins all keys to one cluster slot: keys spread over the cluster, and
 /// every command touches one key (batches are pipelines, never multi-key commands) so
 /// nothing ever crosses a slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisConfig {
     /// The server or cluster URL (see above).
@@ -87,6 +87,21 @@ pub struct RedisConfig {
 impl Default for RedisConfig {
     fn default() -> Self {
         Self::new("redis://127.0.0.1:6379")
+    }
+}
+
+impl std::fmt::Debug for RedisConfig {
+    /// The URL with its secrets hidden ([`idem_core::redact_url`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &idem_core::Redacted(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("lease", &self.lease)
+            .field("retention", &self.retention)
+            .field("timeout", &self.timeout)
+            .field("client", &self.client)
+            .field("identity_heartbeat", &self.identity_heartbeat)
+            .finish_non_exhaustive()
     }
 }
 

@@ -193,7 +193,12 @@ impl BrokerUrl {
         for (k, v) in parsed.query_pairs() {
             let invalid = |reason: String| BrokerError::InvalidParam {
                 param: k.to_string(),
-                value: v.to_string(),
+                // A secret (`password`, `token`, …) is never repeated in an error.
+                value: if idem_core::redact::is_secret_param(&k) {
+                    idem_core::redact::MASK.to_owned()
+                } else {
+                    v.to_string()
+                },
                 reason,
             };
             if settings.contains(&k.as_ref()) {

@@ -66,7 +66,7 @@ impl Assignment {
 /// | `queued_kbytes` | `4096` | librdkafka's prefetch bound `queued.max.messages.kbytes`, `1` to `2097151` |
 ///
 /// rdkafka reads no query parameters: any other is an error.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KafkaConfig {
     /// The bootstrap servers, `host:port[,host:port…]`.
@@ -103,6 +103,26 @@ pub struct KafkaConfig {
     /// librdkafka's `queued.max.messages.kbytes`: the most kilobytes prefetched into
     /// its local queue (default 4096; librdkafka's own default is 64 MiB).
     pub queued_kbytes: u32,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    /// The bootstrap list with any secret hidden ([`idem_core::redact_url`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &idem_core::Redacted(&self.brokers))
+            .field("name", &self.name)
+            .field("group", &self.group)
+            .field("partitions", &self.partitions)
+            .field("session_timeout", &self.session_timeout)
+            .field("join_timeout", &self.join_timeout)
+            .field("batch_messages", &self.batch_messages)
+            .field("replication", &self.replication)
+            .field("assignment", &self.assignment)
+            .field("max_poll_interval", &self.max_poll_interval)
+            .field("prefetch", &self.prefetch)
+            .field("queued_kbytes", &self.queued_kbytes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl KafkaConfig {

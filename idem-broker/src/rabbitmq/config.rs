@@ -16,7 +16,7 @@ use crate::BrokerError;
 ///
 /// The client's own parameters (`heartbeat`, `connection_timeout`, `frame_max`,
 /// `channel_max`, `auth_mechanism`) stay in the URL for lapin; any other is an error.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RabbitConfig {
     /// The AMQP URL, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f`.
@@ -37,6 +37,20 @@ pub struct RabbitConfig {
     /// backstop for a message that kills the process before the gate can count it.
     /// Ignored for classic queues, which have no delivery count.
     pub delivery_limit: u32,
+}
+
+impl std::fmt::Debug for RabbitConfig {
+    /// The URL with its secrets hidden ([`idem_core::redact_url`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitConfig")
+            .field("url", &idem_core::Redacted(&self.url))
+            .field("name", &self.name)
+            .field("prefetch", &self.prefetch)
+            .field("consumer_tag", &self.consumer_tag)
+            .field("queue_type", &self.queue_type)
+            .field("delivery_limit", &self.delivery_limit)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The kind of RabbitMQ queue idem declares.

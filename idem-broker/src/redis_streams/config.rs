@@ -21,7 +21,7 @@ use crate::BrokerError;
 /// | `forget_after` | `1h` | idle consumers with nothing pending are removed from the group after this |
 ///
 /// fred reads no query parameters from a `redis://` URL: any other is an error.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisStreamsConfig {
     /// The server URL, e.g. `redis://127.0.0.1:6379`.
@@ -45,6 +45,22 @@ pub struct RedisStreamsConfig {
     /// removed (`XGROUP DELCONSUMER`) when a consumer connects (default 1 h; URL option
     /// `forget_after`), so each start does not leave a name behind for good.
     pub forget_after: Duration,
+}
+
+impl std::fmt::Debug for RedisStreamsConfig {
+    /// The URL with its secrets hidden ([`idem_core::redact_url`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStreamsConfig")
+            .field("url", &idem_core::Redacted(&self.url))
+            .field("name", &self.name)
+            .field("group", &self.group)
+            .field("consumer", &self.consumer)
+            .field("min_idle", &self.min_idle)
+            .field("block", &self.block)
+            .field("prefetch", &self.prefetch)
+            .field("forget_after", &self.forget_after)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisStreamsConfig {

@@ -36,7 +36,7 @@ pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 10;
 ///
 /// Any other query parameter, a path, a user or a password is an error (credentials
 /// come from the AWS variables).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SqsConfig {
     /// The endpoint, e.g. `http://127.0.0.1:5000`; `None` takes the usual AWS
@@ -63,6 +63,24 @@ pub struct SqsConfig {
     /// attempts (an existing queue whose policy is lower is a
     /// [`Config`](crate::BrokerError::Config) error).
     pub max_receive_count: u32,
+}
+
+impl std::fmt::Debug for SqsConfig {
+    /// The endpoint with any secret hidden ([`idem_core::redact_url`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsConfig")
+            .field(
+                "endpoint",
+                &self.endpoint.as_deref().map(idem_core::Redacted),
+            )
+            .field("name", &self.name)
+            .field("visibility_timeout", &self.visibility_timeout)
+            .field("wait", &self.wait)
+            .field("prefetch", &self.prefetch)
+            .field("retention", &self.retention)
+            .field("max_receive_count", &self.max_receive_count)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SqsConfig {
