@@ -10,12 +10,24 @@ use idem_broker::horizon::{self, RedeliveryHorizon};
 use crate::error::error_chain;
 use crate::CliError;
 
+/// The variable that stands for `--broker` when `--source` is given without it.
+pub(crate) const BROKER_ENV: &str = "IDEM_BROKER";
+
 /// Pairs `--broker` with `--source`: one broker for every source, or one broker per
-/// source in order.
+/// source in order. `--source` without `--broker` takes the broker from `IDEM_BROKER`
+/// (only then: a broker in the environment of a purge without `--source` is not used).
 pub(crate) fn pairs(
     brokers: &[String],
     sources: &[String],
 ) -> Result<Vec<(String, String)>, CliError> {
+    let from_env: Vec<String>;
+    let brokers = match std::env::var(BROKER_ENV) {
+        Ok(b) if brokers.is_empty() && !sources.is_empty() && !b.is_empty() => {
+            from_env = vec![b];
+            &from_env[..]
+        }
+        _ => brokers,
+    };
     match (brokers.len(), sources.len()) {
         (0, 0) => Ok(Vec::new()),
         (0, _) | (_, 0) => Err(CliError::usage(

@@ -51,7 +51,19 @@ enum Command {
     Audit(cmd::audit::Args),
 }
 
+/// `DATABASE_URL` stands for `--store` where `IDEM_STORE` is unset (each command's
+/// `--store` reads `IDEM_STORE`).
+fn database_url_fallback() {
+    if std::env::var_os("IDEM_STORE").is_none() {
+        if let Some(url) = std::env::var_os("DATABASE_URL") {
+            // Before any thread starts: nothing else reads the environment yet.
+            std::env::set_var("IDEM_STORE", url);
+        }
+    }
+}
+
 fn main() {
+    database_url_fallback();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {

@@ -38,23 +38,9 @@ impl StoreUrl {
         } else {
             Err(CliError::usage(format!(
                 "unsupported --store URL {:?}: use sqlite://PATH, postgres://… or memory://",
-                redact(url)
+                idem_core::redact_url(url)
             )))
         }
-    }
-}
-
-/// A URL without its password, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
     }
 }
 
@@ -215,7 +201,7 @@ where
             let filter = filter.map_err(|e| {
                 let message = format!(
                     "front filter {}: {}",
-                    redact(url),
+                    idem_core::redact_url(url),
                     crate::error::error_chain(&e)
                 );
                 match e {

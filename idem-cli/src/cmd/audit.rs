@@ -31,7 +31,7 @@ use serde::Serialize;
 
 use crate::cmd::parse_duration;
 use crate::error::error_chain;
-use crate::stores::{self, StoreUrl};
+use crate::stores::StoreUrl;
 use crate::CliError;
 
 /// The format name written in every line.
@@ -57,8 +57,8 @@ enum AuditCommand {
 /// `--store`, `--schema`, `--since`, `--until`.
 #[derive(Debug, clap::Args)]
 struct Window {
-    /// The store: postgres://… or sqlite://PATH
-    #[arg(long)]
+    /// The store: postgres://… or sqlite://PATH (or IDEM_STORE, else DATABASE_URL)
+    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
     store: String,
     /// The Postgres schema.
     #[arg(long)]
@@ -175,7 +175,7 @@ impl Window {
             PgError::InvalidTimestamp { .. } => CliError::usage(e.to_string()),
             other => CliError::failed(format!(
                 "{what} {}: {}",
-                stores::redact(&self.store),
+                idem_core::redact_url(&self.store),
                 error_chain(&other)
             )),
         }
@@ -279,7 +279,7 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
         ),
     };
     let page = crate::report::render(&crate::report::Report {
-        store: stores::redact(&w.store),
+        store: idem_core::redact_url(&w.store).into_owned(),
         schema: w.schema.clone(),
         store_kind: kind,
         since: Timestamp::parse_rfc3339(&w.since).unwrap_or(now),

@@ -18,13 +18,14 @@ use crate::CliError;
 /// Arguments of `idem consume`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    #[arg(long, value_name = "URL", help = super::BROKER_HELP)]
+    #[arg(long, value_name = "URL", env = "IDEM_BROKER", hide_env_values = true, help = super::BROKER_HELP)]
     broker: String,
     /// The queue / stream to consume (created if missing).
     #[arg(long, value_name = "NAME")]
     source: String,
-    /// The store: sqlite://PATH or postgres://…
-    #[arg(long)]
+    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
+    /// a password out of the process list and the shell's history)
+    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
     store: String,
     /// The Postgres schema (created if missing).
     #[arg(long)]
@@ -53,8 +54,13 @@ pub(crate) struct Args {
     /// duplicate, not a conflict.
     #[arg(long, value_name = "DERIVATION", default_value_t = KeyDerivation::Reference)]
     key_derivation: KeyDerivation,
-    /// A Redis front filter (redis://…) before the durable store.
-    #[arg(long, value_name = "URL")]
+    /// A Redis front filter (redis://…) before the durable store (or IDEM_FRONT_FILTER).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IDEM_FRONT_FILTER",
+        hide_env_values = true
+    )]
     front_filter: Option<String>,
     /// Stop once no delivery arrived for this long (`5`, `500ms`, `2m`).
     #[arg(long, value_name = "DURATION", value_parser = parse_secs)]

@@ -23,7 +23,9 @@ use crate::CliError;
 /// Arguments of `idem demo`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The store (default: a new SQLite database in a temporary directory, kept afterwards).
+    /// The store (default: a new SQLite database in a temporary directory, kept
+    /// afterwards). Never taken from IDEM_STORE or DATABASE_URL: the demo writes made-up
+    /// grants.
     #[arg(long)]
     store: Option<String>,
     /// The Postgres schema (created if missing).
@@ -576,7 +578,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             .unwrap_or(4)
             .saturating_add(2),
     );
-    println!("store: {}", stores::redact(&url));
+    println!("store: {}", idem_core::redact_url(&url));
     eprintln!(
         "idem demo: {} submissions, redeliveries {}, crash rate {}, poison rate {}, batch {}, concurrency {}, seed {seed}",
         args.submissions, args.redeliveries, args.crash_rate, args.poison_rate, args.batch_size, args.concurrency

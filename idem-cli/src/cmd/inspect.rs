@@ -18,8 +18,14 @@ use crate::CliError;
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["key", "award_id", "source"])))]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://… (not needed for the horizon alone)
-    #[arg(long, required_unless_present = "source")]
+    /// The store: sqlite://PATH or postgres://… (not needed for the horizon alone; or
+    /// IDEM_STORE, else DATABASE_URL)
+    #[arg(
+        long,
+        required_unless_present = "source",
+        env = "IDEM_STORE",
+        hide_env_values = true
+    )]
     store: Option<String>,
     /// The Postgres schema.
     #[arg(long)]
@@ -31,7 +37,8 @@ pub(crate) struct Args {
     #[arg(long, allow_hyphen_values = true)]
     award_id: Option<String>,
     /// A broker holding a source that feeds the store (with --source): shows the source's
-    /// redelivery horizon, which `idem purge --broker … --source …` respects.
+    /// redelivery horizon, which `idem purge --broker … --source …` respects (default
+    /// with --source: IDEM_BROKER).
     #[arg(long, value_name = "URL")]
     broker: Vec<String>,
     /// A source (queue, stream, topic) on --broker; repeat for several.

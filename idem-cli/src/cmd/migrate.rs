@@ -11,8 +11,9 @@ use crate::CliError;
 /// Arguments of `idem migrate`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://…
-    #[arg(long)]
+    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
+    /// a password out of the process list and the shell's history)
+    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
     store: String,
     /// The Postgres schema (created if missing).
     #[arg(long)]
@@ -151,6 +152,6 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             }
         }
     }
-    println!("migrated: {}", stores::redact(&args.store));
+    println!("migrated: {}", idem_core::redact_url(&args.store));
     Ok(())
 }

@@ -42,6 +42,12 @@ pub(crate) enum LogFormat {
 /// unless asked for with `RUST_LOG=idem::audit=info`).
 pub(crate) fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    // sqlx logs a Postgres URL parameter it does not know with its value, which may be a
+    // secret (`?token=…`): never shown, whatever RUST_LOG asks for.
+    let filter = match "sqlx_postgres::options::parse=off".parse() {
+        Ok(quiet) => filter.add_directive(quiet),
+        Err(_) => filter,
+    };
     // Colours only for a person at a terminal, never in a file or a log shipper.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -16,7 +16,7 @@ const CHUNK: usize = 1_000;
 /// Arguments of `idem publish`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    #[arg(long, value_name = "URL", help = super::BROKER_HELP)]
+    #[arg(long, value_name = "URL", env = "IDEM_BROKER", hide_env_values = true, help = super::BROKER_HELP)]
     broker: String,
     /// The queue / stream to publish to (created if missing).
     #[arg(long, value_name = "NAME")]

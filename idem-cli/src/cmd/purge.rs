@@ -35,8 +35,9 @@ use crate::CliError;
 /// Arguments of `idem purge`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://…
-    #[arg(long)]
+    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
+    /// a password out of the process list and the shell's history)
+    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
     store: String,
     /// The Postgres schema.
     #[arg(long)]
@@ -60,7 +61,8 @@ pub(crate) struct Args {
     batch_size: u64,
     /// A broker holding a source that feeds this store (with --source): the purge is
     /// refused inside that source's redelivery horizon plus --horizon-margin, whatever
-    /// --allow-below-floor says. One broker for every --source, or one per source.
+    /// --allow-below-floor says. One broker for every --source, or one per source
+    /// (default with --source: IDEM_BROKER).
     #[arg(long, value_name = "URL")]
     broker: Vec<String>,
     /// A source (queue, stream, topic) on --broker whose redelivery horizon bounds the

@@ -31,13 +31,14 @@ const POLL: Duration = Duration::from_millis(200);
 /// Arguments of `idem relay`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://…
-    #[arg(long)]
+    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
+    /// a password out of the process list and the shell's history)
+    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
     store: String,
     /// The Postgres schema.
     #[arg(long)]
     schema: Option<String>,
-    #[arg(long, value_name = "URL", help = super::BROKER_HELP)]
+    #[arg(long, value_name = "URL", env = "IDEM_BROKER", hide_env_values = true, help = super::BROKER_HELP)]
     broker: String,
     /// The queue / stream to publish to (created if missing).
     #[arg(long, value_name = "NAME")]
