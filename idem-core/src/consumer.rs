@@ -1,15 +1,17 @@
 //! The consumer loop: deliveries in, bounded concurrency, graceful shutdown.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use futures::channel::oneshot;
+use futures::future::Shared;
 use futures::{FutureExt as _, Stream, StreamExt};
 
 use crate::delivery::{Acker, Delivery};
 use crate::error::{BoxError, Error, ErrorClass, StoreError};
-use crate::gate::{Gate, Handler, Outcome, OutcomeKind};
+use crate::gate::{Gate, Handler, Identified, Outcome, OutcomeKind};
 use crate::store::ClaimStore;
 
 /// How a consumer takes deliveries.
@@ -141,10 +143,72 @@ impl Counters {
     }
 }
 
+/// Keeps the deliveries of one claim identity in arrival order across the batches in
+/// flight: a batch holding an identity that an earlier batch still in flight holds waits
+/// for that batch to finish before it claims anything.
+#[derive(Default)]
+struct Turnstile {
+    /// The next batch's number.
+    next: u64,
+    /// Identity hash → the number of the last batch that holds it and its completion.
+    holders: HashMap<u64, (u64, Shared<oneshot::Receiver<()>>)>,
+}
+
+/// A batch's place in the [`Turnstile`].
+struct Turn {
+    number: u64,
+    identities: Vec<u64>,
+    waits: Vec<Shared<oneshot::Receiver<()>>>,
+    done: oneshot::Sender<()>,
+}
+
+impl Turnstile {
+    /// Registers a batch (in arrival order): it now holds its identities, and waits for
+    /// the batches that held them before it.
+    fn enter(&mut self, identities: Vec<u64>) -> Turn {
+        let number = self.next;
+        self.next += 1;
+        let (done, finished) = oneshot::channel();
+        let finished = finished.shared();
+        let mut waits = Vec::new();
+        for &id in &identities {
+            if let Some((other, wait)) = self.holders.insert(id, (number, finished.clone())) {
+                if other != number {
+                    waits.push(wait);
+                }
+            }
+        }
+        Turn {
+            number,
+            identities,
+            waits,
+            done,
+        }
+    }
+
+    /// The batch is settled: the identities it still holds are free.
+    fn leave(&mut self, turn: &Turn) {
+        for id in &turn.identities {
+            if self.holders.get(id).is_some_and(|(n, _)| *n == turn.number) {
+                self.holders.remove(id);
+            }
+        }
+    }
+}
+
 /// Runs `gate` over `deliveries` until the stream ends, it fails, or `shutdown` completes.
 ///
 /// - At most `config.concurrency` batches are in flight; each holds whatever deliveries
 ///   were already waiting, up to `config.batch_size`.
+/// - **The first delivered wins**: deliveries of one submission (the same
+///   [claim identity](crate::ClaimMeta::identity): subject and submission timestamp,
+///   whatever the payload) are claimed in the order the stream delivered them. Within a
+///   batch the gate claims them in arrival order ([`crate::claim_order`]); a batch holding
+///   an identity that an earlier batch still in flight holds waits for that batch to
+///   settle before it claims anything. So of two payloads of one submission, the first
+///   delivered takes effect and the later one is the conflict. Across processes sharing
+///   one queue, arrival order is the broker's to keep: give one identity one consumer (a
+///   broker's single active consumer, Kafka keys by subject).
 /// - On shutdown the loop stops taking deliveries, finishes every one it has taken, and
 ///   returns. Nothing uncommitted is acked; deliveries never taken stay with the broker.
 /// - `observe` sees every outcome (progress bars, metrics).
@@ -178,6 +242,8 @@ where
     let stop_tx = Mutex::new(Some(stop_tx));
     let config = ConsumerConfig::new(config.concurrency, config.batch_size);
     let stop = futures::future::select(Box::pin(shutdown), stop_rx.map(|_| ())).map(|_| ());
+    let turnstile = Mutex::new(Turnstile::default());
+    let ordered = config.concurrency > 1;
 
     deliveries
         .take_until(stop)
@@ -192,37 +258,63 @@ where
                 }
             })
         })
+        .map(|d| gate.identify(d))
         .ready_chunks(config.batch_size)
-        .for_each_concurrent(config.concurrency, |mut batch| {
-            let counters = &counters;
-            let observe = &observe;
-            let config_error = &config_error;
-            let stop_tx = &stop_tx;
-            async move {
-                let outcomes = if batch.len() == 1 {
-                    match batch.pop() {
-                        Some(d) => vec![gate.process(d).await],
-                        None => Vec::new(),
+        .for_each_concurrent(
+            config.concurrency,
+            |mut batch: Vec<Identified<A, H::Input>>| {
+                let counters = &counters;
+                let observe = &observe;
+                let config_error = &config_error;
+                let stop_tx = &stop_tx;
+                let turnstile = &turnstile;
+                // Batches enter in arrival order: this closure is called in stream order.
+                let turn = ordered.then(|| {
+                    let identities = batch.iter().filter_map(Identified::identity).collect();
+                    turnstile
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .enter(identities)
+                });
+                async move {
+                    if let Some(turn) = &turn {
+                        for wait in &turn.waits {
+                            // Err: the earlier batch was dropped, which also frees it.
+                            let _ = wait.clone().await;
+                        }
                     }
-                } else {
-                    gate.process_batch(batch).await
-                };
-                for o in &outcomes {
-                    counters.record(o);
-                    observe(o);
-                    if let Outcome::Failed { error, .. } = o {
-                        if error.class() == ErrorClass::Config {
-                            if let Ok(mut slot) = config_error.lock() {
-                                slot.get_or_insert_with(|| error.to_string());
-                            }
-                            if let Some(tx) = stop_tx.lock().ok().and_then(|mut s| s.take()) {
-                                let _ = tx.send(());
+                    let outcomes = if batch.len() == 1 {
+                        match batch.pop() {
+                            Some(d) => vec![gate.process_identified_delivery(d).await],
+                            None => Vec::new(),
+                        }
+                    } else {
+                        gate.process_identified_batch(batch).await
+                    };
+                    if let Some(turn) = turn {
+                        turnstile
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .leave(&turn);
+                        let _ = turn.done.send(());
+                    }
+                    for o in &outcomes {
+                        counters.record(o);
+                        observe(o);
+                        if let Outcome::Failed { error, .. } = o {
+                            if error.class() == ErrorClass::Config {
+                                if let Ok(mut slot) = config_error.lock() {
+                                    slot.get_or_insert_with(|| error.to_string());
+                                }
+                                if let Some(tx) = stop_tx.lock().ok().and_then(|mut s| s.take()) {
+                                    let _ = tx.send(());
+                                }
                             }
                         }
                     }
                 }
-            }
-        })
+            },
+        )
         .await;
 
     if let Some(msg) = config_error.lock().ok().and_then(|mut s| s.take()) {

@@ -163,6 +163,22 @@ pub trait Acker: Send + 'static {
     /// Returns the delivery for redelivery, after `delay` where supported.
     async fn nack(self, delay: Option<Duration>) -> Result<(), AckError>;
 
+    /// Returns the delivery to be processed again after `delay` because it was
+    /// *deferred*, not because it failed: its key is held by another transaction
+    /// ([`ClaimOutcome::InProgress`](crate::ClaimOutcome::InProgress)). A deferral is not an
+    /// attempt: an adapter whose broker counts redeliveries against a limit (NATS
+    /// `max_deliver`, SQS `maxReceiveCount`, a quorum queue's delivery limit) should keep
+    /// the delivery (alive, its visibility or lease extended) and hand it back without
+    /// spending one, and without raising its attempt number, so that no broker limit ends
+    /// a message the gate only waited on. The default is [`nack`](Acker::nack) with the
+    /// delay.
+    async fn defer(self, delay: Duration) -> Result<(), AckError>
+    where
+        Self: Sized,
+    {
+        self.nack(Some(delay)).await
+    }
+
     /// Dead-letters the delivery with `reason`. `payload` and `headers` are the delivery's
     /// own, for adapters that republish them.
     async fn dead_letter(

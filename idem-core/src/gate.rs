@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -302,8 +303,14 @@ pub struct GateConfig {
     /// A delivery that fails with a message-specific transient error (a handler error, a
     /// serialization failure, a panic) on its `max_attempts`-th attempt (see
     /// [`Delivery::attempt`]) is dead-lettered with the last error instead of nacked again.
-    /// An unreachable store never counts against it: that is the store's fault, not the
-    /// message's, and the consumer's reconnect deadline decides. Default 10.
+    /// A failure of the store's side ([`StoreError::Unavailable`]: unreachable, a broken
+    /// connection, a statement or idle-in-transaction timeout, a full disk) counts
+    /// against it only while other deliveries commit through the same gate — the failure
+    /// then recurs on this message while the store works (a write that always runs past
+    /// the statement timeout, a message that kills the server's backend); a store that is
+    /// down for everyone dead-letters nothing, and the consumer's reconnect deadline
+    /// decides. Such failures are counted by the gate in this process, not by the broker
+    /// (whose count also holds the redeliveries of an outage). Default 10.
     pub max_attempts: u32,
     /// What a [`ClaimOutcome::Conflict`] (the same submission with another payload)
     /// leads to. Default [`ConflictPolicy::DeadLetter`].
@@ -454,6 +461,13 @@ pub struct Gate<S, H> {
     observer: Option<Arc<dyn GateObserver>>,
     /// Failed attempts per key, for deliveries whose broker keeps no count.
     attempts: Mutex<HashMap<IdempotencyKey, u32>>,
+    /// Deliveries settled through a working store (processed or duplicate): the witness
+    /// that tells a message the store fails on from a store that is down.
+    progress: AtomicU64,
+    /// Per key, failures the store's side answered for (unreachable, a broken
+    /// connection, a statement or idle timeout), and [`progress`](Gate::progress) at the
+    /// first of them.
+    store_faults: Mutex<HashMap<IdempotencyKey, (u32, u64)>>,
 }
 
 /// How many keys the gate's own attempt counter holds before it starts over (it only
@@ -577,6 +591,8 @@ where
             config,
             observer: None,
             attempts: Mutex::new(HashMap::new()),
+            progress: AtomicU64::new(0),
+            store_faults: Mutex::new(HashMap::new()),
         }
     }
 
@@ -594,6 +610,12 @@ where
     }
 
     fn observed(&self, outcome: Outcome) -> Outcome {
+        if matches!(
+            outcome,
+            Outcome::Processed { .. } | Outcome::Duplicate { .. }
+        ) {
+            self.progress.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(o) = &self.observer {
             o.outcome(&outcome);
         }
@@ -622,6 +644,42 @@ where
     /// events its handler writes, see [`crate::trace`]). A debug event (`delivery
     /// settled`) in the span logs it once it is settled.
     pub async fn process<A: Acker>(&self, delivery: Delivery<A>) -> Outcome {
+        let identified = self.identify(delivery);
+        self.process_identified_delivery(identified).await
+    }
+
+    /// Identifies a delivery (parses it and derives its key) without settling it: the
+    /// first half of [`process`](Gate::process), for a caller that must know a delivery's
+    /// [claim identity](Identified::identity) before it processes it (the consumer loop
+    /// keeps the deliveries of one identity in arrival order, [`crate::consumer`]).
+    pub fn identify<A: Acker>(&self, delivery: Delivery<A>) -> Identified<A, H::Input> {
+        let submission = self.handler.identify(&delivery.payload, &delivery.headers);
+        let identity = submission.as_ref().ok().and_then(|sub| {
+            let meta = self.handler.claim_meta(sub);
+            meta.identity().map(|(subject, ts)| {
+                use std::hash::{Hash as _, Hasher as _};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (subject, ts).hash(&mut h);
+                h.finish()
+            })
+        });
+        Identified {
+            delivery,
+            submission,
+            identity,
+        }
+    }
+
+    /// [`process`](Gate::process) for a delivery already [identified](Gate::identify).
+    pub async fn process_identified_delivery<A: Acker>(
+        &self,
+        identified: Identified<A, H::Input>,
+    ) -> Outcome {
+        let Identified {
+            delivery,
+            submission,
+            ..
+        } = identified;
         let span = tracing::info_span!(
             target: "idem::gate",
             "delivery",
@@ -636,7 +694,7 @@ where
             t.record(&span);
         }
         let outcome = async {
-            match self.handler.identify(&delivery.payload, &delivery.headers) {
+            match submission {
                 Ok(sub) => {
                     tracing::Span::current().record("key", sub.key.short().as_str());
                     self.process_identified(delivery, sub, trace.map(|t| t.own))
@@ -716,6 +774,35 @@ where
         if !map.is_empty() {
             map.remove(key);
         }
+        drop(map);
+        let mut faults = self
+            .store_faults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !faults.is_empty() {
+            faults.remove(key);
+        }
+    }
+
+    /// Counts a failure of the store's side (unreachable, a broken connection, a
+    /// statement or idle timeout) on `key`'s delivery. Returns how many such failures the
+    /// key has had in this process, and whether other deliveries settled through the
+    /// store since the first of them: only then is the failure the message's own (it
+    /// recurs on this message while the store works for others). The broker's delivery
+    /// count is not used: it also counts the redeliveries of an outage.
+    fn store_fault(&self, key: Option<&IdempotencyKey>) -> (u32, bool) {
+        let Some(key) = key else { return (1, false) };
+        let now = self.progress.load(Ordering::Relaxed);
+        let mut map = self
+            .store_faults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= ATTEMPT_MEMORY {
+            map.clear();
+        }
+        let entry = map.entry(*key).or_insert((0, now));
+        entry.0 += 1;
+        (entry.0, now > entry.1)
     }
 
     /// Settles a delivery whose transaction failed (and was rolled back), by the error's
@@ -728,12 +815,18 @@ where
         error: Error,
     ) -> Outcome {
         let class = error.class();
-        let attempt = self.attempt_of(delivery.attempt, key.as_ref());
+        // A failure of the store's side counts towards the message's attempts only while
+        // the store works for other deliveries: a store that is down dead-letters nothing.
         let store_down = matches!(
             &error,
             Error::Store(StoreError::Unavailable { .. })
                 | Error::Handler(HandlerError::Store(StoreError::Unavailable { .. }))
         );
+        let (attempt, counted) = if store_down {
+            self.store_fault(key.as_ref())
+        } else {
+            (self.attempt_of(delivery.attempt, key.as_ref()), true)
+        };
         let dead_letter = match class {
             ErrorClass::Permanent if !mutant::active(Mutant::PermanentErrorNacked) => {
                 let code = if matches!(
@@ -747,10 +840,17 @@ where
                 };
                 Some(RejectReason::new(code, error.to_string()))
             }
-            ErrorClass::Transient if !store_down && attempt >= self.config.max_attempts => {
+            ErrorClass::Transient if counted && attempt >= self.config.max_attempts => {
                 Some(RejectReason::new(
                     ATTEMPTS_EXHAUSTED,
-                    format!("{attempt} attempts; the last failed with: {error}"),
+                    if store_down {
+                        format!(
+                            "{attempt} attempts failed on the store while other deliveries \
+                             committed; the last failed with: {error}"
+                        )
+                    } else {
+                        format!("{attempt} attempts; the last failed with: {error}")
+                    },
                 ))
             }
             _ => None,
@@ -865,7 +965,7 @@ where
             }
             ClaimOutcome::InProgress => {
                 let _ = tx.rollback().await;
-                let settle = delivery.acker.nack(Some(self.config.defer_delay)).await;
+                let settle = delivery.acker.defer(self.config.defer_delay).await;
                 Outcome::Deferred { key, settle }
             }
             ClaimOutcome::Claimed => {
@@ -929,17 +1029,27 @@ where
     /// logged in a `delivery` span with the fields of [`process`](Gate::process)'s
     /// (and `batch`, the batch's size); each outbox event gets its own delivery's trace.
     pub async fn process_batch<A: Acker>(&self, deliveries: Vec<Delivery<A>>) -> Vec<Outcome> {
+        let identified = deliveries.into_iter().map(|d| self.identify(d)).collect();
+        self.process_identified_batch(identified).await
+    }
+
+    /// [`process_batch`](Gate::process_batch) for deliveries already
+    /// [identified](Gate::identify), in their arrival order.
+    pub async fn process_identified_batch<A: Acker>(
+        &self,
+        deliveries: Vec<Identified<A, H::Input>>,
+    ) -> Vec<Outcome> {
         let n = deliveries.len();
         let traces: Vec<Option<SpanTrace>> = deliveries
             .iter()
-            .map(|d| SpanTrace::of(&d.headers))
+            .map(|d| SpanTrace::of(&d.delivery.headers))
             .collect();
         let mut outcomes: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
-        let mut valid: Vec<Identified<A, H::Input>> = Vec::with_capacity(n);
+        let mut valid: Vec<Positioned<A, H::Input>> = Vec::with_capacity(n);
         for (i, d) in deliveries.into_iter().enumerate() {
-            match self.handler.identify(&d.payload, &d.headers) {
-                Ok(sub) => valid.push((i, d, sub)),
-                Err(reason) => outcomes[i] = Some(self.reject(d, None, reason).await),
+            match d.submission {
+                Ok(sub) => valid.push((i, d.delivery, sub)),
+                Err(reason) => outcomes[i] = Some(self.reject(d.delivery, None, reason).await),
             }
         }
         if valid.len() == 1 {
@@ -977,7 +1087,7 @@ where
     /// `traces`: each delivery's trace, by its position in the batch.
     async fn batch_identified<A: Acker>(
         &self,
-        valid: Vec<Identified<A, H::Input>>,
+        valid: Vec<Positioned<A, H::Input>>,
         outcomes: &mut [Option<Outcome>],
         traces: &[Option<SpanTrace>],
     ) {
@@ -1036,7 +1146,7 @@ where
             .collect();
 
         let mut to_ack: Vec<(usize, IdempotencyKey, bool, A)> = Vec::new();
-        let mut to_nack: Vec<(usize, IdempotencyKey, A)> = Vec::new();
+        let mut to_defer: Vec<(usize, IdempotencyKey, A)> = Vec::new();
         let mut conflicts: Vec<(usize, Delivery<A>, IdempotencyKey, IdempotencyKey, String)> =
             Vec::new();
         for (pos, (i, d, sub)) in valid.into_iter().enumerate() {
@@ -1056,7 +1166,7 @@ where
                     audit::duplicate(&sub.key, &sub.subject);
                     to_ack.push((i, sub.key, false, d.acker));
                 }
-                ClaimOutcome::InProgress => to_nack.push((i, sub.key, d.acker)),
+                ClaimOutcome::InProgress => to_defer.push((i, sub.key, d.acker)),
                 // Nothing was claimed for it: the batch committed without it.
                 ClaimOutcome::Conflict { existing } => {
                     self.forget_attempts(&sub.key);
@@ -1085,8 +1195,8 @@ where
                 Outcome::Duplicate { key, settle }
             });
         }
-        for (i, key, acker) in to_nack {
-            let settle = acker.nack(Some(self.config.defer_delay)).await;
+        for (i, key, acker) in to_defer {
+            let settle = acker.defer(self.config.defer_delay).await;
             outcomes[i] = Some(Outcome::Deferred { key, settle });
         }
         for (i, d, key, existing, subject) in conflicts {
@@ -1100,7 +1210,7 @@ where
     async fn reclaim_conflicts<A: Acker>(
         &self,
         tx: &mut S::Tx,
-        valid: &[Identified<A, H::Input>],
+        valid: &[Positioned<A, H::Input>],
         unique: &[usize],
         items: &[(IdempotencyKey, ClaimMeta)],
         mut claims: Vec<ClaimOutcome>,
@@ -1136,7 +1246,7 @@ where
 
     async fn try_batch<A: Acker>(
         &self,
-        valid: &[Identified<A, H::Input>],
+        valid: &[Positioned<A, H::Input>],
         unique: &[usize],
         items: &[(IdempotencyKey, ClaimMeta)],
         traces: &[Option<SpanTrace>],
@@ -1212,7 +1322,33 @@ where
 }
 
 /// A delivery of a batch with its position and its identification.
-type Identified<A, I> = (usize, Delivery<A>, Submission<I>);
+/// A delivery of a batch with its position in the batch and its submission.
+type Positioned<A, I> = (usize, Delivery<A>, Submission<I>);
+
+/// A delivery [identified](Gate::identify) but not yet processed: its submission (or why
+/// it is refused) and its claim identity.
+#[derive(Debug)]
+pub struct Identified<A, I> {
+    delivery: Delivery<A>,
+    submission: Result<Submission<I>, RejectReason>,
+    identity: Option<u64>,
+}
+
+impl<A, I> Identified<A, I> {
+    /// A hash of the submission's [claim identity](ClaimMeta::identity) (subject and
+    /// submission timestamp): equal for every payload of one submission. `None` for a
+    /// delivery that is refused, or whose claim carries no identity. Two identities may
+    /// share a hash: a caller may only use it to keep deliveries in order, never to
+    /// decide an outcome.
+    pub fn identity(&self) -> Option<u64> {
+        self.identity
+    }
+
+    /// The delivery.
+    pub fn delivery(&self) -> &Delivery<A> {
+        &self.delivery
+    }
+}
 
 /// A traced delivery's context: the sender's (its `traceparent` header) and the one of
 /// the delivery's own span, a child of it.

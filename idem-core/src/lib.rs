@@ -64,8 +64,8 @@ pub use error::{
 };
 pub use filter::{DoneFilter, FilterStats, Filtered, FilteredTx, BREAKER_COOL_DOWN};
 pub use gate::{
-    ConflictPolicy, Gate, GateConfig, GateObserver, Handler, HandlerPanic, Outcome, OutcomeKind,
-    RetryPolicy, Stage, Submission,
+    ConflictPolicy, Gate, GateConfig, GateObserver, Handler, HandlerPanic, Identified, Outcome,
+    OutcomeKind, RetryPolicy, Stage, Submission,
 };
 pub use key::{sha256_hex, IdempotencyKey};
 pub use outbox::{

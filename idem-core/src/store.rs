@@ -88,18 +88,26 @@ impl ClaimMeta {
 }
 
 /// The order in which a batch's claims take their locks: by
-/// [identity](ClaimMeta::identity) (claims without one first), then by key; each key once
-/// (its first position). Returns positions in `items`.
+/// [identity](ClaimMeta::identity) (claims without one first); claims of one identity in
+/// arrival order (their positions in `items`), claims without an identity by key; each
+/// key once (its first position). Returns positions in `items`.
+///
+/// **The first delivered wins.** Of two payloads of one submission (the same subject and
+/// timestamp, another key), the one delivered first is claimed first, so it is the one
+/// that takes effect, and the later one is the [conflict](ClaimOutcome::Conflict) that is
+/// dead-lettered — never the other way round, whatever the keys' order.
 ///
 /// Two transactions that claim in this order can never wait on each other in a cycle: a
 /// claim waits only on an uncommitted row with the same key or the same identity, a key
 /// always comes with the same identity, and both transactions meet shared identities in
-/// the same order. Sorting by key alone is not enough once identities are checked: two
-/// batches holding different payloads of the same two submissions could each lock one
-/// identity and wait for the other's (the stores break such a deadlock, but only after
-/// their deadlock timeout, and the batch then falls back to one claim at a time). The
-/// gate claims batches in this order, and a store that inserts a batch in one statement
-/// keeps it.
+/// the same order. Within one identity the order does not matter for locks: a
+/// transaction's first claim of an identity holds it, and its later claims of that
+/// identity meet its own row (a conflict) without waiting on anyone. Sorting by key alone
+/// is not enough once identities are checked: two batches holding different payloads of
+/// the same two submissions could each lock one identity and wait for the other's (the
+/// stores break such a deadlock, but only after their deadlock timeout, and the batch
+/// then falls back to one claim at a time). The gate claims batches in this order, and a
+/// store that inserts a batch in one statement keeps it.
 ///
 /// ```
 /// use idem_core::{claim_order, ClaimMeta, IdempotencyKey};
@@ -110,17 +118,19 @@ impl ClaimMeta {
 /// };
 /// let items = [item("B", "1"), item("A", "2"), item("A", "1"), item("B", "1")];
 /// let order = claim_order(&items);
-/// // A's two payloads first (in key order), then B once.
-/// assert_eq!(order.len(), 3);
-/// assert!(order[..2].iter().all(|&i| items[i].1.subject == "A"));
-/// assert_eq!(items[order[2]].1.subject, "B");
+/// // A's two payloads first, in the order they arrived, then B once.
+/// assert_eq!(order, vec![1, 2, 0]);
 /// ```
 pub fn claim_order(items: &[(IdempotencyKey, ClaimMeta)]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..items.len()).collect();
-    // Stable: among equal keys the first position stays first.
+    // Stable: claims of one identity keep their arrival order, and among equal keys the
+    // first position stays first.
     order.sort_by(|&a, &b| {
-        (items[a].1.identity(), items[a].0.as_bytes())
-            .cmp(&(items[b].1.identity(), items[b].0.as_bytes()))
+        let (ia, ib) = (items[a].1.identity(), items[b].1.identity());
+        ia.cmp(&ib).then_with(|| match ia {
+            None => items[a].0.as_bytes().cmp(items[b].0.as_bytes()),
+            Some(_) => std::cmp::Ordering::Equal,
+        })
     });
     let mut seen = std::collections::HashSet::with_capacity(items.len());
     order.retain(|&i| seen.insert(items[i].0));

@@ -140,12 +140,10 @@ mod sqlite {
     use idem_store_sqlite::sql::statement;
     use idem_store_sqlite::{SqliteStore, SqliteTx};
 
+    /// By SQLite result code, as the store's own statements: a full disk is the store's
+    /// fault (retried), a refused value the message's (dead-lettered).
     fn err(what: &str, e: sqlx::Error) -> StoreError {
-        StoreError::Other {
-            message: what.to_owned(),
-            retryable: false,
-            source: Some(Box::new(e)),
-        }
+        idem_store_sqlite::map_sqlx(e, what)
     }
 
     #[async_trait]

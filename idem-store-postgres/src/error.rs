@@ -90,6 +90,8 @@ impl From<sqlx::Error> for PgError {
 
 /// SQLSTATE `unique_violation`.
 pub(crate) const UNIQUE_VIOLATION: &str = "23505";
+/// SQLSTATE `in_failed_sql_transaction` (a statement sent after an earlier one failed).
+pub(crate) const IN_FAILED_TRANSACTION: &str = "25P02";
 /// SQLSTATE `lock_not_available` (a `lock_timeout` expired).
 pub(crate) const LOCK_NOT_AVAILABLE: &str = "55P03";
 

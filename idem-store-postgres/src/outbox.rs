@@ -259,7 +259,7 @@ impl PgTx {
                 PgColumn::Bool(v) => q.bind(v),
             };
         }
-        if let Err(e) = q.execute(self.conn()).await {
+        if let Err(e) = q.execute(self.own_conn()).await {
             self.mark_aborted();
             return Err(map_sqlx(
                 e,
@@ -304,7 +304,7 @@ impl OutboxWriter for PgTx {
         if notify {
             q = q.bind(shared.channel.as_str());
         }
-        if let Err(e) = q.execute(self.conn()).await {
+        if let Err(e) = q.execute(self.own_conn()).await {
             self.mark_aborted();
             return Err(map_sqlx(e, "enqueue outbox event"));
         }

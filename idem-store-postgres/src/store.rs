@@ -18,7 +18,7 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres, SqlStr};
 use sqlx_core::transaction::TransactionManager;
 
 use crate::config::{quote, PgConfig, PgLayout};
-use crate::error::{map_sqlx, sqlstate, LOCK_NOT_AVAILABLE};
+use crate::error::{map_sqlx, sqlstate, IN_FAILED_TRANSACTION, LOCK_NOT_AVAILABLE};
 use crate::outbox::SUBJECT_LOCK;
 use crate::sql::statement;
 use crate::warm::Warm;
@@ -692,6 +692,7 @@ impl ClaimStore for PgStore {
             shared: self.shared.clone(),
             aborted: false,
             claimed: false,
+            lent: false,
         };
         if let Some(mut conn) = self.shared.warm.take() {
             // A failure means it broke while it was parked (a server restart): it is
@@ -738,6 +739,9 @@ pub struct PgTx {
     shared: Arc<Shared>,
     aborted: bool,
     claimed: bool,
+    /// The handler was handed the connection ([`PgTx::conn`]): its statements may have
+    /// failed, or ended the transaction, without this transaction knowing.
+    lent: bool,
 }
 
 /// A transaction dropped before its end (a crash, a cancelled future) is rolled back as
@@ -755,10 +759,67 @@ impl Drop for PgTx {
 
 impl PgTx {
     /// The transaction's connection, for the handler's business writes.
+    ///
+    /// A handler must propagate the errors of its statements: after a failed statement
+    /// the server has aborted the transaction, and its `COMMIT` would answer `ROLLBACK`.
+    /// Once the connection has been lent, [`commit`](ClaimTx::commit) checks the
+    /// transaction's state on the server first (one round trip): a transaction aborted
+    /// by an ignored error is rolled back and reported (retried, never acked), and one
+    /// the handler ended itself (`COMMIT` or `ROLLBACK` sent on this connection) is a
+    /// [`StoreError::Config`] — a bug in the handler, which stops the consumer.
     pub fn conn(&mut self) -> &mut PgConnection {
+        self.lent = true;
+        self.own_conn()
+    }
+
+    /// The connection, for this crate's own statements (which record their failures).
+    pub(crate) fn own_conn(&mut self) -> &mut PgConnection {
         self.conn
             .as_deref_mut()
             .expect("a PgTx holds its connection until commit or rollback consumes it")
+    }
+
+    /// Before the commit of a transaction whose connection was lent: is it still open and
+    /// not aborted on the server? `Ok(())` when it can be committed; otherwise it has been
+    /// rolled back (or was ended by the handler) and the error says which.
+    async fn check_lent(&mut self) -> Result<(), StoreError> {
+        let state: Result<bool, sqlx::Error> =
+            sqlx::query_scalar("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
+                .fetch_one(self.own_conn())
+                .await;
+        match state {
+            Ok(true) => Ok(()),
+            // Nothing written: nothing to lose, and nothing to tell apart (a transaction
+            // that wrote nothing has no id whether or not it is still open).
+            Ok(false) if !self.claimed => Ok(()),
+            Ok(false) => {
+                // The server is outside any transaction block: the handler sent COMMIT
+                // or ROLLBACK itself. sqlx still counts the transaction as open.
+                if let Some(conn) = self.conn.as_mut() {
+                    PgTransactionManager::start_rollback(conn);
+                }
+                Err(StoreError::Config(
+                    "the handler ended the claim transaction itself (COMMIT or ROLLBACK on \
+                     PgTx::conn): the claim and the handler's writes were not committed as \
+                     one; fix the handler"
+                        .into(),
+                ))
+            }
+            Err(e) => {
+                self.aborted = true;
+                Err(StoreError::Conflict {
+                    message: if sqlstate(&e).as_deref() == Some(IN_FAILED_TRANSACTION) {
+                        "a statement of the handler failed and the handler went on: the \
+                         server aborted the transaction, which has been rolled back, not \
+                         committed"
+                            .into()
+                    } else {
+                        "checking the transaction before its commit".into()
+                    },
+                    source: Some(Box::new(e)),
+                })
+            }
+        }
     }
 
     /// Ends the transaction with `COMMIT` (or `ROLLBACK`); a connection whose
@@ -851,7 +912,7 @@ impl PgTx {
             query = query.bind(months);
         }
         let rows: Vec<(String, Option<String>, Option<i32>)> =
-            match query.fetch_all(self.conn()).await {
+            match query.fetch_all(self.own_conn()).await {
                 Ok(rows) => rows,
                 Err(e) => {
                     self.aborted = true;
@@ -900,7 +961,7 @@ impl PgTx {
             let months: Vec<String> = order.iter().map(|&i| Self::month(&items[i].1)).collect();
             query = query.bind(months);
         }
-        let rows = match query.fetch_all(self.conn()).await {
+        let rows = match query.fetch_all(self.own_conn()).await {
             Ok(rows) => rows,
             Err(e) => {
                 self.aborted = true;
@@ -986,7 +1047,7 @@ impl ClaimTx for PgTx {
         if shared.layout == PgLayout::Partitioned {
             query = query.bind(Self::month(meta));
         }
-        match query.execute(self.conn()).await {
+        match query.execute(self.own_conn()).await {
             Ok(r) if r.rows_affected() == 1 => {
                 self.claimed = true;
                 Ok(ClaimOutcome::Claimed)
@@ -1071,7 +1132,15 @@ impl ClaimTx for PgTx {
     /// Commits. After a failed statement the server has aborted the transaction (its
     /// `COMMIT` would silently roll back): this rolls back and returns
     /// [`StoreError::Conflict`] instead, so nothing is acked that was not committed.
-    async fn commit(self) -> Result<(), StoreError> {
+    async fn commit(mut self) -> Result<(), StoreError> {
+        if self.lent && !self.aborted {
+            if let Err(e) = self.check_lent().await {
+                if !matches!(e, StoreError::Config(_)) {
+                    let _ = self.end(false).await;
+                }
+                return Err(e);
+            }
+        }
         if self.aborted {
             let claimed = self.claimed;
             let _ = self.end(false).await;

@@ -6,9 +6,28 @@ use idem_core::StoreError;
 /// SQLite's primary result codes we tell apart (the extended code's low byte).
 const SQLITE_BUSY: u32 = 5;
 const SQLITE_LOCKED: u32 = 6;
+const SQLITE_NOMEM: u32 = 7;
+const SQLITE_READONLY: u32 = 8;
+const SQLITE_IOERR: u32 = 10;
+const SQLITE_CORRUPT: u32 = 11;
+const SQLITE_FULL: u32 = 13;
+const SQLITE_CANTOPEN: u32 = 14;
+const SQLITE_PROTOCOL: u32 = 15;
+const SQLITE_TOOBIG: u32 = 18;
 const SQLITE_CONSTRAINT: u32 = 19;
+const SQLITE_MISMATCH: u32 = 20;
+const SQLITE_NOLFS: u32 = 22;
+const SQLITE_RANGE: u32 = 25;
+const SQLITE_NOTADB: u32 = 26;
 
-/// Maps a sqlx error raised while doing `what`.
+/// Maps a sqlx error raised while doing `what`, by whose fault it is:
+///
+/// | result code | class |
+/// |---|---|
+/// | `BUSY`, `LOCKED` | [`StoreError::Conflict`]: another writer; retry |
+/// | `FULL`, `IOERR`, `READONLY`, `CANTOPEN`, `NOMEM`, `CORRUPT`, `PROTOCOL`, `NOLFS`, `NOTADB` | [`StoreError::Unavailable`]: the file, its disk or the machine failed, not the message; nothing is dead-lettered for it while the store fails for everyone |
+/// | `CONSTRAINT`, `TOOBIG`, `MISMATCH`, `RANGE` | [`StoreError::Rejected`]: this message's values, for good |
+/// | anything else | [`StoreError::Other`], not retryable |
 pub(crate) fn map(what: &str, e: sqlx::Error) -> StoreError {
     let message = what.to_owned();
     match &e {
@@ -19,10 +38,19 @@ pub(crate) fn map(what: &str, e: sqlx::Error) -> StoreError {
                     message,
                     source: Some(Box::new(e)),
                 },
-                SQLITE_CONSTRAINT => StoreError::Rejected {
-                    message,
-                    source: Some(Box::new(e)),
-                },
+                SQLITE_NOMEM | SQLITE_READONLY | SQLITE_IOERR | SQLITE_CORRUPT | SQLITE_FULL
+                | SQLITE_CANTOPEN | SQLITE_PROTOCOL | SQLITE_NOLFS | SQLITE_NOTADB => {
+                    StoreError::Unavailable {
+                        message,
+                        source: Some(Box::new(e)),
+                    }
+                }
+                SQLITE_CONSTRAINT | SQLITE_TOOBIG | SQLITE_MISMATCH | SQLITE_RANGE => {
+                    StoreError::Rejected {
+                        message,
+                        source: Some(Box::new(e)),
+                    }
+                }
                 _ => StoreError::Other {
                     message,
                     retryable: false,
@@ -42,6 +70,25 @@ pub(crate) fn map(what: &str, e: sqlx::Error) -> StoreError {
             source: Some(Box::new(e)),
         },
     }
+}
+
+/// Maps the driver error of a handler's own statement in the claim's transaction (a
+/// business write) to a [`StoreError`], by SQLite result code exactly as the store maps
+/// its own (see the table above). A handler should use it rather than a blanket
+/// non-retryable error: a full disk is then the store's fault (nothing is dead-lettered
+/// for it), and only a value the schema refuses dead-letters its message.
+///
+/// ```
+/// # async fn write(tx: &mut idem_store_sqlite::SqliteTx) -> Result<(), idem_core::StoreError> {
+/// sqlx::query("INSERT INTO ledger (award_id) VALUES (?)")
+///     .bind("A-1")
+///     .execute(tx.conn())
+///     .await
+///     .map_err(|e| idem_store_sqlite::map_sqlx(e, "record the award"))?;
+/// # Ok(()) }
+/// ```
+pub fn map_sqlx(e: sqlx::Error, what: &str) -> StoreError {
+    map(what, e)
 }
 
 /// An error of this crate's own operations beyond the claim path (configuration,

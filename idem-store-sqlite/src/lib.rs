@@ -65,7 +65,7 @@ pub mod sql;
 pub mod store;
 
 pub use config::SqliteConfig;
-pub use error::SqliteError;
+pub use error::{map_sqlx, SqliteError};
 pub use identity::{SqliteIdentitySession, StoreIdentity};
 pub use source::{SqliteOutboxBatch, SqliteOutboxSource};
 pub use store::{SqliteStore, SqliteTx};

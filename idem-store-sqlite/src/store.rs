@@ -60,6 +60,16 @@ impl SqliteStore {
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             .max_connections(config.max_connections.max(1))
+            // A connection sqlx still counts as inside a transaction is closed, never
+            // handed out: when a commit fails on a full disk or an I/O error, SQLite has
+            // already rolled the transaction back, sqlx's own ROLLBACK then fails, and
+            // its count stays at one — every later `BEGIN IMMEDIATE` on that connection
+            // would fail ("InvalidSavePointStatement"), each one a lost attempt.
+            .before_acquire(|conn, _| {
+                use sqlx::Connection as _;
+                let open = conn.is_in_transaction();
+                Box::pin(async move { Ok(!open) })
+            })
             .connect_with(options)
             .await
             .map_err(|e| map("opening the SQLite database", e))?;

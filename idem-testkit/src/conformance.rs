@@ -576,6 +576,99 @@ pub async fn gate_conflict_policies<S: TestStore>(store: S) {
     }
 }
 
+/// The first delivered wins, within a batch and across the batches a consumer has in
+/// flight: of two payloads of one submission, the one delivered first takes effect and
+/// the later one is dead-lettered as the conflict — even when the first one's batch is
+/// slower (here it also holds a key that another transaction keeps locked for a while,
+/// so on a store whose claims wait on locks the later batch would otherwise claim first).
+pub async fn first_delivered_wins_across_batches<S: TestStore>(store: S) {
+    if !store.capabilities().detects_conflicts || !store.capabilities().transactional_writes {
+        return;
+    }
+    const TS: &str = "2026-07-01T09:00:00Z";
+    let held = encode_submission("A-held", TS, 5);
+    let held_key = crate::harness::EffectHandler::parse(&held)
+        .expect("valid")
+        .key;
+    // Another transaction holds the first batch's other key for a while.
+    let mut holder = store.begin().await.expect("begin");
+    assert_eq!(
+        holder
+            .claim(
+                &held_key,
+                &ClaimMeta::new("A-held").with_submission_timestamp(TS)
+            )
+            .await
+            .expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    let broker = SimBroker::new(11);
+    // Arrival order: batch one [A-held, Z-first=1], batch two [Z-first=2, B-other].
+    broker.publish(held);
+    broker.publish(encode_submission("Z-first", TS, 1));
+    broker.publish(encode_submission("Z-first", TS, 2));
+    broker.publish(encode_submission("B-other", TS, 3));
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let _ = holder.rollback().await;
+    });
+    let gate = Gate::with_config(
+        store.clone(),
+        EffectHandlerFor::<S>::new(),
+        GateConfig::default().with_defer_delay(Duration::from_millis(10)),
+    );
+    let source = broker.clone();
+    let deliveries = futures::stream::unfold((), move |()| {
+        let source = source.clone();
+        async move {
+            loop {
+                if let Some(d) = source.receive() {
+                    return Some((Ok::<_, std::convert::Infallible>(d), ()));
+                }
+                if source.is_settled() {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    let run = idem_core::consumer::run(
+        &gate,
+        deliveries,
+        idem_core::ConsumerConfig::new(2, 2),
+        tokio::time::sleep(Duration::from_secs(30)),
+        |_| {},
+    );
+    run.await.expect("the consumer runs");
+    release.await.expect("the holder ends");
+    assert!(broker.is_settled(), "every delivery is settled");
+    let effects = store.effects().await.expect("effects");
+    let z: Vec<i64> = effects
+        .iter()
+        .filter(|e| e.subject == "Z-first")
+        .map(|e| e.amount)
+        .collect();
+    assert_eq!(
+        z,
+        vec![1],
+        "the payload delivered first must take effect, once (the later batch claimed first)"
+    );
+    let dead: Vec<(Vec<u8>, &str)> = broker
+        .dead_letters()
+        .into_iter()
+        .map(|(m, r)| (m.payload, r.code))
+        .collect();
+    assert_eq!(
+        dead,
+        vec![(
+            encode_submission("Z-first", TS, 2),
+            idem_core::gate::CONFLICT
+        )],
+        "only the later payload is dead-lettered, as the conflict"
+    );
+    assert_eq!(effects.len(), 3, "A-held, Z-first and B-other each once");
+}
+
 /// Runs every check in order against stores from `make` (for a quick single-test run).
 pub async fn run_all<S, F, Fut>(make: F)
 where
@@ -598,6 +691,7 @@ where
     concurrent_conflicting_claims_serialize(make().await).await;
     batch_claim_detects_conflicts(make().await).await;
     gate_conflict_policies(make().await).await;
+    first_delivered_wins_across_batches(make().await).await;
 }
 
 /// Expands to one `#[tokio::test]` per conformance check. `$make` is an expression
@@ -620,7 +714,8 @@ macro_rules! conformance_tests {
             conflicting_payload_is_a_conflict,
             concurrent_conflicting_claims_serialize,
             batch_claim_detects_conflicts,
-            gate_conflict_policies
+            gate_conflict_policies,
+            first_delivered_wins_across_batches
         );
     };
     (@each $make:expr; $($name:ident),+) => {

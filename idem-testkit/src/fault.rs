@@ -498,6 +498,10 @@ impl<A: Acker> Acker for FaultyAcker<A> {
         self.inner.nack(delay).await
     }
 
+    async fn defer(self, delay: Duration) -> Result<(), AckError> {
+        self.inner.defer(delay).await
+    }
+
     async fn dead_letter(
         self,
         payload: &[u8],

@@ -197,6 +197,10 @@ impl Acker for AnyAcker {
         each_broker!(self, Self, a => a.nack(delay).await)
     }
 
+    async fn defer(self, delay: Duration) -> Result<(), AckError> {
+        each_broker!(self, Self, a => a.defer(delay).await)
+    }
+
     async fn dead_letter(
         self,
         payload: &[u8],

@@ -755,6 +755,12 @@ impl Acker for NatsAcker {
         }
     }
 
+    /// Held here, alive, and handed back after the delay with the same attempt: a
+    /// deferral is not an attempt, and the server counts no delivery.
+    async fn defer(self, delay: Duration) -> Result<(), AckError> {
+        NatsAcker::defer(self, delay).await
+    }
+
     async fn dead_letter(
         self,
         payload: &[u8],

@@ -15,7 +15,11 @@ pub struct TestSqlite {
 }
 
 pub async fn fresh() -> TestSqlite {
-    let dir = tempfile::tempdir().expect("temp dir");
+    open_in(tempfile::tempdir().expect("temp dir")).await
+}
+
+/// A store on a fresh file `idem.db` in `dir` (kept as long as the store).
+pub async fn open_in(dir: tempfile::TempDir) -> TestSqlite {
     let path = dir.path().join("idem.db");
     let store = SqliteStore::connect(path.to_str().expect("utf-8 path"), SqliteConfig::default())
         .await
@@ -45,7 +49,7 @@ impl ClaimStore for TestSqlite {
 }
 
 fn err(e: sqlx::Error) -> StoreError {
-    StoreError::other(e.to_string(), false)
+    idem_store_sqlite::map_sqlx(e, "the harness's write")
 }
 
 #[async_trait]

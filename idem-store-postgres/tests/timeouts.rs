@@ -1,0 +1,219 @@
+//! A statement timeout on the real server (SQLSTATE 57014, `statement_timeout` set on the
+//! connection): when it recurs on one message while others commit, that message is
+//! dead-lettered after `max_attempts` with its reason (it used to be nacked for ever, as
+//! if the store were down); when every message times out, the store is what fails, and
+//! nothing is dead-lettered.
+
+mod common;
+
+use idem_core::{Gate, GateConfig};
+use idem_store_postgres::{PgConfig, PgStore};
+use idem_testkit::{encode_submission, EffectHandlerFor, SimBroker};
+
+/// The migrated schema of `base`, with a trigger that makes inserting an effect whose
+/// subject matches `pattern` sleep for a second, and a store on it whose connections
+/// have a 300 ms `statement_timeout`.
+async fn slow_store(pattern: &str) -> (PgStore, common::TestPg) {
+    let base = common::fresh_pg().await;
+    let schema = base.schema().to_owned();
+    for sql in [
+        format!(
+            "CREATE FUNCTION \"{schema}\".slow_effect() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.subject LIKE '{pattern}' THEN PERFORM pg_sleep(1); END IF; \
+             RETURN NEW; END $$"
+        ),
+        format!(
+            "CREATE TRIGGER slow BEFORE INSERT ON \"{schema}\".effects \
+             FOR EACH ROW EXECUTE FUNCTION \"{schema}\".slow_effect()"
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(base.pool())
+            .await
+            .expect("slow trigger");
+    }
+    let url = format!("{}?options=-c%20statement_timeout%3D300", common::url());
+    let store = PgStore::connect(
+        &url,
+        PgConfig::new(schema)
+            .expect("schema")
+            .with_max_connections(4),
+    )
+    .await
+    .expect("connect with a statement timeout");
+    (base, common::TestPg(store))
+}
+
+async fn rounds<S, H>(gate: &Gate<S, H>, broker: &SimBroker, n: usize)
+where
+    S: idem_core::ClaimStore,
+    H: idem_core::Handler<S::Tx>,
+{
+    for _ in 0..n {
+        if broker.is_settled() {
+            break;
+        }
+        for d in broker.receive_many(1000) {
+            gate.process(d).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_timeout_on_one_message_dead_letters_it_after_max_attempts() {
+    let (base, store) = slow_store("SLOW%").await;
+    let broker = SimBroker::new(3);
+    let ts = "2026-07-01T09:00:00Z";
+    broker.publish(encode_submission("SLOW-1", ts, 1));
+    for i in 0..6 {
+        broker.publish(encode_submission(&format!("OK-{i}"), ts, i));
+    }
+    let gate = Gate::with_config(
+        store.clone(),
+        EffectHandlerFor::<common::TestPg>::new(),
+        GateConfig::default().with_max_attempts(3),
+    );
+    rounds(&gate, &broker, 10).await;
+    assert!(
+        broker.is_settled(),
+        "the timed-out message was looped, not settled"
+    );
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1, "only the slow message is dead-lettered");
+    let (msg, reason) = &dead[0];
+    assert_eq!(msg.payload, encode_submission("SLOW-1", ts, 1));
+    assert_eq!(reason.code, idem_core::gate::ATTEMPTS_EXHAUSTED);
+    assert!(
+        reason.detail.contains("3 attempts"),
+        "the reason says how many attempts: {reason}"
+    );
+    use idem_testkit::TestStore as _;
+    let effects = store.effects().await.expect("effects");
+    assert_eq!(effects.len(), 6, "the others are processed once each");
+    assert!(effects.iter().all(|e| e.subject.starts_with("OK-")));
+    common::drop_schema(&base).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_timeout_on_every_message_dead_letters_nothing() {
+    let (base, store) = slow_store("%").await;
+    let broker = SimBroker::new(4);
+    let ts = "2026-07-01T09:00:00Z";
+    for i in 0..3 {
+        broker.publish(encode_submission(&format!("ALL-{i}"), ts, i));
+    }
+    let gate = Gate::with_config(
+        store.clone(),
+        EffectHandlerFor::<common::TestPg>::new(),
+        GateConfig::default().with_max_attempts(2),
+    );
+    rounds(&gate, &broker, 5).await;
+    assert!(
+        broker.dead_letters().is_empty(),
+        "a store that fails every message is the store's fault: nothing is dead-lettered"
+    );
+    assert!(!broker.is_settled(), "nothing was processed");
+    // The store recovers (the slow trigger goes): every message is processed once.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TRIGGER slow ON \"{}\".effects",
+        base.schema()
+    )))
+    .execute(base.pool())
+    .await
+    .expect("drop trigger");
+    rounds(&gate, &broker, 5).await;
+    assert!(broker.is_settled());
+    use idem_testkit::TestStore as _;
+    assert_eq!(store.effects().await.expect("effects").len(), 3);
+    assert!(broker.dead_letters().is_empty());
+    common::drop_schema(&base).await;
+}
+
+/// A handler that ignores the error of its own statement on `PgTx::conn`, or ends the
+/// transaction itself: Postgres answers the `COMMIT` of an aborted transaction with the
+/// tag `ROLLBACK` and no error, so without a check the gate would ack a message whose
+/// claim was never committed.
+mod lent {
+    use super::common;
+    use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError};
+
+    async fn claimed(store: &idem_store_postgres::PgStore, n: &str) -> idem_store_postgres::PgTx {
+        let key = IdempotencyKey::derive(n, "2026-07-01T09:00:00Z", n.as_bytes()).expect("key");
+        let mut tx = store.begin().await.expect("begin");
+        let meta = ClaimMeta::new(n).with_submission_timestamp("2026-07-01T09:00:00Z");
+        assert_eq!(
+            tx.claim(&key, &meta).await.expect("claim"),
+            ClaimOutcome::Claimed
+        );
+        tx
+    }
+
+    async fn claims(store: &idem_store_postgres::PgStore) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}",
+            store.table("processed_messages")
+        )))
+        .fetch_one(store.pool())
+        .await
+        .expect("count")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_after_an_ignored_error_is_an_error_not_a_silent_rollback() {
+        let store = common::fresh_pg().await;
+        let mut tx = claimed(&store, "IGNORED-1").await;
+        // The handler's statement fails, and the handler goes on.
+        let failed = sqlx::query("SELECT 1/0").execute(tx.conn()).await;
+        assert!(failed.is_err());
+        let committed = tx.commit().await;
+        assert!(
+            matches!(committed, Err(StoreError::Conflict { .. })),
+            "COMMIT of an aborted transaction must not report success: {committed:?}"
+        );
+        assert_eq!(claims(&store).await, 0, "nothing was committed");
+        // The connection is usable for the next transaction.
+        let tx = claimed(&store, "IGNORED-2").await;
+        tx.commit().await.expect("commit");
+        assert_eq!(claims(&store).await, 1);
+        common::drop_schema(&store).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handler_that_ends_the_transaction_itself_is_a_config_error() {
+        let store = common::fresh_pg().await;
+        for end in ["ROLLBACK", "COMMIT"] {
+            let mut tx = claimed(&store, &format!("ENDED-{end}")).await;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(end))
+                .execute(tx.conn())
+                .await
+                .expect("the handler's own end");
+            let committed = tx.commit().await;
+            assert!(
+                matches!(committed, Err(StoreError::Config(_))),
+                "{end} sent by the handler must be reported: {committed:?}"
+            );
+        }
+        // Only the claim the handler committed itself is there; the next transaction works.
+        assert_eq!(claims(&store).await, 1);
+        claimed(&store, "AFTER")
+            .await
+            .commit()
+            .await
+            .expect("commit");
+        assert_eq!(claims(&store).await, 2);
+        common::drop_schema(&store).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_connection_that_worked_commits() {
+        let store = common::fresh_pg().await;
+        let mut tx = claimed(&store, "LENT-OK").await;
+        sqlx::query("SELECT 1")
+            .execute(tx.conn())
+            .await
+            .expect("select");
+        tx.commit().await.expect("commit");
+        assert_eq!(claims(&store).await, 1);
+        common::drop_schema(&store).await;
+    }
+}
