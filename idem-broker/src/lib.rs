@@ -81,6 +81,7 @@ mod names;
 #[cfg(any(feature = "redis-streams", feature = "sqs", feature = "kafka"))]
 mod pull;
 mod setting;
+mod tls;
 
 #[cfg(feature = "kafka")]
 pub mod kafka;

@@ -66,6 +66,19 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! ## TLS
+//! With the `tls` feature the connection URL's TLS settings are honoured, through rustls
+//! (the `ring` provider; no OpenSSL): `sslmode` `require` (encrypted, not verified),
+//! `verify-ca` (the server's certificate chains to a trusted root) and `verify-full`
+//! (and names the host); `sslrootcert` (a PEM file of trusted roots, else the system's;
+//! `SSL_CERT_FILE` / `SSL_CERT_DIR` name others), `sslcert` and `sslkey` (a client
+//! certificate), e.g.
+//! `postgres://idem@db.internal/app?sslmode=verify-full&sslrootcert=/etc/idem/pg-ca.pem`.
+//! A mode that requires TLS never falls back to plaintext: a server without TLS is
+//! refused, and so is every such URL on a build without the feature. `sslmode=prefer`
+//! (the default, as in libpq) uses TLS when the server offers it and it is compiled in,
+//! plaintext otherwise: use `require` or stronger wherever plaintext is not acceptable.
 
 pub mod audit;
 pub mod config;

@@ -54,16 +54,26 @@ impl Conn {
         config.validate()?;
         let url = config.normalized_url()?;
         let cluster = config.is_cluster();
+        // Checked by `validate`: TLS files only with a TLS URL, which needs the feature.
+        let tls = config.tls_files()?;
+        #[cfg(feature = "tls")]
+        if crate::tls::scheme_asks_for_tls(&url) {
+            // Both clients build their TLS configurations from rustls's process default.
+            crate::tls::install_default_provider();
+        }
         let inner = match config.client {
             #[cfg(feature = "fred")]
-            ClientKind::Fred => Inner::Fred(fred_impl::open(&url, config.timeout, wait).await?),
+            ClientKind::Fred => {
+                Inner::Fred(fred_impl::open(&url, &tls, config.timeout, wait).await?)
+            }
             #[cfg(feature = "redis-rs")]
             ClientKind::RedisRs if cluster => Inner::RedisRs(rs::Lazy::new_cluster(
                 &config.cluster_nodes()?,
+                &tls,
                 config.timeout,
             )?),
             #[cfg(feature = "redis-rs")]
-            ClientKind::RedisRs => Inner::RedisRs(rs::Lazy::new(&url, config.timeout)?),
+            ClientKind::RedisRs => Inner::RedisRs(rs::Lazy::new(&url, &tls, config.timeout)?),
         };
         let conn = Self {
             inner,
@@ -270,13 +280,22 @@ mod fred_impl {
         }
     }
 
+    /// `tls`: files given with a `rediss://` URL (else fred's own TLS configuration, on
+    /// the system's roots).
+    #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
     pub(super) async fn open(
         url: &str,
+        tls: &crate::tls::TlsFiles,
         timeout: Duration,
         wait: bool,
     ) -> Result<Client, RedisError> {
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
         let mut config = Config::from_url(url)
             .map_err(|e| RedisError::Config(format!("{:?}: {e}", idem_core::Redacted(url))))?;
+        #[cfg(feature = "tls")]
+        if !tls.is_empty() {
+            config.tls = Some(crate::tls::rustls_config(tls)?.into());
+        }
         config.fail_fast = wait;
         let client = Builder::from_config(config)
             .with_connection_config(|c| {
@@ -486,7 +505,7 @@ mod rs {
     /// Where the connection goes: one server, or a cluster's nodes.
     #[derive(Clone)]
     enum Target {
-        Single(redis::Client),
+        Single(Box<redis::Client>),
         Cluster(Box<ClusterClient>),
     }
 
@@ -542,16 +561,42 @@ mod rs {
     }
 
     impl Lazy {
-        pub(super) fn new(url: &str, timeout: Duration) -> Result<Self, RedisError> {
-            let client = redis::Client::open(url)
+        /// `tls`: files given with a `rediss://` URL (else redis-rs's own TLS
+        /// configuration, on the system's roots).
+        #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+        pub(super) fn new(
+            url: &str,
+            tls: &crate::tls::TlsFiles,
+            timeout: Duration,
+        ) -> Result<Self, RedisError> {
+            #[cfg(feature = "tls")]
+            let client = if tls.is_empty() {
+                redis::Client::open(url)
+            } else {
+                redis::Client::build_with_tls(url, crate::tls::redis_rs_certificates(tls)?)
+            };
+            #[cfg(not(feature = "tls"))]
+            let client = redis::Client::open(url);
+            let client = client
                 .map_err(|e| RedisError::Config(format!("{:?}: {e}", idem_core::Redacted(url))))?;
-            Ok(Self::with_target(Target::Single(client), timeout))
+            Ok(Self::with_target(Target::Single(Box::new(client)), timeout))
         }
 
         /// A cluster client on `nodes` (one `redis://host:port` each; any subset of the
         /// cluster, the rest is discovered).
-        pub(super) fn new_cluster(nodes: &[String], timeout: Duration) -> Result<Self, RedisError> {
-            let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+        #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+        pub(super) fn new_cluster(
+            nodes: &[String],
+            tls: &crate::tls::TlsFiles,
+            timeout: Duration,
+        ) -> Result<Self, RedisError> {
+            #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+            let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str));
+            #[cfg(feature = "tls")]
+            if !tls.is_empty() {
+                builder = builder.certs(crate::tls::redis_rs_certificates(tls)?);
+            }
+            let client = builder
                 .connection_timeout(timeout.max(Duration::from_millis(500)))
                 .response_timeout(timeout)
                 // Our own timeout bounds every call; within it, a redirection (MOVED, ASK)
@@ -587,7 +632,7 @@ mod rs {
                         .set_number_of_retries(1)
                         .set_max_delay(Duration::from_secs(2));
                     Live::Single(
-                        ConnectionManager::new_with_config(client.clone(), config)
+                        ConnectionManager::new_with_config((**client).clone(), config)
                             .await
                             .map_err(|e| map_err(action, e))?,
                     )
@@ -819,7 +864,7 @@ mod rs_tests {
 
     #[tokio::test]
     async fn a_wrong_type_inside_a_pipeline_is_refused() {
-        let c = Lazy::new(&url(), Duration::from_secs(3)).expect("url");
+        let c = Lazy::new(&url(), &Default::default(), Duration::from_secs(3)).expect("url");
         let list = fresh_key("list");
         let free = fresh_key("free");
         // A list under the key: `SET … GET` answers WRONGTYPE for it.
@@ -849,7 +894,7 @@ mod rs_tests {
 
     #[tokio::test]
     async fn a_reply_of_the_wrong_type_is_unexpected() {
-        let c = Lazy::new(&url(), Duration::from_secs(3)).expect("url");
+        let c = Lazy::new(&url(), &Default::default(), Duration::from_secs(3)).expect("url");
         let err = c
             .eval_each("check", "return 'not a number'", &[fresh_key("any")], &[])
             .await
@@ -870,7 +915,7 @@ mod rs_tests {
     /// again as `EVAL`, which caches it, so the next call's `EVALSHA`s run it at once.
     #[tokio::test]
     async fn a_script_the_server_has_not_cached_is_sent_again_whole() {
-        let c = Lazy::new(&url(), Duration::from_secs(3)).expect("url");
+        let c = Lazy::new(&url(), &Default::default(), Duration::from_secs(3)).expect("url");
         let script: &'static str = Box::leak(
             format!(
                 "-- {:032x}\nreturn tonumber(ARGV[1]) + redis.call('EXISTS', KEYS[1])",
@@ -904,7 +949,12 @@ mod rs_tests {
     #[tokio::test]
     async fn a_closed_port_is_unavailable() {
         // Port 1 on loopback: nothing listens there, the connection is refused.
-        let c = Lazy::new("redis://127.0.0.1:1", Duration::from_secs(1)).expect("url");
+        let c = Lazy::new(
+            "redis://127.0.0.1:1",
+            &Default::default(),
+            Duration::from_secs(1),
+        )
+        .expect("url");
         let err = c.ping("ping").await.expect_err("nothing listens");
         assert!(
             matches!(err, RedisError::Unavailable { action: "ping", .. }) && err.is_retryable(),

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::RedisError;
+use crate::tls::{self, TlsFiles};
 
 /// Which Redis client library talks to the server. Each variant exists only with its
 /// feature; [`ClientKind::default`] is redis-rs when that feature is on (it is the default
@@ -50,6 +51,20 @@ impl Default for ClientKind {
 /// - `redis-cluster://host:port,host:port,...` or fred's own
 ///   `redis-cluster://host:port?node=host:port&node=host:port`: a Redis Cluster (any
 ///   subset of its nodes; the client discovers the rest). Both clients support it.
+///
+/// # TLS
+/// A `rediss://` (or `rediss-cluster://`) URL connects with TLS (feature `tls`: rustls,
+/// verifying the server's certificate and host name) or not at all: without the feature
+/// it is refused, never downgraded to plain TCP. The server is verified against the
+/// system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` name others), or against these PEM
+/// files from the URL's query
+/// (`rediss://:password@redis.internal:6380/0?cacertfile=/etc/idem/redis-ca.pem`):
+///
+/// | parameter | value |
+/// |---|---|
+/// | `cacertfile` | the CA certificates trusted instead of the system's roots |
+/// | `certfile` | a client certificate (chain), with `keyfile`, for `tls-auth-clients yes` |
+/// | `keyfile` | the client certificate's private key (PKCS#8, SEC1 or PKCS#1) |
 ///
 /// Keys are `{key_prefix}l:{64 hex}` (leases and their done-marks),
 /// `{key_prefix}f:{scope}:{64 hex}` (front-filter marks, scoped to a store's identity or
@@ -197,6 +212,7 @@ impl RedisConfig {
                 return Err(RedisError::Config(format!("{name} is too long")));
             }
         }
+        tls::check_compiled(&self.url)?;
         self.normalized_url().map(|_| ())
     }
 
@@ -228,9 +244,15 @@ impl RedisConfig {
         } else {
             self.url.clone()
         };
+        let (url, _) = split_tls(&url)?;
         url::Url::parse(&url)
             .map_err(|e| RedisError::Config(format!("the Redis URL does not parse: {e}")))?;
         Ok(url)
+    }
+
+    /// The TLS files named in the URL's query (see [`RedisConfig`]'s docs).
+    pub(crate) fn tls_files(&self) -> Result<TlsFiles, RedisError> {
+        split_tls(&self.url).map(|(_, files)| files)
     }
 
     /// A cluster URL's nodes as one `redis://` (or `rediss://`) URL each, with the
@@ -284,6 +306,46 @@ impl RedisConfig {
     pub(crate) fn heartbeat_ms(&self) -> i64 {
         millis(self.identity_heartbeat)
     }
+}
+
+/// `url` without its TLS parameters, and them.
+fn split_tls(url: &str) -> Result<(String, TlsFiles), RedisError> {
+    let Some((head, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), TlsFiles::default()));
+    };
+    let mut files = TlsFiles::default();
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let Some(slot) = files.slot(k) else {
+            rest.push(pair);
+            continue;
+        };
+        let value = url::form_urlencoded::parse(format!("v={v}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        if slot.replace(value).is_some() {
+            return Err(RedisError::Config(format!("{k} is given more than once")));
+        }
+    }
+    if !files.is_empty() && !tls::scheme_asks_for_tls(url) {
+        return Err(RedisError::Config(format!(
+            "{} need a rediss:// URL",
+            TlsFiles::PARAMS.join(", ")
+        )));
+    }
+    if files.cert.is_some() != files.key.is_some() {
+        return Err(RedisError::Config(
+            "a client certificate needs both certfile and keyfile".into(),
+        ));
+    }
+    let url = if rest.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head}?{}", rest.join("&"))
+    };
+    Ok((url, files))
 }
 
 fn millis(d: Duration) -> i64 {

@@ -63,6 +63,7 @@ pub mod config;
 pub mod error;
 pub mod filter;
 pub mod store;
+mod tls;
 
 pub use config::{ClientKind, RedisConfig};
 pub use error::RedisError;

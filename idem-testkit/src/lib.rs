@@ -51,6 +51,7 @@ pub mod memory;
 pub mod sim;
 #[cfg(feature = "proptest")]
 pub mod strategies;
+pub mod tls;
 
 pub use broker::{BrokerStats, SimAcker, SimBroker, SimMessage};
 pub use fault::{

@@ -101,6 +101,9 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
 }
 
 pub(crate) async fn connect(url: &str) -> Result<jetstream::Context, BrokerError> {
+    // async-nats builds its TLS configuration (`tls://`, or a server that requires TLS)
+    // from rustls's process default.
+    crate::tls::install_default_provider();
     let client = async_nats::connect(url)
         .await
         .map_err(|e| BrokerError::connect(BROKER, e))?;

@@ -16,6 +16,21 @@ use crate::BrokerError;
 ///
 /// The client's own parameters (`heartbeat`, `connection_timeout`, `frame_max`,
 /// `channel_max`, `auth_mechanism`) stay in the URL for lapin; any other is an error.
+///
+/// # TLS
+/// An `amqps://` URL connects with TLS (feature `tls`: rustls, verifying the server's
+/// certificate and host name) or not at all: without the feature it is refused, never
+/// downgraded to plain TCP. The server is verified against the system's roots
+/// (`SSL_CERT_FILE` / `SSL_CERT_DIR` name others), plus these PEM files from the URL, as
+/// in RabbitMQ's own URI query (`amqps://u:p@host:5671/%2f?cacertfile=/etc/idem/ca.pem`):
+///
+/// | parameter | value |
+/// |---|---|
+/// | `cacertfile` | a PEM file of CA certificates trusted besides the system's roots |
+/// | `certfile` | a PEM client certificate (chain), with `keyfile`, for client authentication |
+/// | `keyfile` | the client certificate's PEM private key (PKCS#8, SEC1 or PKCS#1) |
+///
+/// They are read when connecting, and only from an `amqps://` URL.
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RabbitConfig {
@@ -102,6 +117,9 @@ impl RabbitConfig {
         "frame_max",
         "channel_max",
         "auth_mechanism",
+        "cacertfile",
+        "certfile",
+        "keyfile",
     ];
 
     /// The configuration of queue `name` at `url`, with the URL's settings (the table
@@ -121,6 +139,8 @@ impl RabbitConfig {
     /// for another broker's URL.
     pub fn from_url(url: &BrokerUrl, name: impl Into<String>) -> Result<Self, BrokerError> {
         url.expect_kind(BrokerKind::RabbitMq)?;
+        crate::tls::check_compiled(url.client_url())?;
+        split_tls(url.client_url())?;
         let mut c = Self::new(url.client_url(), name);
         if let Some(t) = url.setting("queue_type", str::parse)? {
             c.queue_type = t;
@@ -188,9 +208,110 @@ impl RabbitConfig {
     }
 }
 
+/// The TLS files of an AMQP URL, as written (before they are read).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct TlsFiles {
+    /// `cacertfile`: extra trusted CA certificates.
+    pub(crate) ca: Option<String>,
+    /// `certfile`: the client certificate.
+    pub(crate) cert: Option<String>,
+    /// `keyfile`: the client certificate's key.
+    pub(crate) key: Option<String>,
+}
+
+/// `url` without its TLS parameters (see [`RabbitConfig`]'s docs), and them.
+///
+/// # Errors
+/// [`BrokerError::InvalidParam`] for one given twice, on an `amqp://` URL, or a
+/// `certfile` without its `keyfile` (or the reverse).
+pub(crate) fn split_tls(url: &str) -> Result<(String, TlsFiles), BrokerError> {
+    let Some((head, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), TlsFiles::default()));
+    };
+    let invalid = |param: &str, value: &str, reason: &str| BrokerError::InvalidParam {
+        param: param.to_owned(),
+        value: value.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let mut files = TlsFiles::default();
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match k {
+            "cacertfile" => &mut files.ca,
+            "certfile" => &mut files.cert,
+            "keyfile" => &mut files.key,
+            _ => {
+                rest.push(pair);
+                continue;
+            }
+        };
+        let value = url::form_urlencoded::parse(format!("v={v}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        if slot.replace(value).is_some() {
+            return Err(invalid(k, v, "given more than once"));
+        }
+    }
+    let tls_asked = files != TlsFiles::default();
+    if tls_asked && crate::tls::scheme_asks_for_tls(url).is_none() {
+        let (param, value) = [
+            ("cacertfile", &files.ca),
+            ("certfile", &files.cert),
+            ("keyfile", &files.key),
+        ]
+        .into_iter()
+        .find_map(|(p, v)| v.as_deref().map(|v| (p, v)))
+        .unwrap_or_default();
+        return Err(invalid(param, value, "a TLS file needs an amqps:// URL"));
+    }
+    match (&files.cert, &files.key) {
+        (Some(c), None) => return Err(invalid("certfile", c, "needs keyfile, its private key")),
+        (None, Some(k)) => return Err(invalid("keyfile", k, "needs certfile, its certificate")),
+        _ => {}
+    }
+    let url = if rest.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head}?{}", rest.join("&"))
+    };
+    Ok((url, files))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_files_are_taken_out_of_the_url() {
+        let (url, files) =
+            split_tls("amqps://h:5671/%2f?heartbeat=5&cacertfile=%2Fetc%2Fca.pem&certfile=c.pem&keyfile=k.pem")
+                .unwrap();
+        assert_eq!(url, "amqps://h:5671/%2f?heartbeat=5");
+        assert_eq!(files.ca.as_deref(), Some("/etc/ca.pem"));
+        assert_eq!(
+            (files.cert.as_deref(), files.key.as_deref()),
+            (Some("c.pem"), Some("k.pem"))
+        );
+        assert_eq!(split_tls("amqps://h/%2f").unwrap().0, "amqps://h/%2f");
+        assert_eq!(
+            split_tls("amqps://h/%2f?cacertfile=a").unwrap().0,
+            "amqps://h/%2f"
+        );
+        for (url, param, reason) in [
+            ("amqp://h/%2f?cacertfile=a", "cacertfile", "amqps://"),
+            ("amqps://h/%2f?certfile=a", "certfile", "keyfile"),
+            ("amqps://h/%2f?keyfile=a", "keyfile", "certfile"),
+            (
+                "amqps://h/%2f?cacertfile=a&cacertfile=b",
+                "cacertfile",
+                "more than once",
+            ),
+        ] {
+            crate::setting::assert_refused(split_tls(url), url, param, reason);
+        }
+    }
 
     fn read(query: &str) -> Result<RabbitConfig, BrokerError> {
         RabbitConfig::from_url(

@@ -38,6 +38,10 @@
 //!   `x-delivery-limit`, `0` for none). lapin's own `heartbeat`, `connection_timeout`,
 //!   `frame_max`, `channel_max` and `auth_mechanism` stay in the URL; any other
 //!   parameter is an error.
+//! - **TLS**: `amqps://` connects with TLS (feature `tls`, rustls) verifying the server
+//!   against the system's roots and the URL's `cacertfile`; `certfile` and `keyfile`
+//!   give a client certificate ([`RabbitConfig`]'s docs). Without the feature an
+//!   `amqps://` URL is refused, never downgraded to plain TCP.
 
 mod config;
 mod consumer;
@@ -55,10 +59,19 @@ use crate::BrokerError;
 
 pub(crate) const BROKER: &str = "rabbitmq";
 
+/// Connects to `url`: with TLS for `amqps://` (its `cacertfile`, `certfile` and `keyfile`
+/// read here), refused without the `tls` feature.
 pub(crate) async fn connect(url: &str) -> Result<Connection, BrokerError> {
-    let connection = Connection::connect(url, ConnectionProperties::default())
-        .await
-        .map_err(|e| BrokerError::connect(BROKER, e))?;
+    crate::tls::check_compiled(url)?;
+    let (url, files) = config::split_tls(url)?;
+    let tls = read_tls_files(&files)?;
+    #[cfg(feature = "tls")]
+    crate::tls::install_default_provider();
+    let runtime = lapin::runtime::default_runtime().map_err(|e| BrokerError::connect(BROKER, e))?;
+    let connection =
+        Connection::connect_with_config(&url, ConnectionProperties::default(), tls, runtime)
+            .await
+            .map_err(|e| BrokerError::connect(BROKER, e))?;
     let events = connection.events_listener();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
@@ -67,6 +80,35 @@ pub(crate) async fn connect(url: &str) -> Result<Connection, BrokerError> {
         }
     });
     Ok(connection)
+}
+
+/// The TLS files' contents, for lapin.
+fn read_tls_files(files: &config::TlsFiles) -> Result<lapin::tcp::OwnedTLSConfig, BrokerError> {
+    let read = |param: &str, path: &str| {
+        std::fs::read(path).map_err(|e| BrokerError::InvalidParam {
+            param: param.to_owned(),
+            value: path.to_owned(),
+            reason: format!("cannot read the file: {e}"),
+        })
+    };
+    let mut tls = lapin::tcp::OwnedTLSConfig::default();
+    if let Some(ca) = &files.ca {
+        let pem = read("cacertfile", ca)?;
+        tls.cert_chain = Some(
+            String::from_utf8(pem).map_err(|_| BrokerError::InvalidParam {
+                param: "cacertfile".to_owned(),
+                value: ca.clone(),
+                reason: "not a PEM file".to_owned(),
+            })?,
+        );
+    }
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        tls.identity = Some(lapin::tcp::OwnedIdentity::PKCS8 {
+            pem: read("certfile", cert)?,
+            key: read("keyfile", key)?,
+        });
+    }
+    Ok(tls)
 }
 
 /// What a connection event tells an operator. RabbitMQ blocks a publishing connection

@@ -87,6 +87,7 @@ impl RedisStreamsConfig {
     /// for another broker's URL.
     pub fn from_url(url: &BrokerUrl, name: impl Into<String>) -> Result<Self, BrokerError> {
         url.expect_kind(BrokerKind::RedisStreams)?;
+        crate::tls::check_compiled(url.client_url())?;
         let positive = || duration_in(Duration::from_millis(1)..=Duration::MAX);
         let mut c = Self::new(url.client_url(), name);
         if let Some(g) = url.setting("group", setting::name)? {

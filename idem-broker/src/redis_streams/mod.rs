@@ -31,6 +31,9 @@
 //!   `group` (default `idem`), `consumer` (default unique per process), `min_idle`
 //!   (default `30s`), `block` (default `1s`) and `forget_after` (default `1h`). fred reads
 //!   no query parameters from a `redis://` URL: any other is an error.
+//! - **TLS**: `rediss://` connects with TLS (feature `tls`, rustls) verifying the server
+//!   against the system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` name others). Without
+//!   the feature a `rediss://` URL is refused, never downgraded to plain TCP.
 //!
 //! Durability is the server's: with `appendonly yes` (and `appendfsync always` for
 //! zero loss) an acknowledged `XADD` survives a restart.
@@ -64,7 +67,13 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
     Ok(())
 }
 
+/// Connects to `url`: with TLS for `rediss://`, refused without the `tls` feature (fred
+/// itself would connect in plain TCP).
 pub(crate) async fn connect(url: &str) -> Result<Client, BrokerError> {
+    crate::tls::check_compiled(url)?;
+    // fred builds its TLS configuration while reading the URL.
+    #[cfg(feature = "tls")]
+    crate::tls::install_default_provider();
     let config = Config::from_url(url).map_err(|e| BrokerError::InvalidUrl(e.to_string()))?;
     let client = Builder::from_config(config)
         .with_connection_config(|c| {

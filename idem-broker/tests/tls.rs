@@ -1,0 +1,163 @@
+//! TLS on the broker adapters.
+//!
+//! - A URL that asks for TLS (`amqps://`, `rediss://`, NATS `tls://`) pointed at the
+//!   plaintext port of the local RabbitMQ, Redis or NATS fails: with the `tls` feature the
+//!   handshake fails, without it the URL is refused naming the feature. It never connects
+//!   in plain TCP.
+//! - Against servers with a TLS listener that these tests start (Redis, NATS with
+//!   JetStream, certificates from a throwaway CA), a client that trusts the CA publishes and
+//!   consumes; one that trusts another CA is refused. The trusted roots come from
+//!   `SSL_CERT_FILE`, which each test sets for its own process (nextest runs every test in
+//!   a process of its own).
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use idem_broker::any::{AnyConsumer, AnyPublisher, BrokerUrl};
+use idem_testkit::tls::{Pki, TlsServer};
+
+fn name(tag: &str) -> String {
+    format!("idem-tls-{tag}-{:016x}", rand::random::<u64>())
+}
+
+/// What the connection attempt answered: `Ok` means it connected (the bug).
+async fn connect_publisher(url: &str, name: &str) -> Result<(), String> {
+    let parsed = BrokerUrl::parse(url).map_err(|e| format!("parse: {e}"))?;
+    let connecting = AnyPublisher::connect(&parsed, name);
+    match tokio::time::timeout(Duration::from_secs(60), connecting).await {
+        Err(_) => Err("timed out".to_owned()),
+        Ok(Err(e)) => Err(format!("{e}: {}", source_chain(&e))),
+        Ok(Ok(_)) => Ok(()),
+    }
+}
+
+async fn connect_consumer(url: &str, name: &str) -> Result<(), String> {
+    let parsed = BrokerUrl::parse(url).map_err(|e| format!("parse: {e}"))?;
+    let connecting = AnyConsumer::connect(&parsed, name, 8);
+    match tokio::time::timeout(Duration::from_secs(60), connecting).await {
+        Err(_) => Err("timed out".to_owned()),
+        Ok(Err(e)) => Err(format!("{e}: {}", source_chain(&e))),
+        Ok(Ok(_)) => Ok(()),
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut out = Vec::new();
+    let mut next = e.source();
+    while let Some(s) = next {
+        out.push(s.to_string());
+        next = s.source();
+    }
+    out.join(": ")
+}
+
+/// Both roles refuse `url` (a TLS URL at a plaintext port); without the `tls` feature the
+/// error names it.
+async fn refused_at_plaintext_port(url: &str, tag: &str) {
+    let name = name(tag);
+    for (role, result) in [
+        ("publisher", connect_publisher(url, &name).await),
+        ("consumer", connect_consumer(url, &name).await),
+    ] {
+        let err = result.err().unwrap_or_else(|| {
+            panic!("the {role} connected to {url} in plain TCP: a TLS URL was downgraded")
+        });
+        if !cfg!(feature = "tls") && !url.starts_with("tls://") {
+            assert!(
+                err.contains("\"tls\" feature"),
+                "the {role}'s refusal of {url} should name the missing feature: {err}"
+            );
+        }
+        eprintln!("{role} at {url}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqps_at_the_plaintext_port_fails() {
+    refused_at_plaintext_port("amqps://guest:guest@127.0.0.1:5672/%2f", "amqps").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_at_the_plaintext_port_fails() {
+    refused_at_plaintext_port("rediss://127.0.0.1:6379", "rediss").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_tls_at_the_plaintext_port_fails() {
+    refused_at_plaintext_port("tls://127.0.0.1:4222", "natstls").await;
+}
+
+/// Publishes one body to `name` at `url` and receives it back.
+async fn round_trip(url: &str, name: &str) -> Result<(), String> {
+    let parsed = BrokerUrl::parse(url).map_err(|e| format!("parse: {e}"))?;
+    let work = async {
+        let publisher = AnyPublisher::connect(&parsed, name)
+            .await
+            .map_err(|e| format!("publisher: {e}: {}", source_chain(&e)))?;
+        let mut consumer = AnyConsumer::connect(&parsed, name, 8)
+            .await
+            .map_err(|e| format!("consumer: {e}: {}", source_chain(&e)))?;
+        publisher
+            .publish_raw(&[b"over TLS".to_vec()])
+            .await
+            .map_err(|e| format!("publish: {e}: {}", source_chain(&e)))?;
+        let delivery = consumer
+            .next()
+            .await
+            .ok_or("the stream ended")?
+            .map_err(|e| format!("consume: {e}"))?;
+        // Received over TLS; acking needs a gate's proof, so the delivery is dropped.
+        assert_eq!(delivery.payload, b"over TLS");
+        Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(60), work)
+        .await
+        .map_err(|_| "timed out".to_owned())?
+}
+
+/// The trusted roots for this test's process: only `ca` (rustls-native-certs reads
+/// `SSL_CERT_FILE` instead of the system's store). Each test runs in its own process
+/// under nextest, and sets it before any connection.
+fn trust_only(ca: &std::path::Path) {
+    std::env::set_var("SSL_CERT_FILE", ca);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_over_tls_with_the_right_ca_and_not_another() {
+    let pki = Pki::new();
+    let server = TlsServer::redis(&pki);
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    trust_only(&pki.ca);
+    let result = round_trip(&url, &name("rstls")).await;
+    if cfg!(feature = "tls") {
+        result.unwrap_or_else(|e| panic!("rediss:// with the server's CA: {e}"));
+    } else {
+        let err = result.expect_err("no TLS compiled in: refused");
+        assert!(err.contains("\"tls\" feature"), "{err}");
+    }
+    trust_only(&pki.other_ca);
+    let err = round_trip(&url, &name("rstls"))
+        .await
+        .expect_err("rediss:// trusting another CA connected");
+    eprintln!("another CA: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_over_tls_with_the_right_ca_and_not_another() {
+    let pki = Pki::new();
+    let server = TlsServer::nats(&pki);
+    trust_only(&pki.ca);
+    // `tls://` asks for TLS; a `nats://` URL gets it too, from a server that requires it.
+    for scheme in ["tls", "nats"] {
+        let url = format!("{scheme}://127.0.0.1:{}", server.port);
+        round_trip(&url, &name("natstls"))
+            .await
+            .unwrap_or_else(|e| panic!("{url} with the server's CA: {e}"));
+    }
+    trust_only(&pki.other_ca);
+    let url = format!("tls://127.0.0.1:{}", server.port);
+    let err = round_trip(&url, &name("natstls"))
+        .await
+        .expect_err("tls:// trusting another CA connected");
+    eprintln!("another CA: {err}");
+}

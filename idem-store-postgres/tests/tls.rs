@@ -1,0 +1,138 @@
+//! TLS to Postgres: a throwaway cluster with `ssl = on` that takes TLS connections only
+//! (`hostssl`), its certificate signed by a CA made here; and one with `ssl = off`.
+//!
+//! - `sslmode=verify-full` with `sslrootcert` naming the CA: a key is claimed and
+//!   committed. `sslmode=verify-ca` / `verify-full` with another CA: refused.
+//! - `sslmode=require` at the server without TLS: refused (never plaintext).
+//! - `sslmode=disable` at the TLS-only server: refused by the server, which shows the
+//!   connections above did use TLS.
+//!
+//! Without the `tls` feature every URL that requires TLS is refused.
+
+use std::path::Path;
+use std::time::Duration;
+
+use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+use idem_store_postgres::{PgConfig, PgStore};
+use idem_testkit::tls::{Pki, TlsServer};
+
+fn url(port: u16, query: &str) -> String {
+    format!("postgres://postgres@127.0.0.1:{port}/postgres?{query}")
+}
+
+/// A file path for the URL query (the test's paths hold no character to escape).
+fn root(path: &Path) -> String {
+    let s = path.to_string_lossy().into_owned();
+    assert!(!s.contains(['&', '%', '#', '?', ' ']), "{s}");
+    s
+}
+
+async fn connect(url: &str) -> Result<PgStore, String> {
+    let config = PgConfig::new(format!("idem_tls_{:08x}", rand::random::<u32>()))
+        .expect("schema")
+        .with_max_connections(2)
+        .with_acquire_timeout(Duration::from_secs(20));
+    match tokio::time::timeout(Duration::from_secs(60), PgStore::connect(url, config)).await {
+        Err(_) => Err("timed out".to_owned()),
+        Ok(r) => r.map_err(|e| chain(&e)),
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        out += &format!(": {s}");
+        next = s.source();
+    }
+    out
+}
+
+/// Migrates, claims a key and commits; the second claim is a duplicate.
+async fn claims_over(store: &PgStore) {
+    store.migrate().await.expect("migrate over TLS");
+    let key = IdempotencyKey::derive("tls-1", "2026-07-01T09:00:00Z", b"{}").expect("key");
+    let mut tx = store.begin().await.expect("begin");
+    assert_eq!(
+        tx.claim(&key, &ClaimMeta::new("tls-1"))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    tx.commit().await.expect("commit");
+    let mut again = store.begin().await.expect("begin");
+    assert_eq!(
+        again
+            .claim(&key, &ClaimMeta::new("tls-1"))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Duplicate
+    );
+    again.rollback().await.expect("rollback");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verified_tls_with_the_right_ca_claims_and_another_ca_is_refused() {
+    let pki = Pki::new();
+    let server = TlsServer::postgres(&pki);
+    let port = server.port;
+
+    let good = url(
+        port,
+        &format!("sslmode=verify-full&sslrootcert={}", root(&pki.ca)),
+    );
+    if cfg!(feature = "tls") {
+        let store = connect(&good)
+            .await
+            .unwrap_or_else(|e| panic!("verify-full with the server's CA must connect: {e}"));
+        claims_over(&store).await;
+        store.pool().close().await;
+    } else {
+        let err = connect(&good)
+            .await
+            .map(drop)
+            .expect_err("no TLS compiled in: refused");
+        assert!(err.contains("TLS"), "{err}");
+    }
+
+    for mode in ["verify-ca", "verify-full"] {
+        let wrong = url(
+            port,
+            &format!("sslmode={mode}&sslrootcert={}", root(&pki.other_ca)),
+        );
+        let err = connect(&wrong)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("sslmode={mode} with another CA connected"));
+        eprintln!("{mode} with another CA: {err}");
+    }
+
+    // The server takes TLS connections only: a plaintext one is refused.
+    let err = connect(&url(port, "sslmode=disable"))
+        .await
+        .map(drop)
+        .expect_err("the server refuses plaintext connections");
+    assert!(
+        err.contains("no encryption") || err.contains("pg_hba"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_required_at_a_server_without_tls_is_refused() {
+    let server = TlsServer::postgres_without_tls();
+    let port = server.port;
+    // The cluster is reachable in plaintext ...
+    let store = connect(&url(port, "sslmode=disable"))
+        .await
+        .unwrap_or_else(|e| panic!("the plaintext cluster must be reachable: {e}"));
+    store.pool().close().await;
+    // ... and every mode that requires TLS is refused, never downgraded.
+    for mode in ["require", "verify-ca", "verify-full"] {
+        let err = connect(&url(port, &format!("sslmode={mode}")))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("sslmode={mode} connected in plaintext"));
+        eprintln!("sslmode={mode} at a server without TLS: {err}");
+    }
+}
