@@ -12,6 +12,8 @@
 //! - [`supervise`](supervise::supervise): the supervised consumer — reconnects a closed
 //!   delivery stream with backoff, slows down while the store keeps failing, gives up
 //!   after the reconnect deadline, and keeps its counts across reconnects;
+//! - [`Deadline`]: a handler whose attempt fails once it has run past its deadline, so a
+//!   handler that never returns cannot hold its delivery for ever;
 //! - [`tally`]: the outcome tally (per day: processed, duplicates, conflicts, dead letters
 //!   by reason) written to the store's `idem_outcome_counts` every second, off the
 //!   delivery path.
@@ -46,6 +48,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod deadline;
 mod publisher;
 mod retry;
 pub mod supervise;
@@ -57,6 +60,7 @@ use std::time::Duration;
 use futures::FutureExt as _;
 pub use idem_core::outbox::{Backoff, RelayOptions, Sleep};
 
+pub use deadline::{Deadline, DeadlineExceeded};
 pub use publisher::ReconnectingPublisher;
 pub use retry::{retry, Attempt, GaveUp};
 
