@@ -37,10 +37,16 @@ pub(crate) struct Args {
     /// How many batches are processed at once.
     #[arg(long, default_value_t = ConsumerConfig::DEFAULT_CONCURRENCY, value_name = "N", value_parser = at_least_one)]
     concurrency: usize,
-    /// Dead-letter a delivery that failed N times (a handler error or panic) with the last
-    /// error (`attempts_exhausted`); an unreachable store never counts.
+    /// Dead-letter a delivery that failed N times (a handler error or panic, a deadline
+    /// passed, a statement timeout that recurs on it while others commit) with the last
+    /// error (`attempts_exhausted`); a store down for everyone never counts.
     #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one_u32)]
     max_attempts: u32,
+    /// An attempt whose business writes (a batch's, for a batch) have not returned after
+    /// this long fails like a transient error (`5`, `500ms`, `2m`): a handler that never
+    /// returns is dead-lettered after --max-attempts instead of holding its delivery.
+    #[arg(long, value_name = "DURATION", value_parser = parse_secs, default_value = "30")]
+    handler_timeout: Duration,
     /// What a conflicting resubmission leads to - the same award id and submission
     /// timestamp as one already claimed, but another payload (an amount changed, fields
     /// reordered, a space added): `dead-letter` rolls it back and dead-letters it with
@@ -85,6 +91,7 @@ struct Consume {
     config: SupervisorConfig,
     gate: GateConfig,
     key_derivation: KeyDerivation,
+    handler_timeout: Duration,
     metrics: Arc<crate::metrics::ConsumeMetrics>,
 }
 
@@ -107,7 +114,10 @@ impl StoreVisitor for Consume {
         self.metrics.opened(Arc::clone(&db), extras.filter_stats);
         let (broker, source) = (&self.broker, &self.source);
         let (first, connect) = super::connect_consumer(broker, source, &self.config).await?;
-        let handler = db.grant_handler().with_key_derivation(self.key_derivation);
+        let handler = idem_runtime::Deadline::new(
+            db.grant_handler().with_key_derivation(self.key_derivation),
+            self.handler_timeout,
+        );
         // The metrics, and the outcome tally when the store can keep one.
         let (observer, flusher) =
             idem_runtime::tally::with_outcome_tally(self.metrics.stages(), extras.outcome_counts);
@@ -141,6 +151,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         source: args.source,
         config,
         key_derivation: args.key_derivation,
+        handler_timeout: args.handler_timeout,
         gate: GateConfig::default()
             .with_max_attempts(args.max_attempts)
             .with_on_conflict(args.on_conflict),
