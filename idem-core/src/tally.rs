@@ -13,8 +13,10 @@
 //!   its last flush (at most about a second's);
 //! - a delivery whose worker dies after its commit but before the gate returns is not
 //!   counted (its claim is the evidence), and its redelivery is counted as a duplicate;
-//! - a flush whose result is unknown (the connection broke after the commit) is retried,
-//!   so in that rare case a flush can be counted twice;
+//! - a flush whose result is unknown (the connection broke after the commit, a timeout
+//!   dropped it while the store went on) is retried with the same [`FlushId`] and the same
+//!   counts, and the store adds a flush id once ([`OutcomeCountStore`]): never counted
+//!   twice;
 //! - a dead letter is counted once the broker accepted it; the dead letters themselves,
 //!   with their reasons, are in the broker's dead-letter queue;
 //! - a consumer that does not tally (the reference consumer, a process without a
@@ -24,6 +26,7 @@
 //! delivery (the observer takes a short mutex on a map of a few entries per day).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -32,18 +35,84 @@ use crate::error::StoreError;
 use crate::gate::{GateObserver, Outcome, OutcomeKind, Stage};
 use crate::record::{OutcomeCount, Timestamp};
 
+/// The id of one flush of one [`OutcomeTally`]: the tally's random `writer` id and the
+/// flush's sequence number, 1 for its first flush and one more for each next one. A
+/// flush tried again (its result unknown) keeps its id and its counts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FlushId {
+    writer: String,
+    seq: u64,
+}
+
+impl FlushId {
+    /// The flush `seq` of the tally `writer`.
+    pub fn new(writer: impl Into<String>, seq: u64) -> Self {
+        Self {
+            writer: writer.into(),
+            seq,
+        }
+    }
+
+    /// The tally's id: 32 hexadecimal digits, random per tally.
+    pub fn writer(&self) -> &str {
+        &self.writer
+    }
+
+    /// The flush's sequence number within its tally (from 1).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
 /// A store that keeps an outcome tally (`idem_outcome_counts`): `idem-store-postgres` and
 /// `idem-store-sqlite` implement it.
+///
+/// The contract: each flush is added **at most once**. The store keeps, per writer, the
+/// highest flush sequence number applied, and a flush adds its counts only when its
+/// number is above it, recording it in the same transaction as the counts. A writer sends
+/// its flushes in increasing order and tries each again, with the same id and counts,
+/// until it succeeds before it sends the next ([`OutcomeTally::flush`] does), so a flush
+/// applied once and sent again — its first try's outcome unknown — adds nothing.
 #[async_trait]
 pub trait OutcomeCountStore: Send + Sync {
-    /// Adds `counts` to the table, in one statement: a row that exists has its count
-    /// increased, one that does not is created. Counts of one `(day, outcome, reason)`
-    /// given twice add up. Concurrent calls (two consumers) add up too.
+    /// Adds `counts` to the table, in one transaction with the record of `flush`: a row
+    /// that exists has its count increased, one that does not is created. Counts of one
+    /// `(day, outcome, reason)` given twice in `counts` add up. Concurrent calls (two
+    /// consumers, other writers) add up too. A flush whose writer already has a flush of
+    /// this sequence number or a later one applied adds nothing and succeeds. The call is
+    /// bounded by a statement timeout of the store's own, so that a flush never holds a
+    /// connection for long.
     ///
     /// # Errors
     /// A [`StoreError`] from the database; then nothing was added (or, if the outcome of
-    /// the commit is unknown, possibly everything).
-    async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError>;
+    /// the commit is unknown, possibly everything: try again with the same `flush`).
+    async fn add_outcome_counts(
+        &self,
+        flush: &FlushId,
+        counts: &[OutcomeCount],
+    ) -> Result<(), StoreError>;
+}
+
+/// A random writer id (128 bits, hex) for a new tally: the standard library's random
+/// hasher keys, over the process id, the time and a counter.
+fn new_writer_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let mut halves = [0_u64; 2];
+    for (i, half) in (0_u8..).zip(halves.iter_mut()) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        h.write_u128(nanos);
+        h.write_u32(std::process::id());
+        h.write_u8(i);
+        *half = h.finish();
+    }
+    format!("{:016x}{:016x}", halves[0], halves[1])
 }
 
 /// Days since the Unix epoch of a timestamp.
@@ -62,8 +131,11 @@ type HeldKey = (String, String, String);
 struct Inner {
     /// Counted since the last drain, keyed without allocating.
     live: HashMap<(i64, OutcomeKind, &'static str), u64>,
-    /// Drained but not written (a failed flush), to go with the next one.
+    /// Given back by [`OutcomeTally::restore`], to go with the next flush.
     held: BTreeMap<HeldKey, u64>,
+    /// A flush sent whose outcome is not known to be a success (it failed, or was
+    /// dropped): sent again, as it is, before anything else.
+    unsent: Option<(FlushId, Vec<OutcomeCount>)>,
 }
 
 /// Counts outcomes per (UTC day, outcome kind, dead-letter reason code) in memory: a
@@ -87,15 +159,37 @@ struct Inner {
 /// assert_eq!((counts[1].outcome.as_str(), counts[1].reason.as_str()), ("rejected", "not_json"));
 /// assert!(tally.drain().is_empty());
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct OutcomeTally {
     inner: Mutex<Inner>,
+    /// This tally's writer id ([`FlushId::writer`]).
+    writer: String,
+    /// The last flush sequence number given out.
+    seq: AtomicU64,
+    /// Held by a flush while it runs: one tally's flushes never overlap.
+    flushing: futures::lock::Mutex<()>,
+}
+
+impl Default for OutcomeTally {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            writer: new_writer_id(),
+            seq: AtomicU64::new(0),
+            flushing: futures::lock::Mutex::new(()),
+        }
+    }
 }
 
 impl OutcomeTally {
-    /// An empty tally.
+    /// An empty tally, with a new random writer id.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// This tally's writer id (see [`FlushId`]).
+    pub fn writer(&self) -> &str {
+        &self.writer
     }
 
     /// Counts `outcome` as of `at` (the observer uses now). A `rejected` or `conflict`
@@ -118,13 +212,23 @@ impl OutcomeTally {
             .or_insert(0) += 1;
     }
 
-    /// Takes every count not yet written (those of failed flushes included), ordered by
-    /// day, outcome and reason; the tally starts again from zero.
+    /// Takes every count not yet written (those of a failed flush included — which, if
+    /// its outcome was unknown, may have been written after all), ordered by day, outcome
+    /// and reason; the tally starts again from zero.
     pub fn drain(&self) -> Vec<OutcomeCount> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, counts)) = inner.unsent.take() {
+            for c in counts {
+                *inner.held.entry((c.day, c.outcome, c.reason)).or_insert(0) += c.count;
+            }
+        }
+        Self::drain_new(&mut inner)
+    }
+
+    /// Takes the counts not yet given to a flush (counted, or given back).
+    fn drain_new(inner: &mut Inner) -> Vec<OutcomeCount> {
         let live = std::mem::take(&mut inner.live);
         let mut held = std::mem::take(&mut inner.held);
-        drop(inner);
         for ((day, kind, reason), n) in live {
             *held
                 .entry((day_name(day), kind.as_str().to_owned(), reason.to_owned()))
@@ -147,45 +251,46 @@ impl OutcomeTally {
     /// Whether nothing is waiting to be written.
     pub fn is_empty(&self) -> bool {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.live.is_empty() && inner.held.is_empty()
+        inner.live.is_empty() && inner.held.is_empty() && inner.unsent.is_none()
     }
 
-    /// Drains the tally into `store` in one statement. Returns how many deliveries the
-    /// written counts cover (0 when there was nothing to write, without a round trip).
+    /// Writes the tally into `store`: first the flush whose outcome is unknown, if any
+    /// (a failed or dropped one), again with its id and its counts, then what was counted
+    /// since, as a new flush. Returns how many deliveries the written counts cover (0
+    /// when there was nothing to write, without a round trip). A flush applied before and
+    /// sent again is added once (the [`OutcomeCountStore`] contract), so the counts are
+    /// never added twice. One tally's flushes run one at a time.
     ///
-    /// Cancel-safe: a flush dropped before it finished (a timeout around it, say) gives
-    /// its counts back for the next one, as a failed one does.
+    /// Cancel-safe: a flush dropped before it finished (a timeout around it, say) is kept
+    /// as it is, with its id, for the next one, as a failed one is.
     ///
     /// # Errors
     /// The store's error; the counts are then kept for the next flush, never lost.
     pub async fn flush(&self, store: &dyn OutcomeCountStore) -> Result<u64, StoreError> {
-        let mut pending = Pending {
-            tally: self,
-            counts: Some(self.drain()),
-        };
-        let counts = pending.counts.as_deref().unwrap_or_default();
-        if counts.is_empty() {
-            return Ok(0);
-        }
-        let written = counts.iter().map(|c| c.count).sum();
-        store.add_outcome_counts(counts).await?;
-        pending.counts = None;
-        Ok(written)
-    }
-}
-
-/// Drained counts on their way to the store: given back to the tally unless the flush
-/// took them (an error or a cancelled flush drops this with them still inside).
-struct Pending<'a> {
-    tally: &'a OutcomeTally,
-    counts: Option<Vec<OutcomeCount>>,
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if let Some(counts) = self.counts.take() {
-            if !counts.is_empty() {
-                self.tally.restore(counts);
+        let _one_at_a_time = self.flushing.lock().await;
+        let mut written = 0;
+        loop {
+            let (id, counts) = {
+                let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(unsent) = inner.unsent.clone() {
+                    unsent
+                } else {
+                    let counts = Self::drain_new(&mut inner);
+                    if counts.is_empty() {
+                        return Ok(written);
+                    }
+                    let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+                    let id = FlushId::new(self.writer.clone(), seq);
+                    // Recorded before the write: a dropped flush is sent again as it is.
+                    inner.unsent = Some((id.clone(), counts.clone()));
+                    (id, counts)
+                }
+            };
+            store.add_outcome_counts(&id, &counts).await?;
+            written += counts.iter().map(|c| c.count).sum::<u64>();
+            let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+            if inner.unsent.as_ref().is_some_and(|(u, _)| *u == id) {
+                inner.unsent = None;
             }
         }
     }
@@ -258,28 +363,67 @@ mod tests {
         }
     }
 
-    /// A store that fails `fail` times, then adds what it is given.
+    /// A store that fails `fail` times, then adds what it is given, once per flush id
+    /// (the highest sequence number applied per writer); `lose` answers of flushes it
+    /// applied are lost (an error after the commit).
     #[derive(Default)]
     struct Store {
         fail: AtomicU64,
+        lose: AtomicU64,
+        applied: Mutex<HashMap<String, u64>>,
         rows: Mutex<BTreeMap<HeldKey, u64>>,
     }
 
     #[async_trait]
     impl OutcomeCountStore for Store {
-        async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError> {
+        async fn add_outcome_counts(
+            &self,
+            flush: &FlushId,
+            counts: &[OutcomeCount],
+        ) -> Result<(), StoreError> {
             if self.fail.load(Ordering::SeqCst) > 0 {
                 self.fail.fetch_sub(1, Ordering::SeqCst);
                 return Err(StoreError::other("down", true));
             }
-            let mut rows = self.rows.lock().expect("rows");
-            for c in counts {
-                *rows
-                    .entry((c.day.clone(), c.outcome.clone(), c.reason.clone()))
-                    .or_insert(0) += c.count;
+            let mut applied = self.applied.lock().expect("applied");
+            let last = applied.entry(flush.writer().to_owned()).or_insert(0);
+            if *last < flush.seq() {
+                *last = flush.seq();
+                let mut rows = self.rows.lock().expect("rows");
+                for c in counts {
+                    *rows
+                        .entry((c.day.clone(), c.outcome.clone(), c.reason.clone()))
+                        .or_insert(0) += c.count;
+                }
+            }
+            if self.lose.load(Ordering::SeqCst) > 0 {
+                self.lose.fetch_sub(1, Ordering::SeqCst);
+                return Err(StoreError::other("connection broke after the commit", true));
             }
             Ok(())
         }
+    }
+
+    #[test]
+    fn a_flush_whose_answer_was_lost_is_sent_again_and_added_once() {
+        futures::executor::block_on(async {
+            let t = OutcomeTally::new();
+            let store = Store::default();
+            let d = at("2026-07-01T09:00:00Z");
+            t.record_at(d, &rejected("not_json", true));
+            t.record_at(d, &rejected("not_json", true));
+            store.lose.store(1, Ordering::SeqCst);
+            assert!(t.flush(&store).await.is_err(), "applied, answer lost");
+            // Counted meanwhile: goes in a flush of its own, after the one sent again.
+            t.record_at(d, &rejected("not_json", true));
+            assert_eq!(t.flush(&store).await.expect("flush"), 3);
+            assert!(t.is_empty());
+            let rows = store.rows.lock().expect("rows").clone();
+            assert_eq!(rows.values().sum::<u64>(), 3, "the lost flush added once");
+            assert_eq!(store.applied.lock().expect("applied")[t.writer()], 2);
+            // Two tallies never share a writer id.
+            assert_ne!(t.writer(), OutcomeTally::new().writer());
+        });
     }
 
     #[test]
@@ -374,7 +518,11 @@ mod tests {
 
     #[async_trait]
     impl OutcomeCountStore for Stuck {
-        async fn add_outcome_counts(&self, _: &[OutcomeCount]) -> Result<(), StoreError> {
+        async fn add_outcome_counts(
+            &self,
+            _: &FlushId,
+            _: &[OutcomeCount],
+        ) -> Result<(), StoreError> {
             futures::future::pending().await
         }
     }
@@ -389,6 +537,25 @@ mod tests {
             futures::pin_mut!(flush);
             assert!(flush.as_mut().now_or_never().is_none(), "still writing");
         } // dropped: a timeout around it fired
+        assert!(!t.is_empty(), "kept for the next flush");
+        // The next flush sends the dropped one again, with its id.
+        let store = Store::default();
+        store
+            .applied
+            .lock()
+            .expect("applied")
+            .insert(t.writer().to_owned(), 1);
+        assert_eq!(
+            futures::executor::block_on(t.flush(&store)).expect("flush"),
+            1,
+            "sent again"
+        );
+        assert_eq!(
+            store.rows.lock().expect("rows").values().sum::<u64>(),
+            0,
+            "as flush 1"
+        );
+        t.record_at(at("2026-07-01T09:00:00Z"), &rejected("not_json", true));
         let counts = t.drain();
         assert_eq!(counts.len(), 1);
         assert_eq!(counts[0].count, 1);

@@ -18,3 +18,16 @@ CREATE TABLE IF NOT EXISTS {schema}.idem_outcome_counts (
     count bigint NOT NULL DEFAULT 0 CHECK (count >= 0),
     PRIMARY KEY (day, outcome, reason)
 );
+
+-- The flushes already added, one row per tally (a consumer process): the highest flush
+-- sequence number of that tally applied so far. A flush adds its counts only when its
+-- sequence number is above the row's, in the same statement that records it, so a flush
+-- whose outcome was unknown (dropped by a timeout, the connection broken after the
+-- commit) and that is tried again with the same id is added once. A tally sends its
+-- flushes in order, each until it succeeds, so the highest one applied tells them all.
+-- Rows of tallies not heard from for 30 days are removed by the first flush of a new one.
+CREATE TABLE IF NOT EXISTS {schema}.idem_outcome_flushes (
+    writer     text PRIMARY KEY,
+    seq        bigint NOT NULL,
+    flushed_at timestamptz NOT NULL DEFAULT now()
+);

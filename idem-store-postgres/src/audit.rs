@@ -17,7 +17,13 @@ use crate::sql::statement;
 use crate::store::PgStore;
 use idem_core::record::{AuditStats, BusinessTable, DayCounts, OutcomeCount};
 use idem_core::sql::SqlText;
+use idem_core::tally::FlushId;
 use idem_core::{sql, OutcomeCountStore, StoreError};
+
+/// The statement timeout of one outcome-tally flush ([`PgStore::add_outcome_counts_once`]):
+/// under the consumer's 5 s bound on a flush, so that the server ends a flush its caller
+/// gave up on (and the pool gets its connection back) within seconds.
+pub const OUTCOME_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// Microseconds since the epoch of a `timestamptz` column, exact (`extract` returns
 /// `numeric` on Postgres 14 and later).
@@ -350,16 +356,37 @@ impl PgStore {
     /// The statement of [`add_outcome_counts`](PgStore::add_outcome_counts): one upsert
     /// of unnested arrays `($1 days, $2 outcomes, $3 reasons, $4 counts)`, summed per
     /// `(day, outcome, reason)` and taken in that order (so two concurrent flushes lock
-    /// their rows in one order and never deadlock).
-    fn add_outcome_counts_sql(&self) -> SqlText {
+    /// their rows in one order and never deadlock). With a flush id (`$5` writer, `$6`
+    /// sequence number), the counts are added only when the same statement raised the
+    /// writer's row of `idem_outcome_flushes` to this sequence number: a flush applied
+    /// before (or a later one) adds nothing, and two tries of one flush running at once
+    /// meet on that row (the second waits, then adds nothing, unless the first rolled
+    /// back).
+    fn add_outcome_counts_sql(&self, once: bool) -> SqlText {
         let t = self.sql_table("idem_outcome_counts");
+        let flushes = self.sql_table("idem_outcome_flushes");
+        let (with, only_if) = if once {
+            (
+                sql!(
+                    "WITH f AS (INSERT INTO {flushes} AS f (writer, seq) VALUES ($5, $6) \
+                       ON CONFLICT (writer) DO UPDATE SET seq = EXCLUDED.seq, flushed_at = now() \
+                       WHERE f.seq < EXCLUDED.seq RETURNING 1) ",
+                    flushes
+                ),
+                SqlText::from_static("WHERE EXISTS (SELECT 1 FROM f) "),
+            )
+        } else {
+            (SqlText::new(), SqlText::new())
+        };
         sql!(
-            "INSERT INTO {t} AS c (day, outcome, reason, count) \
+            "{with}INSERT INTO {t} AS c (day, outcome, reason, count) \
              SELECT d::date, o, r, sum(n)::bigint \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS u(d, o, r, n) \
-             GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 \
+             {only_if}GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 \
              ON CONFLICT (day, outcome, reason) DO UPDATE SET count = c.count + EXCLUDED.count",
-            t
+            with,
+            t,
+            only_if
         )
     }
 
@@ -367,12 +394,43 @@ impl PgStore {
     /// [`migrate`](PgStore::migrate)) in one statement: `INSERT … ON CONFLICT (day,
     /// outcome, reason) DO UPDATE SET count = count + EXCLUDED.count`. Counts of one row
     /// given twice add up; so do concurrent calls from several consumers. Days are
-    /// `YYYY-MM-DD` (UTC). See [`idem_core::tally`] for what the counts mean.
+    /// `YYYY-MM-DD` (UTC). See [`idem_core::tally`] for what the counts mean. Each call
+    /// adds: a call tried again after an unknown outcome may add twice — a tally's
+    /// flushes go through [`add_outcome_counts_once`](PgStore::add_outcome_counts_once).
     ///
     /// # Errors
     /// [`StoreError`] from the database (the table missing or not writable included); a
     /// count above `i64::MAX` is [`StoreError::Config`]. Nothing is added then.
     pub async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError> {
+        self.write_outcome_counts(None, counts).await
+    }
+
+    /// Adds `counts` as [`add_outcome_counts`](PgStore::add_outcome_counts) does, once per
+    /// `flush`: the writer's highest applied flush is recorded in `idem_outcome_flushes`
+    /// in the same statement, and a flush at or below it adds nothing (and succeeds) —
+    /// the [`OutcomeCountStore`] contract. The transaction runs under a statement timeout
+    /// of its own ([`OUTCOME_FLUSH_TIMEOUT`]), so a flush that waits on a lock ends on the
+    /// server, and gives its connection back, soon after its caller gave up on it. The
+    /// first flush of a writer also removes the rows of writers not heard from for 30
+    /// days.
+    ///
+    /// # Errors
+    /// As [`add_outcome_counts`](PgStore::add_outcome_counts); the statement timeout is
+    /// [`StoreError::Unavailable`] or [`StoreError::Other`] (retryable). The flush's
+    /// table missing (a schema not migrated since it was added) is an error too.
+    pub async fn add_outcome_counts_once(
+        &self,
+        flush: &FlushId,
+        counts: &[OutcomeCount],
+    ) -> Result<(), StoreError> {
+        self.write_outcome_counts(Some(flush), counts).await
+    }
+
+    async fn write_outcome_counts(
+        &self,
+        flush: Option<&FlushId>,
+        counts: &[OutcomeCount],
+    ) -> Result<(), StoreError> {
         if counts.is_empty() {
             return Ok(());
         }
@@ -388,12 +446,49 @@ impl PgStore {
                 StoreError::Config(format!("an outcome count of {} is too large", c.count))
             })?);
         }
-        sqlx::query(statement(self.add_outcome_counts_sql()))
+        let seq = flush
+            .map(|f| {
+                i64::try_from(f.seq()).map_err(|_| {
+                    StoreError::Config(format!(
+                        "a flush sequence number of {} is too large",
+                        f.seq()
+                    ))
+                })
+            })
+            .transpose()?;
+        let mut tx = self
+            .pool()
+            .begin()
+            .await
+            .map_err(|e| map_sqlx(e, "adding outcome counts"))?;
+        let ms = OUTCOME_FLUSH_TIMEOUT.as_millis();
+        sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+            .bind(format!("{ms}ms"))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx(e, "adding outcome counts"))?;
+        if seq == Some(1) {
+            let flushes = self.sql_table("idem_outcome_flushes");
+            sqlx::query(statement(sql!(
+                "DELETE FROM {flushes} WHERE flushed_at < now() - interval '30 days'",
+                flushes
+            )))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx(e, "removing old outcome flushes"))?;
+        }
+        let mut q = sqlx::query(statement(self.add_outcome_counts_sql(flush.is_some())))
             .bind(&days)
             .bind(&outcomes)
             .bind(&reasons)
-            .bind(&ns)
-            .execute(self.pool())
+            .bind(&ns);
+        if let (Some(f), Some(seq)) = (flush, seq) {
+            q = q.bind(f.writer()).bind(seq);
+        }
+        q.execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx(e, "adding outcome counts"))?;
+        tx.commit()
             .await
             .map_err(|e| map_sqlx(e, "adding outcome counts"))?;
         Ok(())
@@ -450,8 +545,12 @@ impl PgStore {
 
 #[idem_core::async_trait]
 impl OutcomeCountStore for PgStore {
-    async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError> {
-        PgStore::add_outcome_counts(self, counts).await
+    async fn add_outcome_counts(
+        &self,
+        flush: &FlushId,
+        counts: &[OutcomeCount],
+    ) -> Result<(), StoreError> {
+        PgStore::add_outcome_counts_once(self, flush, counts).await
     }
 }
 

@@ -86,6 +86,7 @@ pub mod distributed;
 pub mod error;
 pub mod identity;
 pub mod inspect;
+pub mod migrate;
 mod outbox;
 pub mod partition;
 pub mod retention;

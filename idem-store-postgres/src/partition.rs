@@ -304,7 +304,10 @@ impl PgStore {
         Ok(created)
     }
 
-    /// Creates one month's partition; `false` when it already existed.
+    /// Creates one month's partition; `false` when it already existed. When
+    /// `processed_messages` is append-only ([`PgStore::migrate_append_only`]), the new
+    /// partition gets the guard against `TRUNCATE` in the same transaction (the row
+    /// triggers of the parent reach it by themselves).
     async fn create_partition(&self, m: PartitionMonth) -> Result<bool, StoreError> {
         let pm = self.sql_table("processed_messages");
         let part = self.shared().table_ident(&m.partition_ident()?);
@@ -318,18 +321,31 @@ impl PgStore {
             to
         );
         let mut tx = self.ddl_tx().await?;
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(part.as_str())
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx(e, "look up partition"))?;
+        let (exists, guarded): (bool, bool) = sqlx::query_as(
+            "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_trigger \
+               WHERE tgrelid = to_regclass($2) AND tgname = $3)",
+        )
+        .bind(part.as_str())
+        .bind(pm.as_str())
+        .bind(crate::migrate::TRUNCATE_GUARD)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx(e, "look up partition"))?;
         if exists {
             tx.rollback()
                 .await
                 .map_err(|e| map_sqlx(e, "end partition check"))?;
             return Ok(false);
         }
-        match tx.execute(statement(create.clone())).await {
+        let guard = if guarded {
+            self.truncate_guard_sql(&part)
+        } else {
+            SqlText::new()
+        };
+        match tx
+            .execute(statement(sql!("{create}; {guard}", create, guard)))
+            .await
+        {
             Ok(_) => {
                 tx.commit()
                     .await
@@ -344,21 +360,36 @@ impl PgStore {
         // The default partition holds rows of this month: take it out, create the
         // month's partition, move the rows through the parent (they are routed to the new
         // partition), delete them from the default partition and put it back — one
-        // transaction, so no claim sees the month in two places.
+        // transaction, so no claim sees the month in two places. Every column moves: the
+        // list is read from the catalog (the parent's columns, quoted with quote_ident)
+        // when the rows move, so a column added later (the identity's
+        // `submission_timestamp` was one) can never be left behind — a claim that lost
+        // its identity would no longer meet a conflicting resubmission.
         let mut tx = self.ddl_tx().await?;
         let script = sql!(
             "SELECT set_config('idem.purge', 'on', true); \
              ALTER TABLE {pm} DETACH PARTITION {default}; \
              {create}; \
-             INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_month) \
-               SELECT idempotency_key, award_id, claimed_at, submission_month FROM {default} \
-               WHERE submission_month >= {from} AND submission_month < {to}; \
+             {guard} \
+             DO $idem_move$ \
+             DECLARE cols text; \
+             BEGIN \
+               SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO cols \
+               FROM pg_attribute a \
+               WHERE a.attrelid = '{pm}'::regclass AND a.attnum > 0 \
+                 AND NOT a.attisdropped AND a.attgenerated = ''; \
+               EXECUTE 'INSERT INTO {pm} (' || cols || ') OVERRIDING SYSTEM VALUE SELECT ' \
+                 || cols || ' FROM {default} \
+                 WHERE submission_month >= {from} AND submission_month < {to}'; \
+             END \
+             $idem_move$; \
              DELETE FROM {default} \
                WHERE submission_month >= {from} AND submission_month < {to}; \
              ALTER TABLE {pm} ATTACH PARTITION {default} DEFAULT;",
             pm,
             default,
             create,
+            guard,
             from,
             to
         );
@@ -369,6 +400,20 @@ impl PgStore {
             .await
             .map_err(|e| map_sqlx(e, "commit partition"))?;
         Ok(true)
+    }
+
+    /// `CREATE TRIGGER` of the append-only guard against `TRUNCATE` on `table` (a
+    /// partition of `processed_messages`), ending with `;`.
+    fn truncate_guard_sql(&self, table: &SqlText) -> SqlText {
+        let schema = &self.shared().schema;
+        let trigger = crate::migrate::TRUNCATE_GUARD;
+        sql!(
+            "CREATE TRIGGER {trigger} BEFORE TRUNCATE ON {table} FOR EACH STATEMENT \
+             EXECUTE FUNCTION {schema}.idem_processed_messages_append_only();",
+            trigger,
+            table,
+            schema
+        )
     }
 
     /// A transaction for partition DDL: the migration's advisory lock (so concurrent

@@ -14,7 +14,7 @@ use idem_core::{
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Executor, PgConnection, PgPool, Postgres, SqlStr};
+use sqlx::{PgConnection, PgPool, Postgres, SqlStr};
 use sqlx_core::transaction::TransactionManager;
 
 use crate::config::{quote, PgConfig, PgLayout};
@@ -23,29 +23,6 @@ use crate::outbox::SUBJECT_LOCK;
 use crate::sql::statement;
 use crate::warm::Warm;
 
-/// The embedded migration, with `{schema}` standing for the quoted schema name.
-const MIGRATION: &str = include_str!("../migrations/0001_tables.sql");
-/// The store's identity (see [`crate::identity`]).
-const IDENTITY: &str = include_str!("../migrations/0004_store_identity.sql");
-/// The partitioned `processed_messages` ([`PgLayout::Partitioned`]), run before [`MIGRATION`].
-const PARTITIONED: &str = include_str!("../migrations/0005_partitioned_claims.sql");
-/// The optional retention / inspection indexes ([`PgConfig::audit_indexes`]).
-const AUDIT_INDEXES: &str = include_str!("../migrations/0002_audit_indexes.sql");
-/// The Citus-ready tables ([`PgLayout::Distributed`]), run before [`MIGRATION`].
-const DISTRIBUTED: &str = include_str!("../migrations/0009_distributed.sql");
-/// The distributed layout's audit indexes, run instead of [`AUDIT_INDEXES`].
-const DISTRIBUTED_AUDIT_INDEXES: &str =
-    include_str!("../migrations/0009_distributed_audit_indexes.sql");
-/// The identity column and its unique partial index (conflict detection), every layout.
-const CLAIM_IDENTITY: &str = include_str!("../migrations/0006_claim_identity.sql");
-/// The outcome tally (`idem_outcome_counts`, [`crate::audit`]).
-const OUTCOME_COUNTS: &str = include_str!("../migrations/0008_outcome_counts.sql");
-/// The outbox's `traceparent` column (W3C trace context), every layout.
-const OUTBOX_TRACEPARENT: &str = include_str!("../migrations/0007_outbox_traceparent.sql");
-/// The relay's queue beside the outbox, filled by a trigger (every layout).
-const OUTBOX_PENDING: &str = include_str!("../migrations/0010_outbox_pending.sql");
-/// The optional append-only trigger on `processed_messages` ([`PgStore::migrate_append_only`]).
-const APPEND_ONLY: &str = include_str!("../migrations/0003_append_only.sql");
 /// The SQLSTATE the append-only trigger raises.
 pub const APPEND_ONLY_SQLSTATE: &str = "IDEM1";
 
@@ -550,130 +527,6 @@ impl PgStore {
     #[allow(dead_code)]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
-    }
-
-    /// Creates the schema, `processed_messages`, `outbox`, the store's identity
-    /// (`idem_store_identity`, a random id kept once created) and the outcome tally
-    /// (`idem_outcome_counts`, [`PgStore::add_outcome_counts`]) if missing, and adds this
-    /// crate's columns and indexes to an `outbox` that lacks them (plus the audit indexes
-    /// of [`PgConfig::audit_indexes`] when on). On the partitioned layout
-    /// ([`PgConfig::layout`], or a partitioned table already there) it creates the
-    /// partitioned `processed_messages` (`migrations/0005_partitioned_claims.sql`) and
-    /// then [`ensure_partitions`](PgStore::ensure_partitions). On the distributed layout
-    /// ([`PgLayout::Distributed`], [`crate::distributed`]) it creates `processed_messages`,
-    /// `outbox` and the grant pipeline's `disbursements` keyed by the award id
-    /// (`migrations/0009_distributed.sql`), and then, when the `citus` extension is
-    /// installed, distributes them, colocated (untested: no Citus where the tests run);
-    /// on plain Postgres it logs that it skipped that step. Asking
-    /// [`PgConfig::layout`] for a layout other than the one of an existing table is an
-    /// error (a conversion is a data migration). Idempotent, and safe
-    /// to run from several processes at once (an advisory lock serialises them). Business
-    /// tables (`disbursements`, …) are their owners' to create.
-    ///
-    /// # Errors
-    /// [`StoreError`] from the database.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        let found = crate::partition::detect_layout(&self.pool, self.schema()).await?;
-        let asked = self.shared.config.layout;
-        if let Some(found) = found.filter(|f| asked != PgLayout::Plain && *f != asked) {
-            return Err(StoreError::Config(format!(
-                "processed_messages in schema {:?} is a {found} table: the {asked} layout is \
-                 created in a new schema, not converted in place (docs/scale.md)",
-                self.schema()
-            )));
-        }
-        if found.is_some_and(|f| f != self.layout()) {
-            return Err(StoreError::Config(format!(
-                "processed_messages in schema {:?} is {}, but this store writes claims for the \
-                 {} layout: reconnect",
-                self.schema(),
-                found.map_or("missing", PgLayout::as_str),
-                self.layout()
-            )));
-        }
-        let schema: &dyn idem_core::sql::SqlPart = &self.shared.schema;
-        let layout = self.layout();
-        let partition_key = match layout {
-            PgLayout::Plain | PgLayout::Distributed => "",
-            PgLayout::Partitioned => ", submission_month",
-        };
-        let mut sql = SqlText::new();
-        // The layout's own tables first: 0001's IF NOT EXISTS statements then leave them be.
-        let first = match layout {
-            PgLayout::Plain => None,
-            PgLayout::Partitioned => Some(PARTITIONED),
-            PgLayout::Distributed => Some(DISTRIBUTED),
-        };
-        if let Some(first) = first {
-            sql.push(SqlText::render(first, &[("schema", schema)]));
-        }
-        sql.push(SqlText::render(MIGRATION, &[("schema", schema)]));
-        sql.push(SqlText::render(
-            CLAIM_IDENTITY,
-            &[("schema", schema), ("partition_key", &partition_key)],
-        ));
-        for script in [IDENTITY, OUTCOME_COUNTS, OUTBOX_TRACEPARENT, OUTBOX_PENDING] {
-            sql.push(SqlText::render(script, &[("schema", schema)]));
-        }
-        if self.shared.config.audit_indexes {
-            let indexes = match layout {
-                PgLayout::Plain | PgLayout::Partitioned => AUDIT_INDEXES,
-                PgLayout::Distributed => DISTRIBUTED_AUDIT_INDEXES,
-            };
-            sql.push(SqlText::render(indexes, &[("schema", schema)]));
-        }
-        self.run_script(sql).await?;
-        self.shared
-            .identity
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        self.shared
-            .traceparent
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        self.ensure_partitions().await?;
-        if layout == PgLayout::Distributed {
-            // After the commit, in a transaction of its own (crate::distributed).
-            self.distribute_tables().await?;
-        }
-        Ok(())
-    }
-
-    /// Makes `processed_messages` append-only evidence (`migrations/0003_append_only.sql`):
-    /// a trigger refuses every UPDATE, DELETE and TRUNCATE of it with SQLSTATE
-    /// [`APPEND_ONLY_SQLSTATE`] — except DELETEs in a transaction that set
-    /// `idem.purge = 'on'` locally, which is how [`PgStore::purge`] deletes. Claims
-    /// (`INSERT … ON CONFLICT DO NOTHING`) are unaffected. Run it after
-    /// [`migrate`](PgStore::migrate); idempotent. The setting is a guard against
-    /// accidents, not a permission: withhold DELETE from every role but the owner.
-    ///
-    /// # Errors
-    /// [`StoreError`] from the database (for example when the tables do not exist yet).
-    pub async fn migrate_append_only(&self) -> Result<(), StoreError> {
-        self.run_script(SqlText::render(
-            APPEND_ONLY,
-            &[("schema", &self.shared.schema)],
-        ))
-        .await
-    }
-
-    pub(crate) async fn run_script(&self, sql: SqlText) -> Result<(), StoreError> {
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| map_sqlx(e, "begin migration"))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(format!("idem-migrate.{}", self.schema()))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx(e, "lock for migration"))?;
-        // A simple (multi-statement) query: the script has no parameters.
-        tx.execute(statement(sql))
-            .await
-            .map_err(|e| map_sqlx(e, "migrate"))?;
-        tx.commit()
-            .await
-            .map_err(|e| map_sqlx(e, "commit migration"))?;
-        Ok(())
     }
 }
 

@@ -15,6 +15,7 @@ use idem_core::record::{
     AuditStats, AuditSummary, BusinessTable, ClaimRecord, DayCounts, OutboxRecord, OutcomeCount,
     Timestamp,
 };
+use idem_core::tally::FlushId;
 use idem_core::{OutcomeCountStore, StoreError};
 use sqlx::Row;
 
@@ -315,13 +316,41 @@ impl SqliteStore {
     /// does: `INSERT … ON CONFLICT (day, outcome, reason) DO UPDATE SET count = count +
     /// excluded.count`, the rows passed as one JSON parameter. Counts of one row given
     /// twice add up; so do concurrent calls. Days are `YYYY-MM-DD` (UTC). See
-    /// [`idem_core::tally`] for what the counts mean.
+    /// [`idem_core::tally`] for what the counts mean. Each call adds: a tally's flushes,
+    /// which may be sent again, go through
+    /// [`add_outcome_counts_once`](SqliteStore::add_outcome_counts_once).
     ///
     /// # Errors
     /// A store error from the database (the table missing included); a count above
     /// `i64::MAX` or a day that is not `YYYY-MM-DD` is [`StoreError::Config`]. Nothing is
     /// added then.
     pub async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError> {
+        self.write_outcome_counts(None, counts).await
+    }
+
+    /// Adds `counts` as [`add_outcome_counts`](SqliteStore::add_outcome_counts) does, once
+    /// per `flush` (the [`OutcomeCountStore`] contract): in one `BEGIN IMMEDIATE`
+    /// transaction, the writer's row of `idem_outcome_flushes` is raised to the flush's
+    /// sequence number, and the counts are added only if it was below. A flush dropped by
+    /// its caller's timeout that the database still commits, and that is then sent again,
+    /// adds once. The first flush of a writer also removes the rows of writers not heard
+    /// from for 30 days.
+    ///
+    /// # Errors
+    /// As [`add_outcome_counts`](SqliteStore::add_outcome_counts).
+    pub async fn add_outcome_counts_once(
+        &self,
+        flush: &FlushId,
+        counts: &[OutcomeCount],
+    ) -> Result<(), StoreError> {
+        self.write_outcome_counts(Some(flush), counts).await
+    }
+
+    async fn write_outcome_counts(
+        &self,
+        flush: Option<&FlushId>,
+        counts: &[OutcomeCount],
+    ) -> Result<(), StoreError> {
         if counts.is_empty() {
             return Ok(());
         }
@@ -339,6 +368,49 @@ impl SqliteStore {
             }
             rows.push((c.day.as_str(), c.outcome.as_str(), c.reason.as_str(), n));
         }
+        let rows = json(&rows)?;
+        let mut tx = self
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| map("adding outcome counts", e))?;
+        if let Some(f) = flush {
+            let seq = i64::try_from(f.seq()).map_err(|_| {
+                StoreError::Config(format!(
+                    "a flush sequence number of {} is too large",
+                    f.seq()
+                ))
+            })?;
+            if seq == 1 {
+                sqlx::query(
+                    "DELETE FROM idem_outcome_flushes \
+                     WHERE flushed_at < strftime('%Y-%m-%dT%H:%M:%SZ', 'now', '-30 days')",
+                )
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| map("removing old outcome flushes", e))?;
+            }
+            let raised = sqlx::query(
+                "INSERT INTO idem_outcome_flushes (writer, seq, flushed_at) \
+                 VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%SZ', 'now')) \
+                 ON CONFLICT (writer) DO UPDATE \
+                 SET seq = excluded.seq, flushed_at = excluded.flushed_at \
+                 WHERE seq < excluded.seq",
+            )
+            .bind(f.writer())
+            .bind(seq)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map("recording the outcome flush", e))?
+            .rows_affected();
+            if raised == 0 {
+                // Applied before: its counts are in the table already.
+                tx.rollback()
+                    .await
+                    .map_err(|e| map("adding outcome counts", e))?;
+                return Ok(());
+            }
+        }
         sqlx::query(
             "INSERT INTO idem_outcome_counts (day, outcome, reason, count) \
              SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), \
@@ -346,10 +418,13 @@ impl SqliteStore {
              FROM json_each(?1) WHERE true GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 \
              ON CONFLICT (day, outcome, reason) DO UPDATE SET count = count + excluded.count",
         )
-        .bind(json(&rows)?)
-        .execute(self.pool())
+        .bind(rows)
+        .execute(&mut *tx)
         .await
         .map_err(|e| map("adding outcome counts", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| map("adding outcome counts", e))?;
         Ok(())
     }
 
@@ -404,8 +479,12 @@ impl SqliteStore {
 
 #[idem_core::async_trait]
 impl OutcomeCountStore for SqliteStore {
-    async fn add_outcome_counts(&self, counts: &[OutcomeCount]) -> Result<(), StoreError> {
-        SqliteStore::add_outcome_counts(self, counts).await
+    async fn add_outcome_counts(
+        &self,
+        flush: &FlushId,
+        counts: &[OutcomeCount],
+    ) -> Result<(), StoreError> {
+        SqliteStore::add_outcome_counts_once(self, flush, counts).await
     }
 }
 
