@@ -372,3 +372,22 @@ async fn a_flush_dropped_while_it_waited_is_not_counted_twice() {
     assert_eq!(not_json_today(&store).await, 3, "counted once");
     common::drop_schema(&store).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_flush_applied_twice_adds_once() {
+    use idem_core::tally::FlushId;
+    use idem_core::OutcomeCountStore;
+    let store = common::fresh_pg().await;
+    let sink: &dyn OutcomeCountStore = &store;
+    let today = idem_core::record::Timestamp::now().day();
+    let counts = [OutcomeCount::new(today, "rejected", "not_json", 2)];
+    let id = FlushId::new("c".repeat(32), 1);
+    sink.add_outcome_counts(&id, &counts).await.expect("flush");
+    sink.add_outcome_counts(&id, &counts).await.expect("again");
+    assert_eq!(not_json_today(&store).await, 2, "added once");
+    sink.add_outcome_counts(&FlushId::new("c".repeat(32), 2), &counts)
+        .await
+        .expect("the next flush");
+    assert_eq!(not_json_today(&store).await, 4);
+    common::drop_schema(&store).await;
+}
