@@ -21,7 +21,7 @@ pub const DEFAULT_MAX_DELIVER: i64 = 20;
 /// | `max_deliver` | `20` ([`DEFAULT_MAX_DELIVER`]) | the durable's redelivery limit: at least 1, or `-1` for none |
 ///
 /// async-nats reads no query parameters: any other is an error.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NatsConfig {
     /// The server URL, e.g. `nats://127.0.0.1:4222`.
@@ -49,6 +49,22 @@ pub struct NatsConfig {
     /// The stream's duplicate window for `Nats-Msg-Id` (default 2 min), used when the
     /// stream is created.
     pub duplicate_window: Duration,
+}
+
+impl std::fmt::Debug for NatsConfig {
+    /// The URL with its secrets hidden ([`idem_core::redact_url`]: a user alone on a
+    /// `nats://` URL is a token).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("url", &idem_core::Redacted(&self.url))
+            .field("name", &self.name)
+            .field("durable", &self.durable)
+            .field("ack_wait", &self.ack_wait)
+            .field("prefetch", &self.prefetch)
+            .field("max_deliver", &self.max_deliver)
+            .field("duplicate_window", &self.duplicate_window)
+            .finish()
+    }
 }
 
 impl NatsConfig {
@@ -164,6 +180,18 @@ mod tests {
 
     fn read(query: &str) -> Result<NatsConfig, BrokerError> {
         NatsConfig::from_url(&BrokerUrl::parse(&format!("nats://h:4222{query}"))?, "s")
+    }
+
+    #[test]
+    fn debug_hides_the_token_and_the_password() {
+        for url in [
+            "nats://s3cr3t-token@h:4222",
+            "nats://user:s3cr3t-token@h:4222",
+        ] {
+            let shown = format!("{:?}", NatsConfig::new(url, "s"));
+            assert!(!shown.contains("s3cr3t-token"), "{shown}");
+            assert!(shown.contains("h:4222"), "{shown}");
+        }
     }
 
     #[test]
