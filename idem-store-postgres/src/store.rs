@@ -441,6 +441,13 @@ impl PgStore {
     /// schema ([`PgLayout`]), or [`PgConfig::layout`] when there is none yet.
     pub async fn connect(url: &str, config: PgConfig) -> Result<Self, StoreError> {
         config.validate()?;
+        // sqlx builds its TLS configuration from rustls's process default, which rustls
+        // picks by itself only when exactly one provider is compiled in (a build with
+        // the SQS client has two): install ring unless one is installed.
+        #[cfg(feature = "tls")]
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let options = PgConnectOptions::from_str(url).map_err(|e| map_sqlx(e, "parse URL"))?;
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
