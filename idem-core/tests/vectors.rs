@@ -14,10 +14,10 @@ fn vectors_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/seed-keys.json")
 }
 
-/// The reference design's own file, where the workspace sits beside `shared/` (as it is
-/// developed): the copy above must be byte-identical to it.
+/// The reference derivation's vector file, kept in the repository beside this test
+/// (`tests/vectors/seed-keys.json`): the copy above must be byte-identical to it.
 fn reference_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors/seed-keys.json")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/seed-keys.json")
 }
 
 #[test]
