@@ -10,8 +10,10 @@
 //! `--on-conflict dead-letter|process`, `--batch N`,
 //! `--mode process|consumer|both`, `--crashes N`, `--errors N` (of each class: unavailable,
 //! conflict, rejected, config), `--lost-acks N`, `--expiries N`, `--outages N`,
-//! `--restores N`, `--lock-timeouts N`, `--max-depth N`, `--time-limit SECS`,
-//! `--mutant NAME`, `--replay SEQ`, `--skip-mutants`.
+//! `--restores N`, `--lock-timeouts N`, `--void-commits N`, `--max-faults N`,
+//! `--killers N`, `--recurring N`, `--max-attempts N`, `--broker-limit N`,
+//! `--delivery-count runs|deliveries`, `--max-depth N`, `--time-limit SECS`,
+//! `--neighbour-check`, `--mutant NAME`, `--replay SEQ`, `--skip-mutants`.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -46,6 +48,11 @@ fn parse() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         if flag == "--skip-mutants" {
             skip_mutants = true;
+            continue;
+        }
+        if flag == "--neighbour-check" {
+            config.neighbour_check = true;
+            flags.push(flag);
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -89,6 +96,22 @@ fn parse() -> Result<Args, String> {
             "--outages" => b.outages = num()?,
             "--restores" => b.restores = num()?,
             "--lock-timeouts" => b.lock_timeouts = num()?,
+            "--void-commits" => b.void_commits = num()?,
+            "--killers" => config.killers = num()? as usize,
+            "--recurring" => config.recurring = num()? as usize,
+            "--max-attempts" => config.max_attempts = num()?.max(1),
+            "--broker-limit" => config.broker_limit = num()?,
+            "--delivery-count" => {
+                config.counts_runs = match value.as_str() {
+                    "runs" => true,
+                    "deliveries" => false,
+                    other => {
+                        return Err(format!(
+                            "--delivery-count: runs or deliveries, not {other:?}"
+                        ))
+                    }
+                };
+            }
             "--max-faults" => b.total = num()?,
             "--max-depth" => config.max_depth = num()? as usize,
             "--time-limit" => config.time_limit = Duration::from_secs(u64::from(num()?)),
@@ -218,6 +241,25 @@ fn main() -> ExitCode {
             "Process mode, crossing conflicts".into(),
             Config::crossing(&args.config),
         ));
+    }
+    // A message that kills its process on every run (where the broker counts runs: a
+    // broker that counts deliveries cannot tell its runs from deferrals) and one whose
+    // handler fails on every attempt, each beside a valid message, in the modes above.
+    if args.config.killers == 0 && args.config.recurring == 0 && args.config.conflicts == 0 {
+        let bases: Vec<(String, Config)> = passes
+            .iter()
+            .filter(|(_, c)| c.conflicts == 0)
+            .cloned()
+            .collect();
+        for (name, base) in &bases {
+            if base.counts_runs {
+                passes.push((format!("{name}, killer"), Config::killer(base)));
+            }
+            passes.push((
+                format!("{name}, recurring failure"),
+                Config::recurring(base),
+            ));
+        }
     }
     for (name, config) in &passes {
         let r = explore(config);

@@ -11,15 +11,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::Stream;
-use idem_core::gate::CONFLICT;
+use idem_core::gate::{ATTEMPTS_EXHAUSTED, CONFLICT};
 use idem_core::{
     consumer, ConflictPolicy, ConsumerConfig, Delivery, ErrorClass, Filtered, Gate, GateConfig,
     Outcome,
 };
 
 use super::world::{
-    ident_of, key_of, lock, payload_of, Decision, ExAcker, ExFilter, ExHandler, ExStore, Fault,
-    Msg, MsgState, Op, Point, Shared, TaskId, World, WorldClock, CONFLICT_BASE,
+    ident_of, is_killer, is_recurring, key_of, lock, payload_of, Decision, ExAcker, ExFilter,
+    ExHandler, ExStore, Fault, Msg, MsgState, Op, Point, Shared, TaskId, World, WorldClock,
+    BROKER_LIMIT, CONFLICT_BASE, KILLER_BASE, RECURRING_BASE,
 };
 use super::{Budgets, Config, Mutant};
 
@@ -88,7 +89,10 @@ fn gate_for(world: &Shared) -> Gate<Filtered<ExStore, ExFilter>, ExHandler> {
     } else {
         ConflictPolicy::Process
     };
-    let config = GateConfig::default().with_on_conflict(on_conflict);
+    let max_attempts = lock(world).max_attempts;
+    let config = GateConfig::default()
+        .with_on_conflict(on_conflict)
+        .with_max_attempts(max_attempts);
     Gate::with_config(store, ExHandler(world.clone()), config)
 }
 
@@ -116,9 +120,21 @@ fn take(world: &Shared, d: Decision) -> Vec<Delivery<ExAcker>> {
     w.record(task, ("take", &chosen));
     let mut out = Vec::with_capacity(chosen.len());
     for idx in chosen {
+        if w.msgs[idx].deliveries >= w.broker_limit {
+            // The broker's own limit: the message goes to its dead-letter place, unrun
+            // and without a reason, before the gate could end it.
+            let limit = w.broker_limit;
+            w.msgs[idx].state = MsgState::Dead(BROKER_LIMIT);
+            w.violate(format!(
+                "m{idx} was ended by the broker's delivery limit ({limit}) before the gate \
+                 settled it"
+            ));
+            continue;
+        }
         w.next_tag += 1;
         let tag = w.next_tag;
         w.tags.insert(tag, (idx, true));
+        w.tag_task.insert(tag, task);
         w.msgs[idx].deliveries += 1;
         w.msgs[idx].state = MsgState::InFlight(tag);
         let payload = match w.msgs[idx].key {
@@ -237,33 +253,37 @@ impl Run {
             per_task_tx_check: config.mode == Mode::Process,
             unscoped_marks: config.mutant == Some(Mutant::UnscopedFilterMarks),
             conflicts_dead_letter: config.on_conflict == ConflictPolicy::DeadLetter,
+            max_attempts: config.max_attempts.max(1),
+            broker_limit: config.broker_limit,
+            counts_runs: config.counts_runs,
+            void_commit_ok: config.mutant == Some(Mutant::VoidCommitReportedOk),
             ..World::default()
         };
         world.durable.identity = 1;
         for k in 0..config.keys {
             let copies = if k == 0 { config.copies.max(1) } else { 1 };
             for _ in 0..copies {
-                world.msgs.push(Msg {
-                    key: Some(k),
-                    deliveries: 0,
-                    state: MsgState::Ready(0),
-                });
+                world.msgs.push(Msg::new(Some(k)));
             }
         }
         // Conflicting resubmissions: another payload of key j's submission, once each.
         for j in 0..config.conflicts.min(config.keys) {
-            world.msgs.push(Msg {
-                key: Some(CONFLICT_BASE + j),
-                deliveries: 0,
-                state: MsgState::Ready(0),
-            });
+            world.msgs.push(Msg::new(Some(CONFLICT_BASE + j)));
+        }
+        for j in 0..config
+            .killers
+            .min(usize::from(RECURRING_BASE - KILLER_BASE))
+        {
+            world.msgs.push(Msg::new(Some(KILLER_BASE + j as u8)));
+        }
+        for j in 0..config
+            .recurring
+            .min(usize::from(CONFLICT_BASE - RECURRING_BASE))
+        {
+            world.msgs.push(Msg::new(Some(RECURRING_BASE + j as u8)));
         }
         for _ in 0..config.poison {
-            world.msgs.push(Msg {
-                key: None,
-                deliveries: 0,
-                state: MsgState::Ready(0),
-            });
+            world.msgs.push(Msg::new(None));
         }
         for i in 0..world.msgs.len() {
             world.make_ready(i);
@@ -388,6 +408,7 @@ impl Run {
             outages: 0,
             restores: 0,
             lock_timeouts: 0,
+            void_commits: 0,
             total: 0,
         };
         let b = if self.budgets.total == 0 {
@@ -454,7 +475,8 @@ impl Run {
                 }
                 Op::Handle { key, .. } => {
                     grant(Decision::Proceed);
-                    if !w.poisoned.contains(key) {
+                    // A killer's or a recurring failure's handler does what it always does.
+                    if !w.poisoned.contains(key) && !is_killer(*key) && !is_recurring(*key) {
                         if b.unavailable > 0 {
                             grant(Decision::Fail(Fault::Unavailable));
                         }
@@ -474,6 +496,9 @@ impl Run {
                     }
                     if b.crashes > 0 {
                         grant(Decision::CommitThenCrash);
+                    }
+                    if b.void_commits > 0 {
+                        grant(Decision::CommitVoid);
                     }
                 }
                 Op::Ack { .. } => {
@@ -558,7 +583,14 @@ impl Run {
                     Decision::CommitThenCrash => b.crashes -= 1,
                     Decision::AckLost => b.lost_acks -= 1,
                     Decision::LockTimeout => b.lock_timeouts -= 1,
+                    Decision::CommitVoid => b.void_commits -= 1,
                     _ => {}
+                }
+                if let Some(worker) = self.killed_by(*request) {
+                    self.crash(worker);
+                    self.settle();
+                    self.detect_deadlock();
+                    return;
                 }
                 let task = {
                     let mut w = lock(&self.world);
@@ -667,6 +699,53 @@ impl Run {
         self.detect_deadlock();
     }
 
+    /// If `request` is the handler of a killer message, the worker it kills (before the
+    /// handler returns): the messages the worker holds besides the killer are counted as
+    /// its collateral.
+    fn killed_by(&mut self, request: u64) -> Option<usize> {
+        let mut w = lock(&self.world);
+        let r = w.requests.get(&request)?;
+        let (Op::Handle { key, .. }, task) = (&r.op, r.task) else {
+            return None;
+        };
+        let key = *key;
+        if !is_killer(key) {
+            return None;
+        }
+        let worker = self.worker_of(task)?;
+        let killers = w
+            .msgs
+            .iter()
+            .filter(|m| m.key.is_some_and(is_killer))
+            .count();
+        for idx in w.held_by(task) {
+            if w.msgs[idx].key == Some(key) {
+                continue;
+            }
+            w.msgs[idx].collateral += 1;
+            let n = w.msgs[idx].collateral;
+            if self.config.neighbour_check && n as usize > killers {
+                w.violate(format!(
+                    "m{idx} lost {n} runs to a message that kills its process (one at most \
+                     per such message)"
+                ));
+            }
+        }
+        let runs = w.killer_runs.entry(key).or_insert(0);
+        *runs += 1;
+        let runs = *runs;
+        w.trace.push(format!(
+            "t{task}: the handler of k{key} kills its process (run {runs})"
+        ));
+        if runs > w.max_attempts {
+            let max = w.max_attempts;
+            w.violate(format!(
+                "k{key}, which kills its process, was run {runs} times (max_attempts {max})"
+            ));
+        }
+        Some(worker)
+    }
+
     /// Two or more transactions waiting on each other's locks.
     fn detect_deadlock(&mut self) {
         let mut w = lock(&self.world);
@@ -706,10 +785,14 @@ impl Run {
         w.marks.hash(&mut h);
         w.filter_up.hash(&mut h);
         w.poisoned.hash(&mut h);
+        w.killer_runs.hash(&mut h);
         w.lost_to_restore.hash(&mut h);
         for (t, k) in &w.refused {
             self.tasks.iter().position(|x| x.id == *t).hash(&mut h);
             k.hash(&mut h);
+        }
+        for t in &w.outage {
+            self.tasks.iter().position(|x| x.id == *t).hash(&mut h);
         }
         self.budgets.hash(&mut h);
         // Workers: their position, their open transactions and the locks they hold.
@@ -749,6 +832,12 @@ impl Run {
         for (i, m) in w.msgs.iter().enumerate() {
             m.key.hash(&mut h);
             m.deliveries.hash(&mut h);
+            // What the checks read of the rest: compared with the limit only.
+            m.charged().min(w.max_attempts).hash(&mut h);
+            if self.config.neighbour_check {
+                m.collateral.hash(&mut h);
+            }
+            m.outages_met.min(w.max_attempts).hash(&mut h);
             match &m.state {
                 MsgState::Ready(seq) => {
                     0u8.hash(&mut h);
@@ -812,7 +901,9 @@ impl Run {
                                     .iter()
                                     .any(|&e| e != k && ident_of(e) == i)
                         });
-                    if !poison && !conflict {
+                    // Attempts run out: lawful when it happened (checked then).
+                    let exhausted = *code == ATTEMPTS_EXHAUSTED;
+                    if !poison && !conflict && !exhausted {
                         return Some(format!(
                             "m{i} (k{}) was dead-lettered ({code}) though it is valid",
                             m.key.unwrap_or(0)
@@ -822,6 +913,31 @@ impl Run {
                 other => return Some(format!("m{i} is unsettled at quiescence: {other:?}")),
             }
         }
+        // Killers and recurring failures: dead-lettered by the gate, never an effect.
+        for (i, m) in w.msgs.iter().enumerate() {
+            let Some(k) = m.key.filter(|&k| is_killer(k) || is_recurring(k)) else {
+                continue;
+            };
+            let by_gate = matches!(m.state, MsgState::Dead(ATTEMPTS_EXHAUSTED))
+                || (w.poisoned.contains(&k) && matches!(m.state, MsgState::Dead(_)));
+            if !by_gate {
+                return Some(format!(
+                    "m{i} (k{k}, which always fails) ended {:?}, not dead-lettered with {ATTEMPTS_EXHAUSTED}",
+                    m.state
+                ));
+            }
+            if let Some(n) = w.durable.effects.get(&k).filter(|&&n| n > 0) {
+                return Some(format!("k{k}, which always fails, has {n} effects"));
+            }
+        }
+        // A key none of whose messages is left to carry it: each ran out of attempts
+        // (lawfully: checked when it happened) or was acked (after a commit, checked then,
+        // which only a restore can have taken since), and one at least ran out.
+        let exhausted = |k: u8| {
+            let mut of_k = w.msgs.iter().filter(|m| m.key == Some(k));
+            let dead = |m: &Msg| m.state == MsgState::Dead(ATTEMPTS_EXHAUSTED);
+            of_k.clone().any(dead) && of_k.all(|m| dead(m) || m.state == MsgState::Acked)
+        };
         let conflicting =
             (0..self.config.conflicts.min(self.config.keys)).map(|j| CONFLICT_BASE + j);
         let identity_effects = w.identity_effects();
@@ -844,16 +960,17 @@ impl Run {
                 // One effect per submission, whichever of its payloads won.
                 let total = identity_effects.get(&i).copied().unwrap_or(0);
                 let lost = w.lost_to_restore.iter().any(|&e| ident_of(e) == i);
+                let gave_up = exhausted(i) && exhausted(CONFLICT_BASE + i);
                 match total {
                     1 => continue,
-                    0 if lost => continue,
+                    0 if lost || gave_up => continue,
                     0 => return Some(format!("submission S-{i} was lost: no effect")),
                     t => return Some(format!("submission S-{i} has {t} effects")),
                 }
             }
             match n {
                 1 => {}
-                0 if expected_lost => {}
+                0 if expected_lost || exhausted(k) => {}
                 0 => return Some(format!("k{k} was lost: no effect")),
                 n => return Some(format!("k{k} has {n} effects")),
             }

@@ -8,11 +8,24 @@
 //! point*: it stays pending until the explorer grants it. At each step the explorer may
 //! grant any pending call (to proceed, or to fail with an error of each class), crash a
 //! worker by dropping its future (its transaction rolls back, its unsettled deliveries go
-//! back to the broker), let a commit take effect and then crash, lose an ack after it was
-//! sent, expire a visibility timeout (one message in flight twice), take the front filter
-//! down or up, restore the store from the snapshot before its latest commit (a database
+//! back to the broker), let a commit take effect and then crash, let a commit apply
+//! nothing (a transaction aborted inside, which the store reports as a `Conflict`, as
+//! `idem-store-postgres` does after SQLSTATE 25P02), lose an ack after it was sent,
+//! expire a visibility timeout (one message in flight twice), take the front filter down
+//! or up, restore the store from the snapshot before its latest commit (a database
 //! restored from backup, followed by the runbook: rotate the store identity, restart the
 //! consumers), and advance the logical clock to the next delayed redelivery.
+//!
+//! The broker counts runs ([`Config::counts_runs`], as the NATS, SQS and RabbitMQ
+//! adapters do): each delivery's `attempt` is its delivery count, which a nack, a crash, a
+//! lost ack and an expiry raise and a deferral (`Acker::defer`: a key held elsewhere, a
+//! store outage) does not. The gates run with a small
+//! [`max_attempts`](Config::max_attempts) (2), and the broker has a delivery limit of its
+//! own ([`Config::broker_limit`], 4): it ends a message it would deliver more often, and
+//! that is a violation — no broker limit may end a message before the gate does. Two
+//! kinds of message always fail: a *killer* ([`Config::killers`]), whose handler kills
+//! its process on every run (as a crash does), and a *recurring failure*
+//! ([`Config::recurring`]), whose handler fails with a transient error on every attempt.
 //!
 //! The search is depth-first over choice sequences, replaying each prefix from the start
 //! (futures cannot be copied), with a visited set over a hash of the state — the store,
@@ -25,10 +38,18 @@
 //! only for a key the store has committed, and (one delivery or batch per worker) never
 //! while the worker's own transaction is open; a filter mark only for a committed claim of
 //! the same store identity, and a filter "done" only for a key the store has; a permanent
-//! failure is never nacked (it would loop); no two transactions wait on each other
-//! (deadlock). At quiescence: every delivery settled, one effect per distinct valid key
-//! (less what a restore took after its messages were settled), dead letters exactly the
-//! poison.
+//! failure is never handed back (it would loop); no two transactions wait on each other
+//! (deadlock); no message is ended by the broker's limit; a killer runs at most
+//! `max_attempts` times; a valid message is dead-lettered with `attempts_exhausted` only
+//! once the deliveries that count against it reach `max_attempts` — its delivery count
+//! less the deliveries a store outage cost it (a nack after an outage, tracked in process
+//! mode) — or, on the gate's own count of store failures, after that many outages;
+//! optionally ([`Config::neighbour_check`]) a killer costs each message held beside it
+//! one run at most. At quiescence: every delivery settled, one effect per distinct valid
+//! key (less what a restore took after its messages were settled, and less a key whose
+//! every message ran out of attempts), dead letters exactly the poison, the conflicts and
+//! the exhausted, every killer and recurring failure dead-lettered with
+//! `attempts_exhausted` (or refused for good) and without an effect.
 //!
 //! ```
 //! use idem_testkit::explore::{explore, Config};
@@ -55,11 +76,15 @@ pub enum Mutant {
     Core(idem_core::mutant::Mutant),
     /// Filter marks that ignore the store identity.
     UnscopedFilterMarks,
+    /// A store whose commit that applied nothing (a transaction aborted inside, Postgres's
+    /// 25P02) reports success instead of an error: the gate acks a message it never
+    /// wrote, which the explorer must see.
+    VoidCommitReportedOk,
 }
 
 impl Mutant {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, Mutant); 7] = [
+    pub const ALL: [(&'static str, Mutant); 10] = [
         (
             "ack-before-commit",
             Mutant::Core(idem_core::mutant::Mutant::AckBeforeCommit),
@@ -85,19 +110,39 @@ impl Mutant {
             "key-order-batch-claims",
             Mutant::Core(idem_core::mutant::Mutant::KeyOrderBatchClaims),
         ),
+        (
+            "no-attempt-check-before-handler",
+            Mutant::Core(idem_core::mutant::Mutant::NoAttemptCheckBeforeHandler),
+        ),
+        (
+            "outage-nacked",
+            Mutant::Core(idem_core::mutant::Mutant::OutageNacked),
+        ),
+        ("void-commit-reported-ok", Mutant::VoidCommitReportedOk),
     ];
 
     /// The configuration this mutant is searched in, from `base`: up to two faults per
     /// run (a deadlock of unsorted batch claims needs a visibility expiry and a reversed
     /// batch, for example); for `key-order-batch-claims`, [`Config::crossing`] (its
-    /// deadlock needs two identities held crosswise, and no fault).
+    /// deadlock needs two identities held crosswise, and no fault); for
+    /// `no-attempt-check-before-handler`, [`Config::killer`] (the killer is run again
+    /// past the limit); for `outage-nacked`, [`Config::outages`] (a message meets
+    /// `max_attempts` store outages); for `void-commit-reported-ok`, at least one void
+    /// commit.
     pub fn config(self, base: &Config) -> Config {
-        let mut config = if self == Mutant::Core(idem_core::mutant::Mutant::KeyOrderBatchClaims) {
-            Config::crossing(base)
-        } else {
-            let mut c = base.clone();
-            c.budgets.total = c.budgets.total.max(2);
-            c
+        use idem_core::mutant::Mutant as M;
+        let mut config = match self {
+            Mutant::Core(M::KeyOrderBatchClaims) => Config::crossing(base),
+            Mutant::Core(M::NoAttemptCheckBeforeHandler) => Config::killer(base),
+            Mutant::Core(M::OutageNacked) => Config::outages(base),
+            _ => {
+                let mut c = base.clone();
+                c.budgets.total = c.budgets.total.max(2);
+                if self == Mutant::VoidCommitReportedOk {
+                    c.budgets.void_commits = c.budgets.void_commits.max(1);
+                }
+                c
+            }
         };
         config.mutant = Some(self);
         config
@@ -140,6 +185,9 @@ pub struct Budgets {
     pub restores: u32,
     /// Claims that give up waiting on a lock (`InProgress`).
     pub lock_timeouts: u32,
+    /// Commits that apply nothing (the transaction was aborted inside, Postgres's 25P02),
+    /// which the store reports as a `Conflict` (as `idem-store-postgres` does).
+    pub void_commits: u32,
     /// Faults of any kind in one run, at most (the kinds' own budgets still apply).
     pub total: u32,
 }
@@ -172,6 +220,28 @@ pub struct Config {
     pub budgets: Budgets,
     /// A longer path is a livelock.
     pub max_depth: usize,
+    /// Messages whose handler kills its process on every run (as a crash does): each
+    /// must end dead-lettered by the gate with `attempts_exhausted`, after at most
+    /// `max_attempts` runs.
+    pub killers: usize,
+    /// Messages whose handler fails with a transient error on every attempt: each must
+    /// end dead-lettered by the gate with `attempts_exhausted`.
+    pub recurring: usize,
+    /// The gates' [`GateConfig::max_attempts`](idem_core::GateConfig::max_attempts).
+    pub max_attempts: u32,
+    /// The broker ends (to its own dead-letter place, with no reason) a message it would
+    /// deliver more than this many times: a violation, since no broker limit may end a
+    /// message before the gate does.
+    pub broker_limit: u32,
+    /// Whether the broker counts runs only ([`idem_core::Acker::attempt_counts_runs`]): a
+    /// deferral hands the message back without raising its delivery count (a nack, a
+    /// crash, a lost ack and an expiry raise it). Otherwise a deferral is a nack.
+    pub counts_runs: bool,
+    /// Whether a message that kills its process may cost each message held beside it one
+    /// run at most (the promise of `Gate::process_batch` for reruns). Off by default: two
+    /// reruns received together are run one after the other in the same process, so a
+    /// killer received beside another rerun costs it a second run.
+    pub neighbour_check: bool,
     /// The mutant to run instead of the real protocol.
     pub mutant: Option<Mutant>,
     /// Give up (not exhaustive) after this long.
@@ -181,9 +251,12 @@ pub struct Config {
 impl Default for Config {
     /// The default configuration the README and CI run: 2 workers, 2 keys (the first
     /// delivered twice), batches of up to 2, budgets of 2 crashes, 1 error of each class,
-    /// 1 lost ack, 1 visibility expiry, 1 filter outage, 1 restore, 1 lock timeout — and
-    /// at most one fault of any kind per run (`total`), which keeps the space exhaustive
-    /// in seconds; `--max-faults 2` is the larger configuration.
+    /// 1 lost ack, 1 visibility expiry, 1 filter outage, 1 restore, 1 lock timeout, 1
+    /// void commit — and at most one fault of any kind per run (`total`), which keeps the
+    /// space exhaustive; `--max-faults 2` is the larger configuration. A broker that
+    /// counts runs, `max_attempts` 2 and a broker limit of 4 (two deliveries to spare:
+    /// the gate needs the one past `max_attempts` to dead-letter, and a crash may cost
+    /// that one).
     fn default() -> Self {
         Self {
             workers: 2,
@@ -205,9 +278,16 @@ impl Default for Config {
                 outages: 1,
                 restores: 1,
                 lock_timeouts: 1,
+                void_commits: 1,
                 total: 1,
             },
             max_depth: 400,
+            killers: 0,
+            recurring: 0,
+            max_attempts: 2,
+            broker_limit: 4,
+            counts_runs: true,
+            neighbour_check: false,
             mutant: None,
             time_limit: Duration::from_secs(3600),
         }
@@ -247,6 +327,53 @@ impl Config {
         c
     }
 
+    /// A message that kills its process on every run, beside one valid key delivered
+    /// once, in `base`'s mode, workers, batch and budgets.
+    pub fn killer(base: &Config) -> Self {
+        Self {
+            keys: 1,
+            copies: 1,
+            conflicts: 0,
+            killers: 1,
+            recurring: 0,
+            ..base.clone()
+        }
+    }
+
+    /// A message whose handler fails transiently on every attempt, beside one valid key
+    /// delivered once, in `base`'s mode, batch and budgets, with one worker (one batch in
+    /// flight): a second one multiplies the interleavings of its retries by eight and adds
+    /// nothing the recurrence depends on.
+    pub fn recurring(base: &Config) -> Self {
+        Self {
+            workers: 1,
+            keys: 1,
+            copies: 1,
+            conflicts: 0,
+            killers: 0,
+            recurring: 1,
+            ..base.clone()
+        }
+    }
+
+    /// Store outages on one message: one valid key delivered once, one worker, up to
+    /// `max_attempts` store outages and as many faults per run (the other budgets as
+    /// `base`'s).
+    pub fn outages(base: &Config) -> Self {
+        let mut c = Self {
+            workers: 1,
+            keys: 1,
+            copies: 1,
+            conflicts: 0,
+            killers: 0,
+            recurring: 0,
+            ..base.clone()
+        };
+        c.budgets.unavailable = c.budgets.unavailable.max(c.max_attempts);
+        c.budgets.total = c.budgets.total.max(c.max_attempts);
+        c
+    }
+
     /// A small configuration for doc tests and quick checks: one fault of a few kinds.
     pub fn tiny() -> Self {
         Self {
@@ -265,6 +392,7 @@ impl Config {
                 outages: 0,
                 restores: 0,
                 lock_timeouts: 0,
+                void_commits: 0,
                 total: 2,
             },
             ..Self::default()

@@ -11,6 +11,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::gate::ATTEMPTS_EXHAUSTED;
 use idem_core::{
     AckError, AckProof, AckReason, Acker, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore,
     ClaimTx, Clock, DoneFilter, FilteredTx, Handler, HandlerError, Headers, IdempotencyKey,
@@ -97,6 +98,10 @@ pub(crate) enum Decision {
     CommitUnknown,
     /// The ack is sent and lost: the broker redelivers.
     AckLost,
+    /// The commit applies nothing (the transaction was aborted inside, Postgres's
+    /// 25P02), and the store adapter reports it as a `Conflict` (under the
+    /// `void-commit-reported-ok` mutant: as a success).
+    CommitVoid,
 }
 
 /// A pending choice point.
@@ -119,12 +124,44 @@ pub(crate) enum MsgState {
     Dead(&'static str),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Msg {
     /// The key index, or `None` for bad input.
     pub(crate) key: Option<u8>,
+    /// The broker's delivery count: raised by every delivery but those a `defer` handed
+    /// back on a broker that counts runs (the delivery's `attempt`).
     pub(crate) deliveries: u32,
+    /// Of those, the deliveries a store outage cost it: nacks (not deferrals) after the
+    /// delivery's transaction met a store outage (tracked in process mode).
+    pub(crate) outage_nacks: u32,
+    /// Of those, the deliveries a killer message cost it: it was held by a process that
+    /// another message's handler killed.
+    pub(crate) collateral: u32,
+    /// Store outages injected while a delivery of it was held.
+    pub(crate) outages_met: u32,
     pub(crate) state: MsgState,
+}
+
+impl Msg {
+    pub(crate) fn new(key: Option<u8>) -> Self {
+        Self {
+            key,
+            state: MsgState::Ready(0),
+            ..Self::default()
+        }
+    }
+
+    /// The deliveries that count against the message: all but those a store outage cost
+    /// it (a neighbour that killed their process costs it one at most, checked then).
+    pub(crate) fn charged(&self) -> u32 {
+        self.deliveries.saturating_sub(self.outage_nacks)
+    }
+}
+
+impl Default for MsgState {
+    fn default() -> Self {
+        Self::Ready(0)
+    }
 }
 
 /// The durable part of the store (what a backup holds).
@@ -163,6 +200,8 @@ pub(crate) struct World {
     pub(crate) msgs: Vec<Msg>,
     /// Delivery tag → (message index, live).
     pub(crate) tags: BTreeMap<u64, (usize, bool)>,
+    /// Delivery tag → the task that received it.
+    pub(crate) tag_task: BTreeMap<u64, TaskId>,
     pub(crate) next_tag: u64,
     pub(crate) next_seq: u64,
     pub(crate) marks: BTreeSet<(u64, u8)>,
@@ -171,6 +210,18 @@ pub(crate) struct World {
     pub(crate) poisoned: BTreeSet<u8>,
     /// (task, key): the task's current delivery of the key met the refusal.
     pub(crate) refused: BTreeSet<(TaskId, u8)>,
+    /// Tasks whose current transaction met a store outage (cleared at its next begin).
+    pub(crate) outage: BTreeSet<TaskId>,
+    /// `GateConfig::max_attempts` of the gates explored.
+    pub(crate) max_attempts: u32,
+    /// The broker ends a message it would deliver more than this many times.
+    pub(crate) broker_limit: u32,
+    /// Whether the broker counts runs only (`Acker::attempt_counts_runs`).
+    pub(crate) counts_runs: bool,
+    /// Whether the store reports a commit that applied nothing as a success (a mutant).
+    pub(crate) void_commit_ok: bool,
+    /// Per killer key: how many times its handler ran (each run killed its process).
+    pub(crate) killer_runs: BTreeMap<u8, u32>,
     /// Keys whose commit a restore took away after all their messages were settled: the
     /// loss a restore from backup always causes, not idem's.
     pub(crate) lost_to_restore: BTreeSet<u8>,
@@ -204,6 +255,28 @@ pub(crate) fn lock(w: &Shared) -> MutexGuard<'_, World> {
 /// another payload of key `j`'s submission (the same subject and timestamp, so the same
 /// identity, another key).
 pub(crate) const CONFLICT_BASE: u8 = 100;
+
+/// The first key index of the killer messages: each run of such a key's handler kills
+/// the process running it.
+pub(crate) const KILLER_BASE: u8 = 50;
+
+/// The first key index of the recurring-failure messages: such a key's handler fails
+/// with a transient error on every attempt.
+pub(crate) const RECURRING_BASE: u8 = 70;
+
+/// The dead-letter code of a message the broker ended at its own delivery limit (the
+/// broker gives no reason; the code only names the place).
+pub(crate) const BROKER_LIMIT: &str = "broker_limit";
+
+/// Whether key `k`'s handler kills its process on every run.
+pub(crate) fn is_killer(k: u8) -> bool {
+    (KILLER_BASE..RECURRING_BASE).contains(&k)
+}
+
+/// Whether key `k`'s handler fails transiently on every attempt.
+pub(crate) fn is_recurring(k: u8) -> bool {
+    (RECURRING_BASE..CONFLICT_BASE).contains(&k)
+}
 
 /// The submission timestamp of every explored submission.
 pub(crate) const TIMESTAMP: &str = "2026-07-01T09:00:00Z";
@@ -301,9 +374,48 @@ impl World {
         }
     }
 
+    /// The messages whose live deliveries `task` holds.
+    pub(crate) fn held_by(&self, task: TaskId) -> Vec<usize> {
+        self.tags
+            .iter()
+            .filter(|(tag, (_, live))| *live && self.tag_task.get(tag) == Some(&task))
+            .map(|(_, (idx, _))| *idx)
+            .collect()
+    }
+
+    /// A store outage injected into `task`'s transaction: the messages it holds met it.
+    pub(crate) fn note_outage(&mut self, task: TaskId) {
+        self.outage.insert(task);
+        for idx in self.held_by(task) {
+            self.msgs[idx].outages_met += 1;
+        }
+    }
+
     pub(crate) fn make_ready(&mut self, idx: usize) {
         self.next_seq += 1;
         self.msgs[idx].state = MsgState::Ready(self.next_seq);
+    }
+
+    /// A valid message (index `idx`, key `k`) dead-lettered by `task` because its
+    /// attempts ran out: lawful only if the deliveries that count against the message
+    /// itself reached the limit, or (the gate's count of store failures) its delivery
+    /// failed on a store outage and it met at least the limit of them.
+    fn check_exhausted(&mut self, task: TaskId, tag: u64, idx: usize, k: u8) {
+        let m = &self.msgs[idx];
+        let max = self.max_attempts;
+        let on_outage = !self.per_task_tx_check || self.outage.contains(&task);
+        if m.charged() >= max || (on_outage && m.outages_met >= max) {
+            return;
+        }
+        let what = format!(
+            "t{task}: d{tag} (k{k}) dead-lettered ({ATTEMPTS_EXHAUSTED}) after {} of its \
+             deliveries counted against it, the limit being {max} ({} deliveries, {} of \
+             them cost by store outages)",
+            m.charged(),
+            m.deliveries,
+            m.outage_nacks,
+        );
+        self.violate(what);
     }
 
     /// The identity-scoped mark of key `k` for a filter created under `scope`.
@@ -422,9 +534,13 @@ impl ClaimStore for ExStore {
         let mut w = lock(&self.0);
         let task = w.current_task;
         w.record(task, ("begin", d));
-        // A refusal counts for the transaction that met it only.
+        // A refusal or an outage counts for the transaction that met it only.
         w.refused.retain(|(t, _)| *t != task);
+        w.outage.remove(&task);
         if let Decision::Fail(f) = d {
+            if f == Fault::Unavailable {
+                w.note_outage(task);
+            }
             w.trace
                 .push(format!("t{task}: begin fails ({})", f.as_str()));
             return Err(f.error("begin"));
@@ -460,6 +576,9 @@ impl ExTx {
         let task = w.current_task;
         w.record(task, ("commit", d));
         if let Decision::Fail(f) = d {
+            if f == Fault::Unavailable {
+                w.note_outage(task);
+            }
             w.trace.push(format!(
                 "t{task}: commit tx{} fails ({})",
                 self.id,
@@ -468,6 +587,25 @@ impl ExTx {
             w.release_tx(self.id);
             self.done = true;
             return Err(f.error("commit"));
+        }
+        if d == Decision::CommitVoid {
+            w.release_tx(self.id);
+            self.done = true;
+            if w.void_commit_ok {
+                w.trace.push(format!(
+                    "t{task}: commit tx{} applies nothing and reports success",
+                    self.id
+                ));
+                return Ok(());
+            }
+            w.trace.push(format!(
+                "t{task}: commit tx{} applies nothing (aborted inside): Conflict",
+                self.id
+            ));
+            return Err(Fault::Conflict.error("commit (the transaction was aborted: 25P02)"));
+        }
+        if d == Decision::CommitUnknown {
+            w.note_outage(task);
         }
         let open = w.txs.get(&self.id).cloned().unwrap_or_default();
         let before = w.durable.clone();
@@ -546,6 +684,9 @@ impl ClaimTx for ExTx {
                 if f == Fault::Rejected {
                     w.poisoned.insert(k);
                     w.refused.insert((task, k));
+                }
+                if f == Fault::Unavailable {
+                    w.note_outage(task);
                 }
                 w.trace.push(format!(
                     "t{task}: claim k{k} in tx{} fails ({})",
@@ -727,6 +868,14 @@ impl Handler<FilteredTx<ExTx, ExFilter>> for ExHandler {
                 .push(format!("t{task}: handler refuses k{k} for good"));
             return Err(HandlerError::Store(Fault::Rejected.error("handler write")));
         }
+        if is_recurring(k) {
+            w.trace.push(format!(
+                "t{task}: handler fails on k{k} (transient, as always)"
+            ));
+            return Err(HandlerError::Transient(
+                "injected failure that recurs on every attempt".into(),
+            ));
+        }
         match d {
             Decision::Fail(Fault::Rejected) => {
                 w.poisoned.insert(k);
@@ -768,6 +917,49 @@ pub(crate) struct ExAcker {
 impl ExAcker {
     fn message(w: &World, tag: u64) -> Option<(usize, bool)> {
         w.tags.get(&tag).copied()
+    }
+}
+
+impl ExAcker {
+    /// Hands the delivery back to the broker, after `delay` (`kept`: without raising its
+    /// delivery count, a deferral on a broker that counts runs).
+    fn hand_back(&mut self, delay: Option<Duration>, kept: bool) {
+        let mut w = lock(&self.world);
+        let task = w.current_task;
+        self.settled = true;
+        let Some((idx, live)) = ExAcker::message(&w, self.tag) else {
+            return;
+        };
+        if let Some(k) = w.msgs[idx].key {
+            if w.per_task_tx_check && w.refused.remove(&(task, k)) {
+                w.violate(format!(
+                    "t{task}: d{} (k{k}) handed back after the store refused it for good: it would loop",
+                    self.tag
+                ));
+            }
+        }
+        w.tags.insert(self.tag, (idx, false));
+        if !live {
+            return;
+        }
+        let ms = delay.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        if kept {
+            // The delivery is kept: the next one carries the same count.
+            w.msgs[idx].deliveries = w.msgs[idx].deliveries.saturating_sub(1);
+        } else if w.per_task_tx_check && w.outage.contains(&task) {
+            w.msgs[idx].outage_nacks += 1;
+        }
+        if ms == 0 {
+            w.make_ready(idx);
+        } else {
+            let due = w.now_ms.saturating_add(ms);
+            w.msgs[idx].state = MsgState::Delayed(due);
+        }
+        w.trace.push(format!(
+            "t{task}: {} d{} (delay {ms} ms)",
+            if kept { "defer" } else { "nack" },
+            self.tag
+        ));
     }
 }
 
@@ -839,34 +1031,20 @@ impl Acker for ExAcker {
     }
 
     async fn nack(mut self, delay: Option<Duration>) -> Result<(), AckError> {
-        let mut w = lock(&self.world);
-        let task = w.current_task;
-        self.settled = true;
-        let Some((idx, live)) = ExAcker::message(&w, self.tag) else {
-            return Ok(());
-        };
-        if let Some(k) = w.msgs[idx].key {
-            if w.per_task_tx_check && w.refused.remove(&(task, k)) {
-                w.violate(format!(
-                    "t{task}: d{} (k{k}) nacked after the store refused it for good: it would loop",
-                    self.tag
-                ));
-            }
-        }
-        w.tags.insert(self.tag, (idx, false));
-        if !live {
-            return Ok(());
-        }
-        let ms = delay.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        if ms == 0 {
-            w.make_ready(idx);
-        } else {
-            let due = w.now_ms.saturating_add(ms);
-            w.msgs[idx].state = MsgState::Delayed(due);
-        }
-        w.trace
-            .push(format!("t{task}: nack d{} (delay {ms} ms)", self.tag));
+        self.hand_back(delay, false);
         Ok(())
+    }
+
+    /// On a broker that counts runs, the delivery goes back without raising its count
+    /// (what the NATS, SQS and RabbitMQ adapters do); otherwise a nack.
+    async fn defer(mut self, delay: Duration) -> Result<(), AckError> {
+        let kept = lock(&self.world).counts_runs;
+        self.hand_back(Some(delay), kept);
+        Ok(())
+    }
+
+    fn attempt_counts_runs(&self) -> bool {
+        lock(&self.world).counts_runs
     }
 
     async fn dead_letter(
@@ -884,6 +1062,9 @@ impl Acker for ExAcker {
         w.tags.insert(self.tag, (idx, false));
         if let Some(k) = w.msgs[idx].key {
             w.refused.remove(&(task, k));
+            if live && reason.code == ATTEMPTS_EXHAUSTED && !w.poisoned.contains(&k) {
+                w.check_exhausted(task, self.tag, idx, k);
+            }
         }
         if live {
             w.msgs[idx].state = MsgState::Dead(reason.code);
