@@ -7,10 +7,15 @@
 //! | broker | read from | kept until |
 //! |---|---|---|
 //! | SQS | the queue's `MessageRetentionPeriod` | that age ([`Retention::Limited`]) |
-//! | Kafka | the topic's `retention.ms` | that age; `-1`: for ever ([`Retention::Unbounded`]) |
+//! | Kafka | the topic's `retention.ms`, `segment.ms` and `cleanup.policy` | `retention.ms + segment.ms` (a segment is deleted once its newest record is past `retention.ms`, and it takes records for up to `segment.ms` before it rolls); `retention.ms=-1`: for ever ([`Retention::Unbounded`]); a compacted topic (`cleanup.policy` with `compact`) keeps each key's last record for ever, and a broker that does not report both settings (tansu reports only those set on the topic) leaves it open: [`Retention::Unknown`] |
 //! | NATS JetStream | the stream's `max_age` | that age; `0`: until removed, the oldest message's age read from the stream ([`Retention::UntilRemoved`]) |
 //! | Redis Streams | the stream's first entry | until trimmed (`XTRIM`, `MAXLEN`): the oldest entry still in the stream bounds what can come back ([`Retention::UntilRemoved`]) |
 //! | RabbitMQ | — | a queue's `x-message-ttl` (argument or policy) cannot be read over AMQP: [`Retention::Unknown`] |
+//!
+//! A source's dead letters (`NAME.dead-letter`, see [`dead_letter_name`]) are part of its
+//! horizon: an operator may replay them into the source, so the horizon is the longer of
+//! the source's and its dead-letter place's (an unbounded or unknown one wins). A source
+//! without a dead-letter place has its own horizon.
 //!
 //! [`RedeliveryHorizon::horizon`] is `None` when nothing bounds it (unbounded or
 //! unknown): no purge is safe from that source's side. [`check_cutoff`] is the rule
@@ -25,7 +30,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::any::{BrokerKind, BrokerUrl};
-use crate::BrokerError;
+use crate::{dead_letter_name, BrokerError};
 
 /// How long a source keeps a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +48,9 @@ pub enum Retention {
     /// Messages are kept for ever and their age cannot be bounded (Kafka
     /// `retention.ms=-1`).
     Unbounded,
-    /// The broker does not say (RabbitMQ over AMQP).
+    /// The broker does not say (RabbitMQ over AMQP; a Kafka topic whose retention is not
+    /// reported), or keeps some messages for ever depending on their keys (a compacted
+    /// Kafka topic).
     Unknown,
 }
 
@@ -181,18 +188,74 @@ pub fn check_cutoff(
     Ok(d)
 }
 
-/// Reads the redelivery horizon of source `name` on the broker at `url` (see the module
-/// docs). Nothing is created: a missing source is an error.
+/// Reads the redelivery horizon of source `name` on the broker at `url`: the longer of
+/// the source's and its dead-letter place's (see the module docs). Nothing is created: a
+/// missing source is an error, a missing dead-letter place is left out.
 ///
 /// # Errors
 /// The broker cannot be reached; the source does not exist
 /// ([`BrokerError::InvalidName`]); the broker's answer cannot be read.
-#[allow(unused_variables)] // with no broker feature
 pub async fn redelivery_horizon(
     url: &BrokerUrl,
     name: &str,
 ) -> Result<RedeliveryHorizon, BrokerError> {
-    let (retention, detail) = match url.kind() {
+    let (retention, detail) = retention_of(url, name).await?;
+    let dead_letter = dead_letter_name(name);
+    let (retention, detail) = if name.ends_with(&dead_letter_name("")) {
+        // Already a dead-letter place: nothing is dead-lettered from it.
+        (retention, detail)
+    } else {
+        match retention_of(url, &dead_letter).await {
+            Ok(dl) => longer((retention, detail), dl, &dead_letter),
+            Err(BrokerError::InvalidName { .. }) => (
+                retention,
+                format!("{detail}; no dead-letter place {dead_letter:?}"),
+            ),
+            Err(e) => return Err(e),
+        }
+    };
+    Ok(RedeliveryHorizon {
+        broker: url.kind(),
+        source: name.to_owned(),
+        retention,
+        detail,
+    })
+}
+
+/// The longer of a source's retention and its dead-letter place's, with both details.
+fn longer(
+    source: (Retention, String),
+    dead_letters: (Retention, String),
+    dead_letter: &str,
+) -> (Retention, String) {
+    let bound = |r: &Retention| match *r {
+        Retention::Limited(d) => Some(d),
+        Retention::UntilRemoved { oldest } => Some(oldest.unwrap_or(Duration::ZERO)),
+        Retention::Unbounded | Retention::Unknown => None,
+    };
+    let dead_letters_win = match (bound(&source.0), bound(&dead_letters.0)) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(s), Some(d)) => d > s,
+    };
+    let (retention, which) = if dead_letters_win {
+        (dead_letters.0, "its dead letters keep longer")
+    } else {
+        (source.0, "the source keeps as long or longer")
+    };
+    (
+        retention,
+        format!(
+            "{which}: {}; dead letters in {dead_letter:?}: {}",
+            source.1, dead_letters.1
+        ),
+    )
+}
+
+/// The retention of one place (source or dead-letter place) on the broker at `url`.
+#[allow(unused_variables, unreachable_code)] // with no broker feature
+async fn retention_of(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerError> {
+    Ok(match url.kind() {
         #[cfg(feature = "sqs")]
         BrokerKind::Sqs => sqs(url, name).await?,
         #[cfg(feature = "nats")]
@@ -210,12 +273,6 @@ pub async fn redelivery_horizon(
                 hint: format!("rebuild idem-broker with the {:?} feature", other.feature()),
             })
         }
-    };
-    Ok(RedeliveryHorizon {
-        broker: url.kind(),
-        source: name.to_owned(),
-        retention,
-        detail,
     })
 }
 
@@ -381,9 +438,26 @@ fn first_id_millis(v: &fred::types::Value) -> Option<u64> {
 async fn kafka(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerError> {
     use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
     use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::BaseConsumer;
     crate::kafka::check_name(name)?;
     let c = crate::kafka::KafkaConfig::from_url(url, name)?;
     let broker = crate::kafka::BROKER;
+    // The topic must exist (some brokers, tansu among them, describe a missing topic as
+    // one without settings).
+    let partitions = {
+        let (brokers, topic) = (c.brokers.clone(), name.to_owned());
+        crate::kafka::blocking(move || {
+            let meta: BaseConsumer = crate::kafka::base_config(&brokers)
+                .set("allow.auto.create.topics", "false")
+                .create()
+                .map_err(|e| BrokerError::connect(broker, e))?;
+            crate::kafka::partition_count(&meta, &topic)
+        })
+        .await??
+    };
+    if partitions == 0 {
+        return Err(missing(name, "Kafka topic"));
+    }
     let admin: AdminClient<DefaultClientContext> = crate::kafka::base_config(&c.brokers)
         .create()
         .map_err(|e| BrokerError::connect(broker, e))?;
@@ -404,27 +478,64 @@ async fn kafka(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broke
             }
             other => BrokerError::op(broker, "DescribeConfigs", other),
         })?;
-    let ms: i64 = resource
-        .get("retention.ms")
-        .and_then(|e| e.value.as_deref())
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| {
-            BrokerError::op(
-                broker,
-                "DescribeConfigs",
-                format!("no retention.ms for topic {name:?}"),
-            )
-        })?;
-    Ok(match u64::try_from(ms) {
-        Ok(ms) => (
-            Retention::Limited(Duration::from_millis(ms)),
-            format!("Kafka retention.ms of topic {name:?} = {ms}"),
-        ),
-        Err(_) => (
+    let setting = |key: &str| -> Option<String> {
+        resource
+            .get(key)
+            .and_then(|e| e.value.as_deref())
+            .map(str::to_owned)
+    };
+    Ok(kafka_retention(
+        name,
+        setting("cleanup.policy").as_deref(),
+        setting("retention.ms").as_deref(),
+        setting("segment.ms").as_deref(),
+    ))
+}
+
+/// A Kafka topic's retention from its `cleanup.policy`, `retention.ms` and `segment.ms`
+/// as the broker reports them (`None`: not reported).
+#[cfg(feature = "kafka")]
+fn kafka_retention(
+    name: &str,
+    cleanup_policy: Option<&str>,
+    retention_ms: Option<&str>,
+    segment_ms: Option<&str>,
+) -> (Retention, String) {
+    if let Some(policy) = cleanup_policy.filter(|p| p.split(',').any(|p| p.trim() == "compact")) {
+        return (
+            Retention::Unknown,
+            format!(
+                "Kafka cleanup.policy of topic {name:?} = {policy}: compaction keeps each key's last record for ever"
+            ),
+        );
+    }
+    let number = |v: Option<&str>| v.and_then(|v| v.trim().parse::<i64>().ok());
+    let (Some(retention), Some(segment)) = (number(retention_ms), number(segment_ms)) else {
+        return (
+            Retention::Unknown,
+            format!(
+                "the broker reports no {} for topic {name:?} (set them on the topic to bound its horizon)",
+                match (number(retention_ms), number(segment_ms)) {
+                    (None, None) => "retention.ms and segment.ms",
+                    (None, _) => "retention.ms",
+                    _ => "segment.ms",
+                }
+            ),
+        );
+    };
+    let Ok(retention) = u64::try_from(retention) else {
+        return (
             Retention::Unbounded,
-            format!("Kafka retention.ms of topic {name:?} = {ms}: kept for ever"),
+            format!("Kafka retention.ms of topic {name:?} = {retention}: kept for ever"),
+        );
+    };
+    let segment = u64::try_from(segment).unwrap_or(0);
+    (
+        Retention::Limited(Duration::from_millis(retention.saturating_add(segment))),
+        format!(
+            "Kafka retention.ms + segment.ms of topic {name:?} = {retention} + {segment} ms (a segment is deleted once its newest record is past retention.ms, and takes records for up to segment.ms)"
         ),
-    })
+    )
 }
 
 #[cfg(feature = "rabbitmq")]
@@ -508,6 +619,60 @@ mod tests {
         assert_eq!(check_cutoff(3 * DAY, &hs, DAY), Ok(2 * DAY));
         let empty = [h(Retention::UntilRemoved { oldest: None })];
         assert_eq!(check_cutoff(DAY, &empty, DAY), Ok(Duration::ZERO));
+    }
+
+    #[cfg(feature = "kafka")]
+    #[test]
+    fn kafka_keeps_records_for_retention_plus_segment_and_compaction_for_ever() {
+        let h = |p: Option<&str>, r: Option<&str>, s: Option<&str>| kafka_retention("t", p, r, s).0;
+        let hour = 3_600_000.to_string();
+        let day = 86_400_000.to_string();
+        assert_eq!(
+            h(Some("delete"), Some(&day), Some(&hour)),
+            Retention::Limited(DAY + Duration::from_secs(3600))
+        );
+        assert_eq!(h(None, Some("-1"), Some(&hour)), Retention::Unbounded);
+        for p in ["compact", "compact,delete", "delete, compact"] {
+            assert_eq!(
+                h(Some(p), Some(&day), Some(&hour)),
+                Retention::Unknown,
+                "{p}"
+            );
+        }
+        // Not reported: nothing bounds it.
+        assert_eq!(h(None, Some(&day), None), Retention::Unknown);
+        assert_eq!(h(None, None, Some(&hour)), Retention::Unknown);
+    }
+
+    #[test]
+    fn the_dead_letters_count_when_they_keep_longer() {
+        let (r, d) = longer(
+            (Retention::Limited(DAY), "s".into()),
+            (Retention::Limited(14 * DAY), "d".into()),
+            "q.dead-letter",
+        );
+        assert_eq!(r, Retention::Limited(14 * DAY));
+        assert!(d.contains("dead letters keep longer"), "{d}");
+        let (r, _) = longer(
+            (Retention::Limited(4 * DAY), "s".into()),
+            (Retention::UntilRemoved { oldest: None }, "d".into()),
+            "q.dead-letter",
+        );
+        assert_eq!(r, Retention::Limited(4 * DAY));
+        for unbounded in [Retention::Unbounded, Retention::Unknown] {
+            let (r, _) = longer(
+                (Retention::Limited(DAY), "s".into()),
+                (unbounded, "d".into()),
+                "q.dead-letter",
+            );
+            assert_eq!(r, unbounded);
+            let (r, _) = longer(
+                (unbounded, "s".into()),
+                (Retention::Limited(DAY), "d".into()),
+                "q.dead-letter",
+            );
+            assert_eq!(r, unbounded);
+        }
     }
 
     #[test]

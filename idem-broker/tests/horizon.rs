@@ -223,3 +223,221 @@ async fn rabbitmq_horizon_is_unknown_and_a_missing_queue_is_an_error() {
     assert!(matches!(e, BrokerError::InvalidName { .. }), "{e}");
     let _ = conn.close(200, "done".into()).await;
 }
+
+/// Creates Kafka topic `name` with `configs` on the test broker (tansu,
+/// `IDEM_TEST_KAFKA_BROKERS`, default `127.0.0.1:9092`).
+#[cfg(feature = "kafka")]
+async fn kafka_topic(brokers: &str, name: &str, configs: &[(&str, &str)]) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let mut topic = NewTopic::new(name, 1, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        topic = topic.set(k, v);
+    }
+    for r in admin
+        .create_topics([&topic], &AdminOptions::new())
+        .await
+        .expect("CreateTopics on the test broker (scripts/ensure-kafka)")
+    {
+        r.unwrap_or_else(|(t, e)| panic!("create {t}: {e}"));
+    }
+}
+
+/// Kafka: `retention.ms + segment.ms` (a segment is deleted once its newest record is
+/// past retention.ms, and takes records for up to segment.ms); a compacted topic keeps
+/// records for ever, so its horizon is unknown; the dead-letter topic counts when it
+/// keeps longer; a topic without the settings (tansu reports only those set on the
+/// topic) is unknown; a missing topic is an error.
+#[cfg(feature = "kafka")]
+#[tokio::test]
+async fn kafka_horizon_is_retention_plus_segment_and_compaction_is_unknown() {
+    let brokers = env("IDEM_TEST_KAFKA_BROKERS", "127.0.0.1:9092");
+    let url = BrokerUrl::parse(&format!("kafka://{brokers}")).expect("url");
+    let hour = "3600000";
+    let ten_minutes = "600000";
+    let minutes = |m: u64| Duration::from_secs(60 * m);
+
+    let plain = format!("horizon-{}", tag());
+    kafka_topic(
+        &brokers,
+        &plain,
+        &[("retention.ms", hour), ("segment.ms", ten_minutes)],
+    )
+    .await;
+    let h = redelivery_horizon(&url, &plain).await.expect("horizon");
+    assert_eq!(h.retention, Retention::Limited(minutes(70)), "{h}");
+    assert!(h.detail.contains("segment.ms"), "{h}");
+
+    let compacted = format!("horizon-compacted-{}", tag());
+    kafka_topic(
+        &brokers,
+        &compacted,
+        &[
+            ("cleanup.policy", "compact,delete"),
+            ("retention.ms", hour),
+            ("segment.ms", ten_minutes),
+        ],
+    )
+    .await;
+    let h = redelivery_horizon(&url, &compacted).await.expect("horizon");
+    assert_eq!(h.retention, Retention::Unknown, "{h}");
+    assert_eq!(h.horizon(), None);
+    assert!(h.detail.contains("compact"), "{h}");
+
+    // Dead letters kept five hours: they bound the source's horizon.
+    let with_dead_letters = format!("horizon-dl-{}", tag());
+    kafka_topic(
+        &brokers,
+        &with_dead_letters,
+        &[("retention.ms", hour), ("segment.ms", ten_minutes)],
+    )
+    .await;
+    kafka_topic(
+        &brokers,
+        &format!("{with_dead_letters}.dead-letter"),
+        &[("retention.ms", "18000000"), ("segment.ms", ten_minutes)],
+    )
+    .await;
+    let h = redelivery_horizon(&url, &with_dead_letters)
+        .await
+        .expect("horizon");
+    assert_eq!(h.retention, Retention::Limited(minutes(310)), "{h}");
+    assert!(h.detail.contains("dead letters keep longer"), "{h}");
+    // A compacted dead-letter topic makes the source's horizon unknown.
+    let compacted_dl = format!("horizon-dl-compacted-{}", tag());
+    kafka_topic(
+        &brokers,
+        &compacted_dl,
+        &[("retention.ms", hour), ("segment.ms", ten_minutes)],
+    )
+    .await;
+    kafka_topic(
+        &brokers,
+        &format!("{compacted_dl}.dead-letter"),
+        &[("cleanup.policy", "compact")],
+    )
+    .await;
+    let h = redelivery_horizon(&url, &compacted_dl)
+        .await
+        .expect("horizon");
+    assert_eq!(h.retention, Retention::Unknown, "{h}");
+
+    // No retention settings on the topic: tansu reports none, nothing bounds it.
+    let bare = format!("horizon-bare-{}", tag());
+    kafka_topic(&brokers, &bare, &[]).await;
+    let h = redelivery_horizon(&url, &bare).await.expect("horizon");
+    assert_eq!(h.retention, Retention::Unknown, "{h}");
+
+    let e = redelivery_horizon(&url, &format!("horizon-missing-{}", tag()))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidName { .. }), "{e}");
+}
+
+/// The dead-letter place is part of a source's horizon on SQS, NATS and Redis too: the
+/// longer of the two.
+#[tokio::test]
+async fn dead_letters_that_keep_longer_bound_the_horizon() {
+    use async_nats::jetstream::stream;
+    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+    use aws_sdk_sqs::types::QueueAttributeName;
+
+    // SQS: the source keeps 2 h, its dead-letter queue 5 h.
+    let endpoint = env("IDEM_TEST_SQS_ENDPOINT", "http://127.0.0.1:5000");
+    let client = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .endpoint_url(&endpoint)
+            .credentials_provider(Credentials::new("t", "t", None, None, "test"))
+            .build(),
+    );
+    let name = format!("horizon-dl-{}", tag());
+    for (queue, secs) in [
+        (name.clone(), "7200"),
+        (format!("{name}-dead-letter"), "18000"),
+    ] {
+        client
+            .create_queue()
+            .queue_name(&queue)
+            .attributes(QueueAttributeName::MessageRetentionPeriod, secs)
+            .send()
+            .await
+            .expect("create the queue on moto (scripts/ensure-sqs)");
+    }
+    let url = BrokerUrl::parse(&format!("sqs://{}", endpoint.trim_start_matches("http://")))
+        .expect("url");
+    let h = redelivery_horizon(&url, &name).await.expect("horizon");
+    assert_eq!(h.retention, Retention::Limited(5 * HOUR), "{h}");
+    assert!(h.detail.contains("dead letters keep longer"), "{h}");
+    // The dead-letter queue read as a source: its own retention only.
+    let h = redelivery_horizon(&url, &format!("{name}.dead-letter"))
+        .await
+        .expect("horizon");
+    assert_eq!(h.retention, Retention::Limited(5 * HOUR), "{h}");
+
+    // NATS: the source keeps 3 h, the dead-letter stream 6 h.
+    let nats = env("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222");
+    let js = async_nats::jetstream::new(async_nats::connect(&nats).await.expect("NATS"));
+    let source = format!("horizon-dl-{}", tag());
+    let dead_letter = format!("{source}.dead-letter");
+    for (subject, max_age) in [(&source, 3 * HOUR), (&dead_letter, 6 * HOUR)] {
+        js.create_stream(stream::Config {
+            name: idem_broker::nats::stream_name(subject),
+            subjects: vec![subject.clone()],
+            max_age,
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    }
+    let nats_url = BrokerUrl::parse(&nats).expect("url");
+    let h = redelivery_horizon(&nats_url, &source)
+        .await
+        .expect("horizon");
+    assert_eq!(h.retention, Retention::Limited(6 * HOUR), "{h}");
+    for s in [&source, &dead_letter] {
+        let _ = js.delete_stream(idem_broker::nats::stream_name(s)).await;
+    }
+
+    // Redis: a dead letter two hours old outlives the source's fresh entry.
+    use fred::prelude::*;
+    let redis = env("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let client = Builder::from_config(Config::from_url(&redis).expect("url"))
+        .build()
+        .expect("client");
+    client.init().await.expect("Redis");
+    let key = format!("idem-horizon-dl-{}", tag());
+    let dl_key = format!("{key}.dead-letter");
+    let two_hours_ago = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        - 2 * 3600 * 1000;
+    let _: String = client
+        .xadd(&key, false, None, "*", ("payload", "y"))
+        .await
+        .expect("XADD");
+    let _: String = client
+        .xadd(
+            &dl_key,
+            false,
+            None,
+            format!("{two_hours_ago}-0"),
+            ("payload", "x"),
+        )
+        .await
+        .expect("XADD");
+    let redis_url = BrokerUrl::parse(&redis).expect("url");
+    let h = redelivery_horizon(&redis_url, &key).await.expect("horizon");
+    let age = h.horizon().expect("bounded");
+    assert!(
+        age >= 2 * HOUR && age < 2 * HOUR + Duration::from_secs(60),
+        "{h}"
+    );
+    let _: u64 = client.del(vec![key, dl_key]).await.expect("DEL");
+}

@@ -109,17 +109,20 @@ fn purge_refuses_a_cutoff_inside_an_sqs_queues_retention_whatever_the_floor_over
     let (broker, queue) = (sqs(), format!("horizon-{}", tag()));
     publish(&broker, &queue);
 
-    // Inspect shows the horizon and the youngest cutoff a purge would take.
+    // Inspect shows the horizon and the youngest cutoff a purge would take: the queue
+    // keeps 4 days, its dead-letter queue (created with it) 14, and an operator may
+    // replay a dead letter.
     let shown = ok(&idem(&["inspect", "--broker", &broker, "--source", &queue]));
     assert!(
         shown.contains(&format!(
-            "redelivery_horizon: SQS {queue:?}: 4d (SQS MessageRetentionPeriod"
+            "redelivery_horizon: SQS {queue:?}: 14d (its dead letters keep longer: SQS MessageRetentionPeriod"
         )),
         "{shown}"
     );
     assert!(
-        shown
-            .contains("purge_older_than_at_least: 5d (the longest horizon 4d plus a margin of 1d)"),
+        shown.contains(
+            "purge_older_than_at_least: 15d (the longest horizon 14d plus a margin of 1d)"
+        ),
         "{shown}"
     );
 
@@ -128,7 +131,7 @@ fn purge_refuses_a_cutoff_inside_an_sqs_queues_retention_whatever_the_floor_over
         src.iter().chain(extra).map(|s| (*s).to_owned()).collect()
     };
     // Inside the retention: refused, --allow-below-floor or not.
-    for older in ["1d", "3d", "4d", "119h"] {
+    for older in ["1d", "4d", "14d", "359h"] {
         let a = with(&["--allow-below-floor", "--dry-run"]);
         let err = refused(&purge(&pg, &schema, older, &args(&a)));
         assert!(err.contains("redelivery horizon"), "{older}: {err}");
@@ -136,18 +139,18 @@ fn purge_refuses_a_cutoff_inside_an_sqs_queues_retention_whatever_the_floor_over
     }
     // A bigger margin moves the limit.
     let a = with(&["--allow-below-floor", "--dry-run", "--horizon-margin", "3d"]);
-    refused(&purge(&pg, &schema, "6d", &args(&a)));
+    refused(&purge(&pg, &schema, "16d", &args(&a)));
     // Beyond horizon + margin the horizon lets it through; the policy floor still holds
     // without the override, and with it the (dry) purge runs.
     let a = with(&["--dry-run"]);
-    let err = refused(&purge(&pg, &schema, "5d", &args(&a)));
+    let err = refused(&purge(&pg, &schema, "15d", &args(&a)));
     assert!(
         err.contains("idem: refusing to purge records younger than the retention floor"),
         "{err}"
     );
     assert!(err.contains("purge: redelivery horizon of SQS"), "{err}");
     let a = with(&["--allow-below-floor", "--dry-run"]);
-    let out = ok(&purge(&pg, &schema, "5d", &args(&a)));
+    let out = ok(&purge(&pg, &schema, "15d", &args(&a)));
     assert!(out.contains("dry_run: true"), "{out}");
     // Without a broker nothing changes: the override alone suffices, as before.
     ok(&purge(
@@ -203,7 +206,7 @@ fn the_longest_of_several_sources_wins_and_an_unknown_one_refuses_every_cutoff()
         ],
     );
     ok(&ok_nats);
-    // With the SQS queue beside it, its 4 days decide.
+    // With the SQS queue beside it, its dead-letter queue's 14 days decide.
     let both = [
         "--allow-below-floor",
         "--dry-run",
@@ -218,7 +221,7 @@ fn the_longest_of_several_sources_wins_and_an_unknown_one_refuses_every_cutoff()
     ];
     let err = refused(&purge(&pg, &schema, "2d", &both));
     assert!(err.contains("SQS"), "{err}");
-    ok(&purge(&pg, &schema, "5d", &both));
+    ok(&purge(&pg, &schema, "15d", &both));
 
     // RabbitMQ does not tell its TTL over AMQP: no cutoff is safe.
     let amqp = env(

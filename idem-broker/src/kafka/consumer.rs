@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -15,14 +16,16 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
+use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers as _, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::attempts::{self, attempts_name};
 use super::config::KafkaConfig;
 use super::lwm::LowWaterMark;
-use super::{base_config, blocking, ensure_topic, producer, BROKER};
+use super::{base_config, blocking, ensure_topic, ensure_topic_with, producer, BROKER};
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How often a failed dead-letter produce is tried before the delivery is handed back.
@@ -38,6 +41,11 @@ const DEAD_LETTER_RETRY_DELAY: Duration = Duration::from_secs(1);
 struct Part {
     generation: u64,
     lwm: LowWaterMark,
+    /// The first offset this ownership delivered: where a successor would start too.
+    first: Option<i64>,
+    /// The partition's counts in `NAME.attempts` as last read or written; `None` until
+    /// read (once per ownership, before its first delivery is handed out).
+    durable: Option<BTreeMap<i64, u32>>,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +65,8 @@ impl Owned {
             Part {
                 generation: *next,
                 lwm: LowWaterMark::new(),
+                first: None,
+                durable: None,
             }
         })
     }
@@ -71,6 +81,28 @@ impl Owned {
             .or_insert(0);
         *n = n.saturating_add(1);
         *n
+    }
+
+    /// The count of the delivery of `offset` under way (1 when none was counted).
+    fn current_attempt(&self, partition: i32, offset: i64) -> u32 {
+        self.attempts
+            .get(&partition)
+            .and_then(|a| a.get(&offset))
+            .copied()
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    /// Takes the counts read from `NAME.attempts` into this member's: an offset
+    /// delivered already (its delivery under way) is at least one past the record, one
+    /// not delivered yet starts from it.
+    fn seed(&mut self, partition: i32, read: &BTreeMap<i64, u32>) {
+        let mine = self.attempts.entry(partition).or_default();
+        for (&offset, &n) in read {
+            mine.entry(offset)
+                .and_modify(|m| *m = (*m).max(n.saturating_add(1)))
+                .or_insert(n);
+        }
     }
 
     /// Forgets the counts of offsets below a committed `mark`.
@@ -215,6 +247,8 @@ struct Retry {
     partition: i32,
     generation: u64,
     offset: i64,
+    /// Deferred, not failed: handed back without counting another delivery.
+    deferred: bool,
     key: Option<Vec<u8>>,
     payload: Vec<u8>,
     headers: Headers,
@@ -223,6 +257,8 @@ struct Retry {
 struct Shared {
     topic: String,
     dead_letter: String,
+    /// Where the delivery counts of this group's partitions are kept.
+    attempts: attempts::Store,
     settle: mpsc::UnboundedSender<Settle>,
     retry: mpsc::UnboundedSender<Retry>,
     producer: FutureProducer,
@@ -348,8 +384,13 @@ async fn committer(
 /// Deliveries of a topic to this member of a consumer group, as a stream of
 /// `Result<Delivery<KafkaAcker>, BrokerError>`. Each delivery carries the message key
 /// (if any) in the `idem-kafka-key` header, and its [`attempt`](Delivery::attempt):
-/// how often this member delivered that offset (a nack, or the partition coming back
-/// to it before the offset was committed, counts again).
+/// how often the group delivered that offset (a nack, or the partition coming back
+/// before the offset was committed, counts again; a deferral does not), kept across
+/// members and restarts in `NAME.attempts` (see the [module docs](super)).
+///
+/// Errors librdkafka recovers from by itself (a broker connection lost, every broker
+/// down) are logged and counted ([`transient_errors`](Self::transient_errors)) and the
+/// stream goes on; only a fatal one ends it.
 ///
 /// A task of its own polls librdkafka and keeps up to
 /// [`prefetch`](KafkaConfig::prefetch) deliveries waiting; when they are not taken for
@@ -360,6 +401,7 @@ pub struct KafkaConsumer {
     inner: BoxStream<'static, Result<Delivery<KafkaAcker>, BrokerError>>,
     name: String,
     group: String,
+    transient_errors: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for KafkaConsumer {
@@ -388,6 +430,7 @@ impl Converter {
             let attempt = o.attempt(partition, offset);
             let part = o.part(partition);
             let generation = if part.lwm.register(offset) {
+                part.first.get_or_insert(offset);
                 part.generation
             } else {
                 // Not above what this ownership saw: settling it must not move the mark.
@@ -428,6 +471,101 @@ impl Converter {
         }
     }
 
+    /// Sets the attempt of a delivery about to be handed out from the counts kept in
+    /// `NAME.attempts` (read once per ownership of the partition), and writes the
+    /// partition's counts there first when a successor needs them: for the first
+    /// delivery of the ownership (a restarted or new member starts at that offset too,
+    /// and it may be one whose earlier run killed its process) and for every redelivery.
+    /// A failed read or write is logged and the delivery handed out with this member's
+    /// count: the count is advice, never a reason to stop consuming.
+    async fn counted(&self, mut d: Delivery<KafkaAcker>) -> Delivery<KafkaAcker> {
+        let (partition, offset, generation) =
+            (d.acker.partition, d.acker.offset, d.acker.generation);
+        let owned_now = |o: &Owned| {
+            o.parts
+                .get(&partition)
+                .filter(|p| generation != 0 && p.generation == generation)
+                .map(|p| p.durable.is_none())
+        };
+        let Some(unread) = owned_now(&self.own.owned()) else {
+            // Revoked since (or a duplicate fetch): settling it changes nothing.
+            return d;
+        };
+        if unread {
+            let store = self.shared.attempts.clone();
+            let read = blocking(move || store.read(partition))
+                .await
+                .and_then(|r| r)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(target: "idem::broker", broker = BROKER, partition, error = %e, "delivery counts not read; counting from this member's");
+                    BTreeMap::new()
+                });
+            let mut o = self.own.owned();
+            if owned_now(&o) == Some(true) {
+                o.seed(partition, &read);
+                if let Some(p) = o.parts.get_mut(&partition) {
+                    p.durable = Some(read);
+                }
+            }
+        }
+        let write = {
+            let o = self.own.owned();
+            let Some(part) = o
+                .parts
+                .get(&partition)
+                .filter(|p| p.generation == generation)
+            else {
+                return d;
+            };
+            let attempt = o
+                .current_attempt(partition, offset)
+                .max(d.attempt.unwrap_or(1));
+            d.attempt = Some(attempt);
+            let recorded = part
+                .durable
+                .as_ref()
+                .and_then(|c| c.get(&offset))
+                .copied()
+                .unwrap_or(0);
+            let first = part.first;
+            ((first == Some(offset) || attempt >= 2) && attempt > recorded).then(|| {
+                o.attempts
+                    .get(&partition)
+                    .map(|a| {
+                        a.iter()
+                            .filter(|(&off, &n)| n >= 2 || Some(off) == first)
+                            .map(|(&off, &n)| (off, n))
+                            .collect::<BTreeMap<i64, u32>>()
+                    })
+                    .unwrap_or_default()
+            })
+        };
+        if let Some(mut counts) = write {
+            counts.insert(offset, d.attempt.unwrap_or(1));
+            match self
+                .shared
+                .attempts
+                .write(&self.shared.producer, partition, &counts)
+                .await
+            {
+                Ok(()) => {
+                    let mut o = self.own.owned();
+                    if let Some(p) = o
+                        .parts
+                        .get_mut(&partition)
+                        .filter(|p| p.generation == generation)
+                    {
+                        p.durable = Some(counts);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(target: "idem::broker", broker = BROKER, partition, offset, error = %e, "delivery count not kept; a restart may count this delivery again from 1");
+                }
+            }
+        }
+        d
+    }
+
     fn retried(&self, r: Retry) -> Option<Delivery<KafkaAcker>> {
         let attempt = {
             let mut o = self.own.owned();
@@ -436,7 +574,11 @@ impl Converter {
                 // Revoked meanwhile: its new owner has it.
                 return None;
             }
-            o.attempt(r.partition, r.offset)
+            if r.deferred {
+                o.current_attempt(r.partition, r.offset)
+            } else {
+                o.attempt(r.partition, r.offset)
+            }
         };
         Some(Delivery {
             payload: r.payload.clone(),
@@ -475,6 +617,34 @@ fn set_paused(consumer: &Inner, paused: bool) {
     }
 }
 
+/// Sorts an error from the consumer's poll: `None` for one librdkafka recovers from by
+/// itself (logged and counted in `errors`; polling goes on), the error that ends the
+/// stream for a fatal one (librdkafka's fatal-error state: the client instance is no
+/// longer usable).
+///
+/// librdkafka hands its transient trouble to the poll as errors: a broker connection
+/// lost (`BrokerTransportFailure`), every broker down (`AllBrokersDown`), a partition's
+/// leader unknown for a while, a rejoin. It reconnects, rejoins the group and resumes
+/// fetching on its own, so ending the stream on them would turn a broker restart into a
+/// rebalance of the whole group.
+fn poll_error(consumer: &Inner, e: KafkaError, errors: &AtomicU64) -> Option<BrokerError> {
+    let fatal = match &e {
+        KafkaError::MessageConsumptionFatal(_) => true,
+        _ => consumer.client().fatal_error().is_some(),
+    };
+    if fatal {
+        let detail = consumer.client().fatal_error().map_or_else(
+            || e.to_string(),
+            |(code, text)| format!("{e}: {code}: {text}"),
+        );
+        tracing::error!(target: "idem::broker", broker = BROKER, error = %detail, "fatal consumer error: the stream ends");
+        return Some(BrokerError::op(BROKER, "poll", detail));
+    }
+    let n = errors.fetch_add(1, Ordering::Relaxed) + 1;
+    tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, code = ?e.rdkafka_error_code(), transient_errors = n, "consumer error; librdkafka recovers, polling goes on");
+    None
+}
+
 /// Polls librdkafka for the stream: up to the channel's capacity ahead. When the channel
 /// is full it waits for room (librdkafka goes on fetching into its own bounded queue);
 /// only when no room comes within `pause_after` (a slow handler) are the partitions
@@ -482,12 +652,16 @@ fn set_paused(consumer: &Inner, paused: bool) {
 /// `max.poll.interval.ms`) until there is room again. Pausing at once whenever the
 /// channel is full made a consumer that takes one delivery at a time pause and resume
 /// for every few messages, each resume waiting for a new fetch (57 msg/s on tansu).
-/// Ends when the stream is dropped, or after handing over an error.
+/// librdkafka reports passing trouble (a broker's connection lost, every broker down, a
+/// partition's leader moving) as errors from the consumer's poll and recovers by itself:
+/// those are logged and counted in `errors` and polling goes on ([`poll_error`]). Ends
+/// when the stream is dropped, or after handing over a fatal error.
 async fn poller(
     consumer: Arc<Inner>,
     convert: Converter,
     tx: mpsc::Sender<Polled>,
     pause_after: Duration,
+    errors: Arc<AtomicU64>,
 ) {
     // Messages that arrived while paused (fetched before the pause, or from a partition
     // assigned meanwhile): handed over first.
@@ -517,7 +691,13 @@ async fn poller(
                         Err(_) => return,
                     },
                     m = consumer.recv() => {
-                        let m = m.map(|m| convert.delivery(&m)).map_err(|e| BrokerError::op(BROKER, "poll", e));
+                        let m = match m {
+                            Ok(m) => Ok(convert.delivery(&m)),
+                            Err(e) => match poll_error(&consumer, e, &errors) {
+                                Some(fatal) => Err(fatal),
+                                None => continue,
+                            },
+                        };
                         // A partition assigned while paused is not paused: pause again.
                         set_paused(&consumer, true);
                         held.push_back(m);
@@ -534,7 +714,14 @@ async fn poller(
         let item = match held.pop_front() {
             Some(item) => item,
             None => tokio::select! {
-                m = consumer.recv() => m.map(|m| convert.delivery(&m)).map_err(|e| BrokerError::op(BROKER, "poll", e)),
+                m = consumer.recv() => match m {
+                    Ok(m) => Ok(convert.delivery(&m)),
+                    Err(e) => match poll_error(&consumer, e, &errors) {
+                        Some(fatal) => Err(fatal),
+                        // The permit is dropped and taken again: nothing is lost.
+                        None => continue,
+                    },
+                },
                 () = tx.closed() => return,
             },
         };
@@ -547,6 +734,8 @@ async fn poller(
 }
 
 struct Reader {
+    /// The delivery polled while joining, handed out first.
+    joined: Option<Delivery<KafkaAcker>>,
     polled: mpsc::Receiver<Polled>,
     convert: Arc<Converter>,
     retries: mpsc::UnboundedReceiver<Retry>,
@@ -556,16 +745,23 @@ impl crate::pull::Pull for Reader {
     type Acker = KafkaAcker;
 
     async fn next(&mut self) -> Result<Delivery<KafkaAcker>, BrokerError> {
+        if let Some(d) = self.joined.take() {
+            return Ok(self.convert.counted(d).await);
+        }
         loop {
             tokio::select! {
                 biased;
                 Some(r) = self.retries.recv() => {
                     if let Some(d) = self.convert.retried(r) {
-                        return Ok(d);
+                        return Ok(self.convert.counted(d).await);
                     }
                 }
                 m = self.polled.recv() => {
-                    return m.unwrap_or_else(|| Err(BrokerError::op(BROKER, "poll", "the polling task ended")));
+                    return match m {
+                        Some(Ok(d)) => Ok(self.convert.counted(d).await),
+                        Some(Err(e)) => Err(e),
+                        None => Err(BrokerError::op(BROKER, "poll", "the polling task ended")),
+                    };
                 }
             }
         }
@@ -596,6 +792,25 @@ impl KafkaConsumer {
             config.replication,
         )
         .await?;
+        let attempts_topic = attempts_name(&config.name);
+        ensure_topic_with(
+            &config.brokers,
+            &attempts_topic,
+            config.partitions,
+            config.replication,
+            &[("cleanup.policy", "compact")],
+        )
+        .await?;
+        let attempts_partitions = {
+            let (brokers, topic) = (config.brokers.clone(), attempts_topic.clone());
+            blocking(move || {
+                let meta: BaseConsumer = base_config(&brokers)
+                    .create()
+                    .map_err(|e| BrokerError::connect(BROKER, e))?;
+                super::partition_count(&meta, &topic)
+            })
+            .await??
+        };
         let own = Arc::new(Ownership::default());
         let assigned = Arc::new(Notify::new());
         let context = GroupContext {
@@ -637,6 +852,12 @@ impl KafkaConsumer {
         let shared = Arc::new(Shared {
             topic: config.name.clone(),
             dead_letter,
+            attempts: attempts::Store {
+                brokers: config.brokers.clone(),
+                topic: attempts_topic,
+                group: config.group.clone(),
+                partitions: i32::try_from(attempts_partitions).unwrap_or(1).max(1),
+            },
             settle: settle_tx,
             retry: retry_tx,
             producer: producer(&config.brokers, config.batch_messages)?,
@@ -655,11 +876,13 @@ impl KafkaConsumer {
         let retries_convert = Arc::new(Converter { own, shared });
         // Pause only for a stall well inside max.poll.interval.ms (see `poller`).
         let pause_after = (config.max_poll_interval / 10).min(PAUSE_AFTER_MAX);
+        let transient_errors = Arc::new(AtomicU64::new(0));
         tokio::spawn(poller(
             Arc::clone(&consumer),
             convert,
             polled_tx,
             pause_after,
+            Arc::clone(&transient_errors),
         ));
         // Polling drives the join; stop at the first assignment or message.
         let mut first: Option<Polled> = None;
@@ -679,27 +902,31 @@ impl KafkaConsumer {
                 ),
             ));
         }
-        if let Some(Err(e)) = first {
-            return Err(e);
-        }
+        let joined = match first {
+            Some(Err(e)) => return Err(e),
+            Some(Ok(d)) => Some(d),
+            None => None,
+        };
         let reader = Reader {
+            joined,
             polled,
             convert: retries_convert,
             retries: retry_rx,
         };
         let inner = crate::pull::deliveries(reader);
-        let inner = match first {
-            Some(Ok(d)) => futures::StreamExt::boxed(futures::StreamExt::chain(
-                futures::stream::iter([Ok(d)]),
-                inner,
-            )),
-            _ => inner,
-        };
         Ok(Self {
             inner,
             name: config.name.clone(),
             group: config.group.clone(),
+            transient_errors,
         })
+    }
+
+    /// How many errors librdkafka reported from the poll that it recovers from by itself
+    /// (a broker connection lost, every broker down): logged, counted here, and the
+    /// stream goes on. Only a fatal error ends the stream.
+    pub fn transient_errors(&self) -> u64 {
+        self.transient_errors.load(Ordering::Relaxed)
     }
 }
 
@@ -744,6 +971,33 @@ impl KafkaAcker {
         self.offset
     }
 
+    /// Hands the delivery back to the stream after `delay` (`deferred`: without
+    /// counting another delivery).
+    fn hand_back(self, delay: Option<Duration>, deferred: bool) -> Result<(), AckError> {
+        let retry = Retry {
+            partition: self.partition,
+            generation: self.generation,
+            offset: self.offset,
+            deferred,
+            key: self.key,
+            payload: self.payload,
+            headers: self.headers,
+        };
+        let tx = self.shared.retry.clone();
+        match delay {
+            Some(d) if !d.is_zero() => {
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    let _ = tx.send(retry);
+                });
+                Ok(())
+            }
+            _ => tx
+                .send(retry)
+                .map_err(|_| AckError::new("kafka: the consumer is closed", false, None)),
+        }
+    }
+
     /// Sends the settlement; the receiver answers once it is committed (or ignored).
     fn send_settle(&self) -> Result<oneshot::Receiver<Result<(), AckError>>, AckError> {
         let (tx, rx) = oneshot::channel();
@@ -776,29 +1030,16 @@ impl Acker for KafkaAcker {
     }
 
     /// Hands the message back to this consumer's stream after `delay`; its offset stays
-    /// uncommitted meanwhile (a crash redelivers it from the broker).
+    /// uncommitted meanwhile (a crash redelivers it from the broker). It comes back as
+    /// the next delivery (its attempt one higher).
     async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
-        let retry = Retry {
-            partition: self.partition,
-            generation: self.generation,
-            offset: self.offset,
-            key: self.key,
-            payload: self.payload,
-            headers: self.headers,
-        };
-        let tx = self.shared.retry.clone();
-        match delay {
-            Some(d) if !d.is_zero() => {
-                tokio::spawn(async move {
-                    tokio::time::sleep(d).await;
-                    let _ = tx.send(retry);
-                });
-                Ok(())
-            }
-            _ => tx
-                .send(retry)
-                .map_err(|_| AckError::new("kafka: the consumer is closed", false, None)),
-        }
+        self.hand_back(delay, false)
+    }
+
+    /// Hands the message back after `delay` without counting another delivery: a
+    /// deferral is not an attempt.
+    async fn defer(self, delay: Duration) -> Result<(), AckError> {
+        self.hand_back(Some(delay), true)
     }
 
     async fn dead_letter(
@@ -856,6 +1097,7 @@ impl Acker for KafkaAcker {
             partition: self.partition,
             generation: self.generation,
             offset: self.offset,
+            deferred: false,
             key: self.key,
             payload: self.payload,
             headers: self.headers,

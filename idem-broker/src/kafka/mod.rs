@@ -4,7 +4,8 @@
 //!   [`KafkaConfig::partitions`] partitions and [`KafkaConfig::replication`] replicas
 //!   (default `min(3, brokers in the cluster)`; brokers such as tansu do not create
 //!   topics on first use); its dead letters go to the topic `NAME.dead-letter`, created
-//!   the same way. An existing topic is used as it is.
+//!   the same way, and its groups' delivery counts to the topic `NAME.attempts`
+//!   (compacted; see **Attempts**). An existing topic is used as it is.
 //! - **Consuming** ([`KafkaConsumer`]): a consumer group (default `idem`) with manual
 //!   offset commits and the `cooperative-sticky` strategy by default
 //!   ([`KafkaConfig::assignment`]). Offsets are positional, so [`KafkaAcker`] commits per
@@ -25,8 +26,29 @@
 //!   to the stream after a second, so it is rejected and dead-lettered again instead of
 //!   holding the partition's commits back until a restart.
 //! - **Attempts**: [`Delivery::attempt`](idem_core::Delivery::attempt) counts the
-//!   deliveries of an offset by this member (nacks, and the partition coming back before
-//!   the offset was committed); a restarted member or another member counts from 1.
+//!   deliveries of an offset in the group: fetches, nacks, and the partition coming back
+//!   before the offset was committed; a deferral ([`defer`](idem_core::Acker::defer))
+//!   hands the message back without counting, so the count holds runs only. The counts a
+//!   successor needs outlive the member: before a delivery is handed out, the
+//!   partition's counts are written to `NAME.attempts` (key `GROUP/PARTITION`, value
+//!   `OFFSET:COUNT,…`; acked by the broker) when it is the first delivery of this
+//!   ownership of the partition — the offset a restarted or new member starts at too, and
+//!   possibly one whose earlier run killed its process — or a redelivery (count 2 and
+//!   up). A member reads its partition's counts once per ownership, before its first
+//!   delivery of it. So a message that kills its process counts one more in each next
+//!   member instead of starting from 1 again. A delivery fetched ahead of the first and never redelivered is not written:
+//!   if a member dies holding it, the next member counts it from 1 again, until it is the
+//!   first delivery of an ownership. Not the committed offset's metadata, where Kafka
+//!   itself could keep it: tansu 0.6 stores an offset commit's metadata but answers
+//!   every OffsetFetch with an empty one. A failed read or write is logged, and the
+//!   member's own count used.
+//! - **Errors from the poll**: librdkafka reports passing trouble — a broker's
+//!   connection lost (`BrokerTransportFailure`), every broker down (`AllBrokersDown`), a
+//!   partition's leader moving — as errors from the consumer's poll, and recovers from
+//!   it by itself (reconnects, rejoins, resumes fetching). The stream goes on through
+//!   them: each is logged and counted ([`KafkaConsumer::transient_errors`]). Only a fatal
+//!   error (librdkafka's fatal state, in which the client instance is no longer usable)
+//!   ends the stream, so a broker restart does not end a member and rebalance its group.
 //! - **Prefetch and liveness**: a task of its own polls librdkafka, keeping at most
 //!   [`KafkaConfig::prefetch`] deliveries waiting (and librdkafka's own queue bounded by
 //!   `queued.min.messages` and [`KafkaConfig::queued_kbytes`]); when they are not taken
@@ -57,11 +79,17 @@
 //!   back. The dead member's partitions are consumed again only after a member joins or
 //!   leaves the group (a restarted or replacement consumer, or a survivor that
 //!   reconnects); nothing is lost or doubled, it waits. tansu is a single broker, so
-//!   topics get one replica there.
+//!   topics get one replica there. Its OffsetFetch answers an empty metadata string
+//!   whatever was committed with the offset (hence `NAME.attempts`), and its
+//!   DescribeConfigs reports only the settings given when a topic was created (no
+//!   broker defaults: the [horizon](crate::horizon) of a topic created without
+//!   `retention.ms` and `segment.ms` is unknown there). Its `memory://` storage starts
+//!   empty after a restart.
 //! - **Debugging**: `IDEM_KAFKA_DEBUG=cgrp,consumer` (librdkafka's `debug` contexts)
 //!   prints the client's debug log to stderr, e.g. to watch the group's joins and
 //!   assignments.
 
+mod attempts;
 mod config;
 mod consumer;
 mod lwm;
@@ -197,6 +225,18 @@ pub(crate) async fn ensure_topic(
     partitions: i32,
     replication: Option<i32>,
 ) -> Result<(), BrokerError> {
+    ensure_topic_with(brokers, topic, partitions, replication, &[]).await
+}
+
+/// [`ensure_topic`] with topic `configs` (e.g. `cleanup.policy=compact`) for a topic
+/// created here.
+pub(crate) async fn ensure_topic_with(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    replication: Option<i32>,
+    configs: &[(&str, &str)],
+) -> Result<(), BrokerError> {
     check_name(topic)?;
     let meta: BaseConsumer = base_config(brokers)
         .set("allow.auto.create.topics", "false")
@@ -224,11 +264,14 @@ pub(crate) async fn ensure_topic(
     let admin: AdminClient<DefaultClientContext> = base_config(brokers)
         .create()
         .map_err(|e| BrokerError::connect(BROKER, e))?;
-    let new = NewTopic::new(
+    let mut new = NewTopic::new(
         topic,
         partitions.max(1),
         TopicReplication::Fixed(replication),
     );
+    for (k, v) in configs {
+        new = new.set(k, v);
+    }
     let results = admin
         .create_topics(
             [&new],
