@@ -69,6 +69,17 @@ pub enum BrokerError {
         #[source]
         source: BoxError,
     },
+    /// The broker did not answer an operation in time: a hung endpoint, a frozen server,
+    /// a network that drops packets. Retryable: a reconnect may reach a live server.
+    #[error("{broker}: {action} got no answer within {}", humantime::format_duration(*.after))]
+    Timeout {
+        /// Which broker.
+        broker: &'static str,
+        /// What was being done (`ReceiveMessage`, `XREADGROUP`, …).
+        action: &'static str,
+        /// How long it waited (on each attempt, where the client retries).
+        after: std::time::Duration,
+    },
     /// The broker's existing queue, stream or consumer is set up differently from what
     /// this configuration asks (a setting that matters for correctness): not retryable,
     /// an operator has to reconcile them.
@@ -98,7 +109,7 @@ impl BrokerError {
             | Self::Unsupported { .. }
             | Self::InvalidName { .. }
             | Self::Config { .. } => false,
-            Self::Connect { .. } | Self::NotConfirmed { .. } => true,
+            Self::Connect { .. } | Self::NotConfirmed { .. } | Self::Timeout { .. } => true,
             Self::Operation { retryable, .. } => *retryable,
         }
     }

@@ -74,6 +74,8 @@
 pub mod any;
 mod duration;
 mod error;
+#[cfg(any(feature = "nats", feature = "sqs"))]
+mod hold;
 pub mod horizon;
 #[cfg(feature = "_tokio")]
 mod idle;

@@ -158,22 +158,20 @@ impl Shared {
 }
 
 /// Hands `taken` back into the consumer's stream after `delay`, kept alive meanwhile
-/// (its entry stays in `live`). If the consumer is gone by then, the keep-alive stops and
-/// the server redelivers it after the ack wait.
+/// (its entry stays in `live`). If the consumer's stream is dropped first, the
+/// keep-alive stops at once and the server redelivers it after the ack wait.
 fn hand_back_after(shared: &Arc<Shared>, taken: Taken, delay: Duration) {
     let weak = Arc::downgrade(shared);
-    tokio::spawn(async move {
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        let Some(shared) = weak.upgrade() else {
-            return;
-        };
-        if let Err(mpsc::error::SendError(Ready::Taken(t))) = shared.ready.send(Ready::Taken(taken))
-        {
-            shared.forget(t.id);
-        }
-    });
+    crate::hold::hand_back_after(
+        shared.ready.clone(),
+        Ready::Taken(taken),
+        delay,
+        move |ready| {
+            if let (Ready::Taken(t), Some(shared)) = (ready, weak.upgrade()) {
+                shared.forget(t.id);
+            }
+        },
+    );
 }
 
 /// Sends `+WPI` for every live delivery every `every`, until the consumer and all its

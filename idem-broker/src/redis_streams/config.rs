@@ -6,6 +6,9 @@ use crate::any::{BrokerKind, BrokerUrl};
 use crate::setting::{self, duration_in};
 use crate::BrokerError;
 
+/// The default of [`RedisStreamsConfig::command_timeout`]: 10 s.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A Redis stream and how to consume it.
 ///
 /// [`from_url`](Self::from_url) reads idem's settings from a `redis://` or `rediss://`
@@ -19,6 +22,7 @@ use crate::BrokerError;
 /// | `min_idle` | `30s` | pending entries of a silent consumer are taken over after this |
 /// | `block` | `1s` | how long one `XREADGROUP` blocks waiting for new entries |
 /// | `forget_after` | `1h` | idle consumers with nothing pending are removed from the group after this |
+/// | `command_timeout` | `10s` ([`DEFAULT_COMMAND_TIMEOUT`]) | the longest wait for the server's answer to a command, beyond its block time for `XREADGROUP` |
 ///
 /// fred reads no query parameters from a `redis://` URL: any other is an error.
 #[derive(Clone, PartialEq, Eq)]
@@ -45,6 +49,11 @@ pub struct RedisStreamsConfig {
     /// removed (`XGROUP DELCONSUMER`) when a consumer connects (default 1 h; URL option
     /// `forget_after`), so each start does not leave a name behind for good.
     pub forget_after: Duration,
+    /// How long a command may go unanswered (default 10 s); the blocking `XREADGROUP`
+    /// gets its [`block`](Self::block) time on top. A command that times out fails with
+    /// [`BrokerError::Timeout`](crate::BrokerError::Timeout): a frozen or unreachable
+    /// server ends the consumer's stream and fails acks instead of hanging them.
+    pub command_timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisStreamsConfig {
@@ -59,14 +68,21 @@ impl std::fmt::Debug for RedisStreamsConfig {
             .field("block", &self.block)
             .field("prefetch", &self.prefetch)
             .field("forget_after", &self.forget_after)
+            .field("command_timeout", &self.command_timeout)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisStreamsConfig {
     /// idem's settings in the URL query (the table above).
-    pub(crate) const URL_SETTINGS: &'static [&'static str] =
-        &["group", "consumer", "min_idle", "block", "forget_after"];
+    pub(crate) const URL_SETTINGS: &'static [&'static str] = &[
+        "group",
+        "consumer",
+        "min_idle",
+        "block",
+        "forget_after",
+        "command_timeout",
+    ];
 
     /// The configuration of stream `name` at `url`, with the URL's settings (the table
     /// above) over the defaults of [`new`](Self::new).
@@ -105,6 +121,9 @@ impl RedisStreamsConfig {
         if let Some(d) = url.setting("forget_after", positive())? {
             c.forget_after = d;
         }
+        if let Some(d) = url.setting("command_timeout", positive())? {
+            c.command_timeout = d;
+        }
         Ok(c)
     }
 
@@ -119,6 +138,7 @@ impl RedisStreamsConfig {
             block: Duration::from_secs(1),
             prefetch: 64,
             forget_after: Duration::from_secs(3_600),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
         }
     }
 
@@ -164,6 +184,13 @@ impl RedisStreamsConfig {
         self
     }
 
+    /// Sets the command timeout (at least 1 ms).
+    #[must_use]
+    pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
     /// Sets the prefetch (at least 1).
     #[must_use]
     pub fn with_prefetch(mut self, prefetch: usize) -> Self {
@@ -205,12 +232,17 @@ mod tests {
         assert_eq!(d.min_idle, Duration::from_secs(30));
         assert_eq!(d.block, Duration::from_secs(1));
         assert_eq!(d.forget_after, Duration::from_secs(3_600));
-        let c = read("?group=g&consumer=c1&min_idle=500ms&block=200ms&forget_after=2h").unwrap();
+        assert_eq!(d.command_timeout, DEFAULT_COMMAND_TIMEOUT);
+        let c = read(
+            "?group=g&consumer=c1&min_idle=500ms&block=200ms&forget_after=2h&command_timeout=3s",
+        )
+        .unwrap();
         assert_eq!(c.url, "redis://h:6379/0");
         assert_eq!((c.group.as_str(), c.consumer.as_str()), ("g", "c1"));
         assert_eq!(c.min_idle, Duration::from_millis(500));
         assert_eq!(c.block, Duration::from_millis(200));
         assert_eq!(c.forget_after, Duration::from_secs(7_200));
+        assert_eq!(c.command_timeout, Duration::from_secs(3));
         assert_eq!(
             read("?min_idle=5").unwrap().min_idle,
             Duration::from_secs(5)
@@ -229,6 +261,12 @@ mod tests {
             ("?block=500us", "block", "at least 1ms"),
             ("?forget_after=-1h", "forget_after", "negative"),
             ("?forget_after=0s", "forget_after", "at least 1ms"),
+            ("?command_timeout=0", "command_timeout", "at least 1ms"),
+            (
+                "?command_timeout=soon",
+                "command_timeout",
+                "invalid duration",
+            ),
             ("?group=a&group=b", "group", "more than once"),
             ("?durable=d", "durable", "unknown parameter"),
         ] {

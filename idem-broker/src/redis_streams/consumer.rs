@@ -23,7 +23,7 @@ use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
 use tokio::time::Instant;
 
 use super::config::RedisStreamsConfig;
-use super::{check_name, connect, ensure_group, BROKER, PAYLOAD_FIELD};
+use super::{check_name, connect_with, ensure_group, redis_err, BROKER, PAYLOAD_FIELD};
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How often pending entries of silent consumers are looked for.
@@ -66,6 +66,8 @@ struct Shared {
     consumer: String,
     dead_letter: String,
     min_idle: Duration,
+    /// How long a command may go unanswered (the reads' block time comes on top).
+    command_timeout: Duration,
     /// Entries taken and not settled (registration id → entry id), kept alive.
     live: Mutex<HashMap<u64, String>>,
     next_id: AtomicU64,
@@ -121,7 +123,7 @@ impl Shared {
             .writer
             .xack(self.name.as_str(), self.group.as_str(), ids)
             .await
-            .map_err(|e| AckError::from(BrokerError::op(BROKER, "XACK", e)))?;
+            .map_err(|e| AckError::from(redis_err("XACK", self.command_timeout, e)))?;
         Ok(())
     }
 
@@ -144,7 +146,7 @@ impl Shared {
                 true,
             )
             .await
-            .map_err(|e| AckError::from(BrokerError::op(BROKER, "XCLAIM", e)))?;
+            .map_err(|e| AckError::from(redis_err("XCLAIM", self.command_timeout, e)))?;
         Ok(())
     }
 }
@@ -172,6 +174,10 @@ fn spawn_keep_alive(shared: Weak<Shared>, every: Duration) {
 /// `Result<Delivery<RedisStreamsAcker>, BrokerError>`: new entries (`XREADGROUP`) and,
 /// every second, entries left pending longer than `min_idle` by any consumer of the
 /// group (`XAUTOCLAIM`).
+///
+/// Every command has a timeout ([`RedisStreamsConfig::command_timeout`], with the block
+/// time on top for `XREADGROUP`): a server that stops answering ends the stream with
+/// [`BrokerError::Timeout`] instead of hanging it.
 pub struct RedisStreamsConsumer {
     inner: BoxStream<'static, Result<Delivery<RedisStreamsAcker>, BrokerError>>,
     name: String,
@@ -253,7 +259,7 @@ impl crate::pull::Pull for Reader {
                         false,
                     )
                     .await
-                    .map_err(|e| BrokerError::op(BROKER, "XAUTOCLAIM", e))?;
+                    .map_err(|e| redis_err("XAUTOCLAIM", s.command_timeout, e))?;
                 if cursor == "0-0" {
                     // The whole pending list was scanned: look again in a while.
                     self.next_claim = Instant::now() + CLAIM_EVERY;
@@ -276,7 +282,7 @@ impl crate::pull::Pull for Reader {
                             ),
                         )
                         .await
-                        .map_err(|e| BrokerError::op(BROKER, "XPENDING", e))?;
+                        .map_err(|e| redis_err("XPENDING", s.command_timeout, e))?;
                     attempts = pending.into_iter().map(|(id, _, _, n)| (id, n)).collect();
                 }
                 self.push(entries, &attempts);
@@ -284,8 +290,14 @@ impl crate::pull::Pull for Reader {
             }
             let until_claim = self.next_claim.saturating_duration_since(Instant::now());
             let block = self.block.min(until_claim).max(Duration::from_millis(1));
+            // The server answers a blocking read after its block time at the latest.
+            let timeout = block + s.command_timeout;
             let raw: Value = self
                 .reader
+                .with_options(&Options {
+                    timeout: Some(timeout),
+                    ..Options::default()
+                })
                 .xreadgroup(
                     s.group.as_str(),
                     s.consumer.as_str(),
@@ -296,7 +308,7 @@ impl crate::pull::Pull for Reader {
                     ">",
                 )
                 .await
-                .map_err(|e| BrokerError::op(BROKER, "XREADGROUP", e))?;
+                .map_err(|e| redis_err("XREADGROUP", timeout, e))?;
             if raw.is_null() {
                 // The block time passed with nothing new.
                 continue;
@@ -331,8 +343,8 @@ impl RedisStreamsConsumer {
     /// [`BrokerError::Connect`] when the server cannot be reached; an invalid URL or name.
     pub async fn connect(config: &RedisStreamsConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
-        let writer = connect(&config.url).await?;
-        let reader = connect(&config.url).await?;
+        let writer = connect_with(&config.url, config.command_timeout).await?;
+        let reader = connect_with(&config.url, config.command_timeout).await?;
         ensure_group(&writer, &config.name, &config.group).await?;
         let removed: Vec<String> = writer
             .eval(
@@ -345,7 +357,13 @@ impl RedisStreamsConsumer {
                 ],
             )
             .await
-            .map_err(|e| BrokerError::op(BROKER, "XGROUP DELCONSUMER (idle consumers)", e))?;
+            .map_err(|e| {
+                redis_err(
+                    "XGROUP DELCONSUMER (idle consumers)",
+                    config.command_timeout,
+                    e,
+                )
+            })?;
         if !removed.is_empty() {
             tracing::info!(target: "idem::broker", broker = BROKER, removed = removed.len(), "removed idle consumers with nothing pending from the group");
         }
@@ -356,6 +374,7 @@ impl RedisStreamsConsumer {
             consumer: config.consumer.clone(),
             dead_letter: dead_letter_name(&config.name),
             min_idle: config.min_idle,
+            command_timeout: config.command_timeout,
             live: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
         });
@@ -469,7 +488,7 @@ impl Acker for RedisStreamsAcker {
         self.shared.forget(self.reg);
         match added {
             Ok(_) => self.shared.xack(vec![self.id.clone()]).await,
-            Err(e) => Err(BrokerError::op(BROKER, "XADD dead-letter", e).into()),
+            Err(e) => Err(redis_err("XADD dead-letter", self.shared.command_timeout, e).into()),
         }
     }
 

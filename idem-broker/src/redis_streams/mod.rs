@@ -29,8 +29,16 @@
 //! - **URL parameters** (`redis://127.0.0.1:6379/0?min_idle=5s`, read by
 //!   [`RedisStreamsConfig::from_url`], whose table gives their defaults and values):
 //!   `group` (default `idem`), `consumer` (default unique per process), `min_idle`
-//!   (default `30s`), `block` (default `1s`) and `forget_after` (default `1h`). fred reads
-//!   no query parameters from a `redis://` URL: any other is an error.
+//!   (default `30s`), `block` (default `1s`), `forget_after` (default `1h`) and
+//!   `command_timeout` (default `10s`). fred reads no query parameters from a `redis://`
+//!   URL: any other is an error.
+//! - **Timeouts**: every command waits at most [`RedisStreamsConfig::command_timeout`]
+//!   for the server's answer, the blocking `XREADGROUP` its block time more; then it
+//!   fails with [`BrokerError::Timeout`](crate::BrokerError::Timeout). A frozen server
+//!   (stopped, swapping, behind a network that drops packets) ends the consumer's stream
+//!   with that error (a supervisor reconnects) and fails acks, nacks and dead-letters
+//!   with a retryable `AckError` instead of hanging them; an entry whose `XACK` failed
+//!   stays pending and is taken over after `min_idle`.
 //! - **TLS**: `rediss://` connects with TLS (feature `tls`, rustls) verifying the server
 //!   against the system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` name others). Without
 //!   the feature a `rediss://` URL is refused, never downgraded to plain TCP.
@@ -42,7 +50,7 @@ mod config;
 mod consumer;
 mod publisher;
 
-pub use config::RedisStreamsConfig;
+pub use config::{RedisStreamsConfig, DEFAULT_COMMAND_TIMEOUT};
 pub use consumer::{RedisStreamsAcker, RedisStreamsConsumer};
 pub use publisher::{pending_count, publish_raw, RedisStreamsPublisher};
 
@@ -67,9 +75,32 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
     Ok(())
 }
 
-/// Connects to `url`: with TLS for `rediss://`, refused without the `tls` feature (fred
-/// itself would connect in plain TCP).
+/// A fred error as a [`BrokerError`]: [`BrokerError::Timeout`] when the command went
+/// unanswered for `after`, otherwise an operation error.
+pub(crate) fn redis_err(action: &'static str, after: Duration, e: Error) -> BrokerError {
+    if matches!(e.kind(), ErrorKind::Timeout) {
+        BrokerError::Timeout {
+            broker: BROKER,
+            action,
+            after,
+        }
+    } else {
+        BrokerError::op(BROKER, action, e)
+    }
+}
+
+/// Connects to `url` as [`connect_with`] does, with [`DEFAULT_COMMAND_TIMEOUT`].
 pub(crate) async fn connect(url: &str) -> Result<Client, BrokerError> {
+    connect_with(url, DEFAULT_COMMAND_TIMEOUT).await
+}
+
+/// Connects to `url`: with TLS for `rediss://`, refused without the `tls` feature (fred
+/// itself would connect in plain TCP). Every command times out after `command_timeout`
+/// unless it sets its own timeout.
+pub(crate) async fn connect_with(
+    url: &str,
+    command_timeout: Duration,
+) -> Result<Client, BrokerError> {
     crate::tls::check_compiled(url)?;
     // fred builds its TLS configuration while reading the URL.
     #[cfg(feature = "tls")]
@@ -78,6 +109,9 @@ pub(crate) async fn connect(url: &str) -> Result<Client, BrokerError> {
     let client = Builder::from_config(config)
         .with_connection_config(|c| {
             c.connection_timeout = Duration::from_secs(5);
+        })
+        .with_performance_config(|p| {
+            p.default_command_timeout = command_timeout;
         })
         .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
         .build()

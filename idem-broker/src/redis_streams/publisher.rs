@@ -8,7 +8,8 @@ use fred::bytes::Bytes;
 use fred::prelude::*;
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
-use super::{check_name, connect, ensure_group, BROKER, PAYLOAD_FIELD};
+use super::config::DEFAULT_COMMAND_TIMEOUT;
+use super::{check_name, connect, ensure_group, redis_err, BROKER, PAYLOAD_FIELD};
 use crate::BrokerError;
 
 /// How many `XADD`s go in one pipeline.
@@ -50,11 +51,11 @@ impl RedisStreamsPublisher {
                 let _: () = pipeline
                     .xadd(self.name.as_str(), false, None::<()>, "*", fields)
                     .await
-                    .map_err(|e| BrokerError::op(BROKER, "XADD", e))?;
+                    .map_err(|e| redis_err("XADD", DEFAULT_COMMAND_TIMEOUT, e))?;
             }
             let results: Vec<Result<Value, Error>> = pipeline.try_all().await;
             for r in results {
-                r.map_err(|e| BrokerError::op(BROKER, "XADD", e))?;
+                r.map_err(|e| redis_err("XADD", DEFAULT_COMMAND_TIMEOUT, e))?;
             }
         }
         Ok(())

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::any::{BrokerKind, BrokerUrl};
-use crate::setting::{number_in, whole_seconds_in};
+use crate::setting::{duration_in, number_in, whole_seconds_in};
 use crate::BrokerError;
 
 /// The longest visibility timeout SQS allows: 12 hours.
@@ -19,13 +19,22 @@ pub const DEAD_LETTER_RETENTION: Duration = Duration::from_secs(1_209_600);
 /// received more often than that without being settled (consumers crashing on it).
 pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 10;
 
+/// The default of [`SqsConfig::connect_timeout`]: 5 s.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The default of [`SqsConfig::request_timeout`]: 10 s.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest [`SqsConfig::connect_timeout`] and [`SqsConfig::request_timeout`]: 5 min.
+const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// An SQS queue and how to consume it.
 ///
 /// [`from_url`](Self::from_url) reads an `sqs://` URL: its authority is the endpoint
 /// (`sqs://127.0.0.1:5000` is `http://127.0.0.1:5000`, such as moto; `sqs://` takes the
 /// usual AWS variables), and idem's settings ride in its query
-/// (`sqs://127.0.0.1:5000?visibility_timeout=10s`). SQS counts in seconds, so each
-/// duration is a [duration](crate::parse_duration) of whole seconds:
+/// (`sqs://127.0.0.1:5000?visibility_timeout=10s`). Each duration is a
+/// [duration](crate::parse_duration); those SQS itself counts are whole seconds:
 ///
 /// | parameter | default | value |
 /// |---|---|---|
@@ -33,6 +42,8 @@ pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 10;
 /// | `wait` | `1s` | the long poll, `0s` to `20s` |
 /// | `retention` | SQS's 4 days | `60s` to `14d` (`1209600`): the `MessageRetentionPeriod` of a source queue created here |
 /// | `max_receive_count` | `10` ([`DEFAULT_MAX_RECEIVE_COUNT`]) | `1` to `1000`: the redrive policy's `maxReceiveCount` to `NAME.dead-letter` of a source queue created here (the core's `max_attempts`) |
+/// | `connect_timeout` | `5s` ([`DEFAULT_CONNECT_TIMEOUT`]) | `1ms` to `5m`: the longest wait for a connection to the endpoint |
+/// | `request_timeout` | `10s` ([`DEFAULT_REQUEST_TIMEOUT`]) | `1ms` to `5m`: the longest wait for an answer to one attempt of a request, beyond the long poll (`wait`) for `ReceiveMessage` |
 ///
 /// Any other query parameter, a path, a user or a password is an error (credentials
 /// come from the AWS variables).
@@ -63,6 +74,15 @@ pub struct SqsConfig {
     /// attempts (an existing queue whose policy is lower is a
     /// [`Config`](crate::BrokerError::Config) error).
     pub max_receive_count: u32,
+    /// How long connecting to the endpoint may take (default 5 s).
+    pub connect_timeout: Duration,
+    /// How long one attempt of a request may go unanswered (default 10 s); a
+    /// `ReceiveMessage` attempt gets its long poll ([`wait`](Self::wait)) on top. The SDK
+    /// tries a request up to three times; when each attempt timed out, the operation
+    /// fails with [`BrokerError::Timeout`](crate::BrokerError::Timeout): an endpoint that
+    /// accepts connections and never answers ends the consumer's stream, and fails an
+    /// ack, instead of hanging them.
+    pub request_timeout: Duration,
 }
 
 impl std::fmt::Debug for SqsConfig {
@@ -79,6 +99,8 @@ impl std::fmt::Debug for SqsConfig {
             .field("prefetch", &self.prefetch)
             .field("retention", &self.retention)
             .field("max_receive_count", &self.max_receive_count)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -90,6 +112,8 @@ impl SqsConfig {
         "wait",
         "retention",
         "max_receive_count",
+        "connect_timeout",
+        "request_timeout",
     ];
 
     /// The configuration of queue `name` at `url`, with the URL's endpoint and settings
@@ -132,6 +156,13 @@ impl SqsConfig {
         if let Some(n) = url.setting("max_receive_count", number_in(1..=1000))? {
             c.max_receive_count = n;
         }
+        let timeout = || duration_in(Duration::from_millis(1)..=MAX_TIMEOUT);
+        if let Some(d) = url.setting("connect_timeout", timeout())? {
+            c.connect_timeout = d;
+        }
+        if let Some(d) = url.setting("request_timeout", timeout())? {
+            c.request_timeout = d;
+        }
         Ok(c)
     }
 
@@ -145,6 +176,8 @@ impl SqsConfig {
             prefetch: 20,
             retention: None,
             max_receive_count: DEFAULT_MAX_RECEIVE_COUNT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 
@@ -181,6 +214,26 @@ impl SqsConfig {
     pub fn with_max_receive_count(mut self, n: u32) -> Self {
         self.max_receive_count = n.clamp(1, 1000);
         self
+    }
+
+    /// Sets the connect timeout (1 ms to 5 min).
+    #[must_use]
+    pub fn with_connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d.clamp(Duration::from_millis(1), MAX_TIMEOUT);
+        self
+    }
+
+    /// Sets the request timeout (1 ms to 5 min).
+    #[must_use]
+    pub fn with_request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d.clamp(Duration::from_millis(1), MAX_TIMEOUT);
+        self
+    }
+
+    /// How long one `ReceiveMessage` attempt may take: the long poll plus the request
+    /// timeout.
+    pub(crate) fn receive_timeout(&self) -> Duration {
+        self.wait.min(Duration::from_secs(20)) + self.request_timeout
     }
 }
 
@@ -224,6 +277,9 @@ mod tests {
         assert_eq!(d.wait, Duration::from_secs(1));
         assert_eq!(d.retention, None);
         assert_eq!(d.max_receive_count, DEFAULT_MAX_RECEIVE_COUNT);
+        assert_eq!(d.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(d.request_timeout, DEFAULT_REQUEST_TIMEOUT);
+        assert_eq!(d.receive_timeout(), Duration::from_secs(11));
         assert_eq!(read("sqs://").unwrap().endpoint, None);
         assert_eq!(
             read("sqs://localstack").unwrap().endpoint.as_deref(),
@@ -236,6 +292,10 @@ mod tests {
         assert_eq!(c.wait, Duration::ZERO);
         assert_eq!(c.retention, Some(Duration::from_secs(48 * 3_600)));
         assert_eq!(c.max_receive_count, 3);
+        let t = read("sqs://h:1?connect_timeout=250ms&request_timeout=2s&wait=20s").unwrap();
+        assert_eq!(t.connect_timeout, Duration::from_millis(250));
+        assert_eq!(t.request_timeout, Duration::from_secs(2));
+        assert_eq!(t.receive_timeout(), Duration::from_secs(22));
         let edges = read("sqs://?visibility_timeout=12h&wait=20&retention=14d").unwrap();
         assert_eq!(edges.visibility_timeout, MAX_VISIBILITY_TIMEOUT);
         assert_eq!(edges.wait, Duration::from_secs(20));
@@ -280,6 +340,14 @@ mod tests {
                 "max_receive_count",
                 "from 1 to 1000",
             ),
+            ("connect_timeout=0s", "connect_timeout", "from 1ms to 5m"),
+            ("connect_timeout=6m", "connect_timeout", "from 1ms to 5m"),
+            (
+                "request_timeout=soon",
+                "request_timeout",
+                "invalid duration",
+            ),
+            ("request_timeout=0", "request_timeout", "from 1ms to 5m"),
             ("wait=1&wait=2", "wait", "more than once"),
             ("region=eu-west-1", "region", "unknown parameter"),
         ] {

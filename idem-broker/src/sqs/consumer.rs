@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 
 use super::config::SqsConfig;
-use super::{attributes, body_text, client, ensure_queues, op_err, BROKER};
+use super::{attributes, body_text, client_for, ensure_queues, receive_client, sdk_err, BROKER};
 use crate::idle::IdleLink;
 use crate::{BrokerError, DEAD_LETTER_REASON_HEADER};
 
@@ -79,6 +79,11 @@ struct Shared {
     /// after removing its lease, so no extension sent before can land after the nack's
     /// own `ChangeMessageVisibility` and hide the message longer than asked.
     extending: tokio::sync::Mutex<()>,
+    /// Deferred deliveries handed back into the consumer's stream (see
+    /// [`SqsAcker::defer`]).
+    back: mpsc::UnboundedSender<Delivery<SqsAcker>>,
+    /// Deferred deliveries not yet taken back by the stream.
+    held: AtomicUsize,
 }
 
 impl Shared {
@@ -126,10 +131,19 @@ fn secs_i32(d: Duration) -> i32 {
 ///
 /// Each delivery's [`attempt`](Delivery::attempt) is SQS's `ApproximateReceiveCount`.
 ///
+/// A deferred delivery ([`SqsAcker::defer`]) is held here, its visibility kept extended,
+/// and comes out of this stream again after its delay, with the same attempt: SQS counts
+/// no receive for it, so no deferral brings a message nearer its redrive policy's
+/// `maxReceiveCount`.
+///
+/// Every request has a timeout ([`SqsConfig::request_timeout`], with the long poll on
+/// top for `ReceiveMessage`): an endpoint that stops answering ends the stream with
+/// [`BrokerError::Timeout`] instead of hanging it.
+///
 /// Under [`until_idle`](crate::until_idle) the stream ends only after its receives came
 /// back empty for the idle time, counted from the start of the first empty one, and
 /// never while a receive is outstanding (a slow receive of a deep queue is not
-/// idleness).
+/// idleness) or a deferred delivery is held.
 pub struct SqsConsumer {
     inner: BoxStream<'static, Result<Delivery<SqsAcker>, BrokerError>>,
     name: String,
@@ -148,6 +162,11 @@ type Received = (Instant, Instant, Result<Vec<Message>, BrokerError>);
 
 struct Reader {
     shared: Arc<Shared>,
+    /// The client for receives: its attempt timeout is the long poll plus the request
+    /// timeout.
+    receiver: Client,
+    /// Deferred deliveries, handed back when their delay is up.
+    back: mpsc::UnboundedReceiver<Delivery<SqsAcker>>,
     buf: VecDeque<Delivery<SqsAcker>>,
     /// Receives in flight (spawned, so they progress while the buffer is drained;
     /// aborted when the stream is dropped).
@@ -185,17 +204,18 @@ impl Reader {
                 .collect();
             headers.sort();
             let lease = self.shared.lease(&receipt, visible_at);
-            self.buf.push_back(Delivery {
+            let original = Arc::new(Original {
                 payload: m.body.unwrap_or_default().into_bytes(),
                 headers,
                 attempt,
-                acker: SqsAcker {
-                    receipt,
-                    message_id: m.message_id.unwrap_or_default(),
-                    lease,
-                    shared: Arc::clone(&self.shared),
-                },
             });
+            self.buf.push_back(original.delivery(SqsAcker {
+                receipt,
+                message_id: m.message_id.unwrap_or_default(),
+                lease,
+                shared: Arc::clone(&self.shared),
+                original: Some(Arc::clone(&original)),
+            }));
         }
     }
 
@@ -208,8 +228,7 @@ impl Reader {
                 || self.buf.len() + SQS_BATCH * (self.receives.len() + 1) <= self.prefetch)
         {
             let receive = self
-                .shared
-                .client
+                .receiver
                 .receive_message()
                 .queue_url(&self.shared.queue_url)
                 .max_number_of_messages(SQS_BATCH as i32)
@@ -218,15 +237,32 @@ impl Reader {
                 .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
                 .message_attribute_names("All")
                 .send();
+            let receiver = self.receiver.clone();
             self.receives.spawn(async move {
                 let sent = Instant::now();
                 let r = receive
                     .await
                     .map(|out| out.messages.unwrap_or_default())
-                    .map_err(|e| op_err("ReceiveMessage", e));
+                    .map_err(|e| sdk_err(&receiver, "ReceiveMessage", e));
                 (sent, Instant::now(), r)
             });
         }
+    }
+
+    /// A deferred delivery back from its hold.
+    fn handed_back(
+        &self,
+        d: Option<Delivery<SqsAcker>>,
+    ) -> Result<Delivery<SqsAcker>, BrokerError> {
+        self.shared.held.fetch_sub(1, Ordering::AcqRel);
+        // The channel's sender lives in `shared`, which this reader holds.
+        d.ok_or_else(|| {
+            BrokerError::op(
+                BROKER,
+                "defer",
+                "the channel of deferred deliveries closed".to_owned(),
+            )
+        })
     }
 
     /// Notes an empty receive sent at `sent` that returned at `returned`; decides
@@ -253,12 +289,25 @@ impl crate::pull::Pull for Reader {
             if let Some(d) = self.buf.pop_front() {
                 return Ok(d);
             }
-            let Some(joined) = self.receives.join_next().await else {
-                // Only when stopping: nothing on hand, no receive outstanding.
-                if let Some(link) = &self.idle {
-                    link.stop();
+            let joined = if self.receives.is_empty() {
+                // Only when stopping: nothing on hand, no receive outstanding. A deferred
+                // delivery still held comes back before the stream ends.
+                if self.shared.held.load(Ordering::Acquire) == 0 {
+                    if let Some(link) = &self.idle {
+                        link.stop();
+                    }
+                    return std::future::pending().await;
                 }
-                return std::future::pending().await;
+                let d = self.back.recv().await;
+                return self.handed_back(d);
+            } else {
+                tokio::select! {
+                    joined = self.receives.join_next() => joined,
+                    d = self.back.recv() => return self.handed_back(d),
+                }
+            };
+            let Some(joined) = joined else {
+                continue;
             };
             match joined {
                 Ok((sent, returned, Ok(messages))) => {
@@ -371,7 +420,7 @@ async fn extend_batch(shared: &Shared, chunk: Vec<(u64, String)>) {
             }
         }
         Err(e) => {
-            tracing::warn!(target: "idem::broker", broker = BROKER, error = %op_err("ChangeMessageVisibilityBatch", e), "extending visibility failed; retried next round");
+            tracing::warn!(target: "idem::broker", broker = BROKER, error = %sdk_err(&shared.client, "ChangeMessageVisibilityBatch", e), "extending visibility failed; retried next round");
         }
     }
 }
@@ -473,10 +522,10 @@ pub(crate) async fn delete_batch(
             res
         }
         Err(e) => {
-            let e = op_err("DeleteMessageBatch", e).to_string();
+            let e = sdk_err(client, "DeleteMessageBatch", e);
             receipts
                 .iter()
-                .map(|_| Err(batch_error(&e, true)))
+                .map(|_| Err(batch_error(&e.to_string(), e.is_retryable())))
                 .collect()
         }
     }
@@ -492,8 +541,10 @@ impl SqsConsumer {
     /// [`BrokerError::Config`] when an existing queue is set up differently in a way that
     /// matters.
     pub async fn connect(config: &SqsConfig) -> Result<Self, BrokerError> {
-        let client = client(config.endpoint.as_deref()).await;
+        let client = client_for(config).await;
         let (queue_url, dead_letter_url) = ensure_queues(&client, config).await?;
+        let receiver = receive_client(&client, config);
+        let (back, handed_back) = mpsc::unbounded_channel();
         let (deletes, requests) = mpsc::unbounded_channel();
         tokio::spawn(delete_loop(client.clone(), queue_url.clone(), requests));
         let visibility = Duration::from_secs(
@@ -511,11 +562,15 @@ impl SqsConsumer {
             next_lease: AtomicU64::new(0),
             visibility,
             extending: tokio::sync::Mutex::new(()),
+            back,
+            held: AtomicUsize::new(0),
         });
         tokio::spawn(keeper(Arc::downgrade(&shared), visibility));
         let prefetch = config.prefetch.max(1);
         let state = Reader {
             shared,
+            receiver,
+            back: handed_back,
             buf: VecDeque::new(),
             receives: JoinSet::new(),
             target: 1,
@@ -541,6 +596,24 @@ impl Stream for SqsConsumer {
     }
 }
 
+/// A received message as it was yielded, to yield it again after a deferral.
+struct Original {
+    payload: Vec<u8>,
+    headers: Headers,
+    attempt: Option<u32>,
+}
+
+impl Original {
+    fn delivery(&self, acker: SqsAcker) -> Delivery<SqsAcker> {
+        Delivery {
+            payload: self.payload.clone(),
+            headers: self.headers.clone(),
+            attempt: self.attempt,
+            acker,
+        }
+    }
+}
+
 /// Settles one received SQS message through its receipt handle. While it lives
 /// unsettled, the consumer's keeper extends the message's visibility; dropping it
 /// unsettled stops that, and SQS delivers the message again after the timeout.
@@ -549,6 +622,9 @@ pub struct SqsAcker {
     message_id: String,
     lease: u64,
     shared: Arc<Shared>,
+    /// The delivery as received; `None` once handed on to the acker of its deferred
+    /// delivery, which then owns the lease.
+    original: Option<Arc<Original>>,
 }
 
 impl std::fmt::Debug for SqsAcker {
@@ -561,7 +637,10 @@ impl std::fmt::Debug for SqsAcker {
 
 impl Drop for SqsAcker {
     fn drop(&mut self) {
-        self.shared.release(self.lease);
+        // Deferred, the delivery keeps its lease under its new acker.
+        if self.original.is_some() {
+            self.shared.release(self.lease);
+        }
     }
 }
 
@@ -579,7 +658,46 @@ impl SqsAcker {
             .receipt_handle(&self.receipt)
             .send()
             .await
-            .map_err(|e| AckError::from(op_err("DeleteMessage", e)))?;
+            .map_err(|e| AckError::from(sdk_err(&self.shared.client, "DeleteMessage", e)))?;
+        Ok(())
+    }
+
+    /// Defers the delivery without a new receive: it stays leased (its visibility kept
+    /// extended) and comes back out of the consumer's stream after `delay`, with the same
+    /// attempt. SQS counts no receive, so the redrive policy's `maxReceiveCount` never
+    /// moves a message the gate only waited on to the dead-letter queue. For a delivery
+    /// that could not run yet (its key held by another transaction, a store outage), not
+    /// for one that failed.
+    ///
+    /// When the consumer's stream is gone, the delivery cannot be held: its visibility
+    /// is set to `delay` as [`nack`](Acker::nack) does (a new receive then counts).
+    ///
+    /// # Errors
+    /// Only in that case, as [`nack`](Acker::nack).
+    pub async fn defer(mut self, delay: Duration) -> Result<(), AckError> {
+        if self.shared.back.is_closed() {
+            return self.nack(Some(delay)).await;
+        }
+        let Some(original) = self.original.take() else {
+            return Ok(());
+        };
+        let acker = SqsAcker {
+            receipt: std::mem::take(&mut self.receipt),
+            message_id: std::mem::take(&mut self.message_id),
+            lease: self.lease,
+            shared: Arc::clone(&self.shared),
+            original: Some(Arc::clone(&original)),
+        };
+        self.shared.held.fetch_add(1, Ordering::AcqRel);
+        crate::hold::hand_back_after(
+            self.shared.back.clone(),
+            original.delivery(acker),
+            delay,
+            |d: Delivery<SqsAcker>| {
+                // The stream is gone: dropping the acker ends the lease.
+                d.acker.shared.held.fetch_sub(1, Ordering::AcqRel);
+            },
+        );
         Ok(())
     }
 }
@@ -611,7 +729,8 @@ impl Acker for SqsAcker {
         }
     }
 
-    /// Stops the extensions, then sets the visibility to `delay` (0: at once).
+    /// Stops the extensions, then sets the visibility to `delay` (0: at once): the next
+    /// receive of the message counts towards the redrive policy's `maxReceiveCount`.
     async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
         self.shared.release(self.lease);
         // An extension round in flight may hold this receipt: let it land first.
@@ -624,8 +743,16 @@ impl Acker for SqsAcker {
             .visibility_timeout(secs_i32(delay.unwrap_or(Duration::ZERO)))
             .send()
             .await
-            .map_err(|e| AckError::from(op_err("ChangeMessageVisibility", e)))?;
+            .map_err(|e| {
+                AckError::from(sdk_err(&self.shared.client, "ChangeMessageVisibility", e))
+            })?;
         Ok(())
+    }
+
+    /// Held here, leased, and handed back after the delay with the same attempt: a
+    /// deferral costs no receive (see [`SqsAcker::defer`]).
+    async fn defer(self, delay: Duration) -> Result<(), AckError> {
+        SqsAcker::defer(self, delay).await
     }
 
     async fn dead_letter(
@@ -664,7 +791,7 @@ impl Acker for SqsAcker {
         match send.send().await {
             Ok(_) => self.delete().await,
             // Not dead-lettered: the message stays in the source and comes back.
-            Err(e) => Err(op_err("SendMessage dead-letter", e).into()),
+            Err(e) => Err(sdk_err(&self.shared.client, "SendMessage dead-letter", e).into()),
         }
     }
 
@@ -780,7 +907,7 @@ mod tests {
     /// their messages are still there), and the queues agree.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_partial_delete_batch_failure_is_reported_per_entry() {
-        let client = client(Some(&endpoint())).await;
+        let client = crate::sqs::client(Some(&endpoint())).await;
         let (url, mine) = queue_with(&client, 2).await;
         let (other_url, theirs) = queue_with(&client, 1).await;
         let batch = vec![

@@ -24,8 +24,13 @@
 //!   other acks waiting at that moment (at most 4 calls in flight, up to 10 handles
 //!   each; one call per 10 in [`ack_all`](idem_core::Acker::ack_all)); an entry SQS does
 //!   not report deleted is an error, never an ack; `nack(delay)` →
-//!   `ChangeMessageVisibility` to 0 (or to the delay: a deferred delivery);
-//!   `dead_letter` → `SendMessage` to the dead-letter queue with the reason in the
+//!   `ChangeMessageVisibility` to 0 or to the delay (the next receive counts towards
+//!   `maxReceiveCount`); `defer(delay)` (a key held by another transaction, a store
+//!   outage: not the message's fault) → no request at all: the delivery stays leased,
+//!   its visibility kept extended, and comes out of the consumer's stream again after
+//!   the delay with the same attempt, so no number of deferrals makes SQS move a message
+//!   to the dead-letter queue (on a consumer whose stream is gone, a deferral is a
+//!   nack); `dead_letter` → `SendMessage` to the dead-letter queue with the reason in the
 //!   [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) message attribute,
 //!   then `DeleteMessage`. An unsettled message dropped comes back after its visibility
 //!   timeout.
@@ -37,8 +42,17 @@
 //!   [`SqsConfig::from_url`], whose table gives their defaults and ranges):
 //!   `visibility_timeout` (default `30s`), `wait` (the long poll, default `1s`),
 //!   `retention` (of a source queue created here, default SQS's 4 days) and
-//!   `max_receive_count` (its redrive policy, default 10), all durations in whole
-//!   seconds. Any other parameter is an error.
+//!   `max_receive_count` (its redrive policy, default 10), those in whole seconds;
+//!   `connect_timeout` (default `5s`) and `request_timeout` (default `10s`). Any other
+//!   parameter is an error.
+//! - **Timeouts**: connecting to the endpoint waits at most
+//!   [`SqsConfig::connect_timeout`]; each attempt of a request waits at most
+//!   [`SqsConfig::request_timeout`] for the answer, a `ReceiveMessage` its long poll
+//!   more. The SDK makes up to three attempts; when they all time out the operation
+//!   fails with [`BrokerError::Timeout`](crate::BrokerError::Timeout) (retryable): an
+//!   endpoint that accepts connections and never answers fails a connect, ends the
+//!   consumer's stream (a supervisor reconnects) and fails an ack, instead of hanging
+//!   them.
 //!
 //! The endpoint, region and credentials come from the usual AWS variables
 //! (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, …); an `sqs://HOST:PORT` URL
@@ -52,14 +66,18 @@ mod config;
 mod consumer;
 mod publisher;
 
-pub use config::{SqsConfig, DEAD_LETTER_RETENTION, DEFAULT_MAX_RECEIVE_COUNT};
+pub use config::{
+    SqsConfig, DEAD_LETTER_RETENTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RECEIVE_COUNT,
+    DEFAULT_REQUEST_TIMEOUT,
+};
 pub use consumer::{SqsAcker, SqsConsumer};
 pub use publisher::{pending_count, publish_raw, SqsPublisher};
 
 use std::collections::HashMap;
 
+use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_sqs::error::DisplayErrorContext;
+use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
 use aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
 use aws_sdk_sqs::Client;
@@ -131,8 +149,63 @@ where
     BrokerError::op(BROKER, action, DisplayErrorContext(e).to_string())
 }
 
-/// A client for `endpoint` (or the environment's), see the module docs.
+/// An SDK error as a [`BrokerError`]: [`BrokerError::Timeout`] when the request went
+/// unanswered for `client`'s attempt timeout (on every attempt the SDK made), otherwise
+/// as [`op_err`].
+pub(crate) fn sdk_err<E, R>(client: &Client, action: &'static str, e: SdkError<E, R>) -> BrokerError
+where
+    E: std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match e {
+        SdkError::TimeoutError(_) => timed_out(client, action),
+        e => op_err(action, e),
+    }
+}
+
+/// [`BrokerError::Timeout`] for `action` on `client`, with its attempt timeout.
+fn timed_out(client: &Client, action: &'static str) -> BrokerError {
+    BrokerError::Timeout {
+        broker: BROKER,
+        action,
+        after: client
+            .config()
+            .timeout_config()
+            .and_then(TimeoutConfig::operation_attempt_timeout)
+            .unwrap_or_default(),
+    }
+}
+
+/// The timeouts of `config`, with `attempt` for each attempt of a request.
+fn timeouts(config: &SqsConfig, attempt: std::time::Duration) -> TimeoutConfig {
+    TimeoutConfig::builder()
+        .connect_timeout(config.connect_timeout)
+        .operation_attempt_timeout(attempt)
+        .build()
+}
+
+/// `client` with the attempt timeout of a `ReceiveMessage` of `config` (its long poll
+/// plus the request timeout).
+pub(crate) fn receive_client(client: &Client, config: &SqsConfig) -> Client {
+    Client::from_conf(
+        client
+            .config()
+            .to_builder()
+            .timeout_config(timeouts(config, config.receive_timeout()))
+            .build(),
+    )
+}
+
+/// A client for `endpoint` (or the environment's, see the module docs), with the
+/// default timeouts.
 pub(crate) async fn client(endpoint: Option<&str>) -> Client {
+    client_for(&SqsConfig::new(endpoint.map(str::to_owned), "")).await
+}
+
+/// A client for `config`'s endpoint (or the environment's, see the module docs), with
+/// its connect and request timeouts.
+pub(crate) async fn client_for(config: &SqsConfig) -> Client {
+    let endpoint = config.endpoint.as_deref();
     let env_endpoint = std::env::var("AWS_ENDPOINT_URL_SQS")
         .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
         .ok();
@@ -140,7 +213,9 @@ pub(crate) async fn client(endpoint: Option<&str>) -> Client {
     let region = std::env::var("AWS_REGION")
         .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
         .unwrap_or_else(|_| "us-east-1".to_owned());
-    loader = loader.region(Region::new(region));
+    loader = loader
+        .region(Region::new(region))
+        .timeout_config(timeouts(config, config.request_timeout));
     if let Some(e) = endpoint {
         loader = loader.endpoint_url(e);
     }
@@ -164,17 +239,17 @@ fn is_missing<R>(e: &aws_sdk_sqs::error::SdkError<GetQueueUrlError, R>) -> bool 
         .is_some_and(GetQueueUrlError::is_queue_does_not_exist)
 }
 
-fn connect_or_op<E, R>(action: &'static str, e: aws_sdk_sqs::error::SdkError<E, R>) -> BrokerError
+/// [`BrokerError::Connect`] when the endpoint cannot be reached, otherwise as [`sdk_err`].
+fn connect_or_op<E, R>(client: &Client, action: &'static str, e: SdkError<E, R>) -> BrokerError
 where
     E: std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     match e {
-        aws_sdk_sqs::error::SdkError::DispatchFailure(_)
-        | aws_sdk_sqs::error::SdkError::TimeoutError(_) => {
+        SdkError::DispatchFailure(_) => {
             BrokerError::connect(BROKER, DisplayErrorContext(e).to_string())
         }
-        e => op_err(action, e),
+        e => sdk_err(client, action, e),
     }
 }
 
@@ -189,7 +264,7 @@ pub(crate) async fn queue_url(client: &Client, name: &str) -> Result<Option<Stri
     {
         Ok(out) => Ok(out.queue_url),
         Err(e) if is_missing(&e) => Ok(None),
-        Err(e) => Err(connect_or_op("GetQueueUrl", e)),
+        Err(e) => Err(connect_or_op(client, "GetQueueUrl", e)),
     }
 }
 
@@ -204,7 +279,7 @@ async fn queue_attributes(
         .attribute_names(QueueAttributeName::All)
         .send()
         .await
-        .map_err(|e| connect_or_op("GetQueueAttributes", e))?;
+        .map_err(|e| connect_or_op(client, "GetQueueAttributes", e))?;
     Ok(out.attributes.unwrap_or_default())
 }
 
@@ -280,7 +355,7 @@ async fn create_or_get(
             // create): look it up again, and check it as an existing queue.
             match queue_url(client, name).await {
                 Ok(Some(url)) => Ok((url, false)),
-                _ => Err(connect_or_op("CreateQueue", e)),
+                _ => Err(connect_or_op(client, "CreateQueue", e)),
             }
         }
     }

@@ -12,7 +12,8 @@ use futures::{StreamExt, TryStreamExt};
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
 use super::{
-    attributes, body_text, client, ensure_queues, is_fifo, op_err, queue_url, SqsConfig, BROKER,
+    attributes, body_text, client, client_for, ensure_queues, is_fifo, queue_url, sdk_err,
+    SqsConfig, BROKER,
 };
 use crate::BrokerError;
 
@@ -103,7 +104,7 @@ impl SqsPublisher {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn connect_config(config: &SqsConfig) -> Result<Self, BrokerError> {
-        let client = client(config.endpoint.as_deref()).await;
+        let client = client_for(config).await;
         let (queue_url, _) = ensure_queues(&client, config).await?;
         Ok(Self {
             client,
@@ -135,7 +136,7 @@ impl SqsPublisher {
             .set_entries(Some(entries))
             .send()
             .await
-            .map_err(|e| op_err("SendMessageBatch", e))?;
+            .map_err(|e| sdk_err(&self.client, "SendMessageBatch", e))?;
         refused(&out.failed).map_or(Ok(()), Err)
     }
 
@@ -260,7 +261,7 @@ pub async fn pending_count(endpoint: Option<&str>, name: &str) -> Result<u64, Br
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
         .send()
         .await
-        .map_err(|e| op_err("GetQueueAttributes", e))?;
+        .map_err(|e| sdk_err(&client, "GetQueueAttributes", e))?;
     Ok(out
         .attributes
         .unwrap_or_default()
