@@ -58,7 +58,7 @@ mod settle {
         publish_raw, QueueType, RabbitAcker, RabbitConfig, RabbitConsumer,
     };
     use idem_broker::BrokerError;
-    use idem_core::{Delivery, Gate, GateConfig, OutcomeKind};
+    use idem_core::{Acker, Delivery, Gate, GateConfig, OutcomeKind};
     use idem_testkit::MemoryStore;
 
     use super::common::{self, bodies_of, drain, fresh_name, plain_bodies, take, Plain};
@@ -216,6 +216,127 @@ mod settle {
             {
                 assert!(o.settle_error().is_none(), "{o:?}");
             }
+        })
+        .await;
+    }
+
+    /// A deferral (its key held by another transaction) is not the message's fault and
+    /// costs no delivery: deferred 30 times — past the default delivery limit of 20 — the
+    /// delivery comes back through the consumer's stream each time with its attempt and
+    /// `x-delivery-count` unchanged, without a round trip through the broker. Dropped
+    /// unsettled afterwards, it comes back from the broker with `x-delivery-count` 1: the
+    /// broker counted that one requeue, none of the 30 deferrals. It is processed once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delivery_deferred_30_times_keeps_its_delivery_count() {
+        common::within(async {
+            let name = fresh_name("rabbit-defer");
+            publish_raw(&url(), &name, &plain_bodies(&name, 1))
+                .await
+                .expect("publish");
+            let mut stream = consumer(&name, 4).await;
+            let mut d = take(&mut stream, 1).await.pop().expect("one");
+            let body = d.payload.clone();
+            let count = d.header("x-delivery-count").map(str::to_owned);
+            assert_eq!(d.attempt, Some(1));
+            for i in 1..=30 {
+                d.acker
+                    .defer(Duration::from_millis(10))
+                    .await
+                    .expect("defer");
+                d = take(&mut stream, 1).await.pop().expect("handed back");
+                assert_eq!(d.payload, body, "deferral {i}");
+                assert_eq!(d.attempt, Some(1), "deferral {i}: the attempt is unchanged");
+                assert_eq!(
+                    d.header("x-delivery-count").map(str::to_owned),
+                    count,
+                    "deferral {i}: x-delivery-count is unchanged"
+                );
+            }
+            assert_eq!(stream.held(), 0);
+            // The broker's own count: one requeue.
+            drop(d);
+            let d = take(&mut stream, 1).await.pop().expect("requeued");
+            assert_eq!(d.payload, body);
+            assert_eq!(d.header("x-delivery-count"), Some("1"));
+            assert_eq!(d.attempt, Some(2));
+            let gate = Gate::new(MemoryStore::new(), Plain::default());
+            let o = gate.process(d).await;
+            assert_eq!(o.kind(), OutcomeKind::Processed, "{o:?}");
+            assert!(o.settle_error().is_none(), "{o:?}");
+            assert!(drain(&mut stream, Duration::from_secs(2)).await.is_empty());
+            assert_eq!(stream.unsettled(), 0);
+        })
+        .await;
+    }
+
+    /// Deferrals past the hold limit (half the prefetch) are requeued to the broker at
+    /// once (`basic.nack`: on RabbitMQ 4.3+ that costs no delivery either; 3.x counts it);
+    /// the held ones come back through the stream after the delay, their count unchanged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deferrals_past_the_hold_limit_are_requeued() {
+        common::within(async {
+            let name = fresh_name("rabbit-defer-limit");
+            publish_raw(&url(), &name, &plain_bodies(&name, 4))
+                .await
+                .expect("publish");
+            // Prefetch 4: at most 2 held.
+            let mut stream = consumer(&name, 4).await;
+            let taken = take(&mut stream, 4).await;
+            let started = std::time::Instant::now();
+            for d in taken {
+                d.acker.defer(Duration::from_secs(3)).await.expect("defer");
+            }
+            assert_eq!(stream.held(), 2, "half the prefetch is held");
+            let early = take(&mut stream, 2).await;
+            assert!(started.elapsed() < Duration::from_secs(3));
+            assert!(
+                early.iter().all(|d| d.attempt == Some(2)),
+                "requeued through the broker: {:?}",
+                early.iter().map(|d| d.attempt).collect::<Vec<_>>()
+            );
+            let late = take(&mut stream, 2).await;
+            assert!(started.elapsed() >= Duration::from_secs(3));
+            assert!(
+                late.iter().all(|d| d.attempt == Some(1)),
+                "held and handed back: {:?}",
+                late.iter().map(|d| d.attempt).collect::<Vec<_>>()
+            );
+            assert_eq!(stream.held(), 0);
+            let ok = Gate::new(MemoryStore::new(), Plain::default());
+            for o in ok
+                .process_batch(early.into_iter().chain(late).collect())
+                .await
+            {
+                assert!(o.settle_error().is_none(), "{o:?}");
+            }
+            assert!(drain(&mut stream, Duration::from_secs(2)).await.is_empty());
+        })
+        .await;
+    }
+
+    /// `delivery_limit` 0 ("none") is refused before anything is declared: RabbitMQ 4.x
+    /// gives a quorum queue declared without `x-delivery-limit` its default of 20, and
+    /// with 0 no dead-letter target was declared either, so messages past 20 deliveries
+    /// were dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delivery_limit_of_zero_is_refused() {
+        common::within(async {
+            let name = fresh_name("rabbit-limit0");
+            let config = RabbitConfig::new(url(), &name).with_delivery_limit(0);
+            let err = RabbitConsumer::connect(&config)
+                .await
+                .expect_err("delivery limit 0");
+            assert!(!err.is_retryable(), "{err:?}");
+            assert!(err.to_string().contains("delivery_limit"), "{err}");
+            let err = idem_broker::rabbitmq::RabbitPublisher::connect_with(&config)
+                .await
+                .expect_err("delivery limit 0");
+            assert!(err.to_string().contains("delivery_limit"), "{err}");
+            // Nothing was declared: a consumer with the default settings creates the
+            // queue with them.
+            RabbitConsumer::connect(&RabbitConfig::new(url(), &name))
+                .await
+                .expect("the default settings");
         })
         .await;
     }

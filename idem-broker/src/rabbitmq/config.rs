@@ -1,7 +1,9 @@
 //! How to reach a RabbitMQ queue, and its URL settings.
 
+use std::time::Duration;
+
 use crate::any::{BrokerKind, BrokerUrl};
-use crate::setting::number_in;
+use crate::setting::{duration_in, number_in};
 use crate::BrokerError;
 
 /// A RabbitMQ queue and how to consume it.
@@ -12,7 +14,8 @@ use crate::BrokerError;
 /// | parameter | default | value |
 /// |---|---|---|
 /// | `queue_type` | `quorum` | `quorum` or `classic`: the [`QueueType`] declared for `NAME` and `NAME.dead-letter` |
-/// | `delivery_limit` | `20` ([`DEFAULT_DELIVERY_LIMIT`]) | a quorum queue's `x-delivery-limit`, `0` to `4294967295` (`0`: none); not with `queue_type=classic` |
+/// | `delivery_limit` | `20` ([`DEFAULT_DELIVERY_LIMIT`]) | a quorum queue's `x-delivery-limit`, `1` to `4294967295` (see [`delivery_limit`](Self::delivery_limit): there is no "none"); not with `queue_type=classic` |
+/// | `confirm_timeout` | `30s` ([`DEFAULT_CONFIRM_TIMEOUT`]) | how long a publish (a dead letter, a relayed event) waits for the broker's confirm before it is a retryable error: a [duration](crate::parse_duration) of at least 1 ms |
 ///
 /// The client's own parameters (`heartbeat`, `connection_timeout`, `frame_max`,
 /// `channel_max`, `auth_mechanism`) stay in the URL for lapin; any other is an error.
@@ -45,13 +48,34 @@ pub struct RabbitConfig {
     /// The kind of queue declared for `NAME` and `NAME.dead-letter` (default
     /// [`QueueType::Quorum`]; URL option `queue_type=classic|quorum`).
     pub queue_type: QueueType,
-    /// A quorum queue's `x-delivery-limit`: past this many redeliveries the broker itself
-    /// dead-letters the message to `NAME.dead-letter` (default 20; `0` for none; URL option
+    /// A quorum queue's `x-delivery-limit`: past this many counted deliveries the broker
+    /// itself dead-letters the message to `NAME.dead-letter` (default 20; URL option
     /// `delivery_limit=N`). Keep it above the core's `max_attempts` (default 10), so the
-    /// core normally dead-letters first, with its reason; the broker's limit is the
-    /// backstop for a message that kills the process before the gate can count it.
-    /// Ignored for classic queues, which have no delivery count.
+    /// core dead-letters first, with its reason; the broker's limit is the backstop for a
+    /// message that kills the process before the gate can count it. Ignored for classic
+    /// queues, which have no delivery count.
+    ///
+    /// What counts: a failed attempt (`basic.reject`, see [`RabbitAcker`](super::RabbitAcker))
+    /// and a consumer lost holding the delivery, on every version; a requeue that is
+    /// nobody's failure (`basic.nack`: a deferral past the hold limit) on 3.x and
+    /// 4.0–4.2 only. A deferral held by the consumer counts nothing.
+    ///
+    /// `0` (none) is refused ([`BrokerError::InvalidParam`]): no declaration means "none"
+    /// on every version. RabbitMQ 4.x gives a quorum queue declared without
+    /// `x-delivery-limit` its default limit of 20, and 4.x's "none", a negative
+    /// `x-delivery-limit`, makes 3.x dead-letter (or, without a target, drop) a message at
+    /// its first requeue, since 3.x compares the count with the limit as given. Every
+    /// quorum queue idem declares therefore has a positive limit and its dead-letter
+    /// target: a broker limit reached moves the message to `NAME.dead-letter`, never
+    /// drops it. For "practically none", give a large limit (`delivery_limit=1000000`).
     pub delivery_limit: u32,
+    /// How long a publish waits for the broker's confirm before it fails with a retryable
+    /// [`BrokerError::NotConfirmed`] (default 30 s; URL option `confirm_timeout=30s`).
+    /// RabbitMQ blocks a publishing connection while it is low on memory or disk, and a
+    /// blocked publish waits without an error: a dead letter not confirmed in time is not
+    /// acked, its delivery is requeued after a pause (and may reach `NAME.dead-letter`
+    /// twice: at least once, never lost).
+    pub confirm_timeout: Duration,
 }
 
 impl std::fmt::Debug for RabbitConfig {
@@ -64,6 +88,7 @@ impl std::fmt::Debug for RabbitConfig {
             .field("consumer_tag", &self.consumer_tag)
             .field("queue_type", &self.queue_type)
             .field("delivery_limit", &self.delivery_limit)
+            .field("confirm_timeout", &self.confirm_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -107,9 +132,13 @@ impl std::str::FromStr for QueueType {
 /// The default quorum `x-delivery-limit`: twice the core's default `max_attempts`.
 pub const DEFAULT_DELIVERY_LIMIT: u32 = 20;
 
+/// The default [`RabbitConfig::confirm_timeout`].
+pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl RabbitConfig {
     /// idem's settings in the URL query (the table above).
-    pub(crate) const URL_SETTINGS: &'static [&'static str] = &["queue_type", "delivery_limit"];
+    pub(crate) const URL_SETTINGS: &'static [&'static str] =
+        &["queue_type", "delivery_limit", "confirm_timeout"];
     /// The query parameters lapin reads, left in the URL handed to it.
     pub(crate) const CLIENT_PARAMS: &'static [&'static str] = &[
         "heartbeat",
@@ -145,7 +174,7 @@ impl RabbitConfig {
         if let Some(t) = url.setting("queue_type", str::parse)? {
             c.queue_type = t;
         }
-        if let Some(n) = url.setting("delivery_limit", number_in(0..=u32::MAX))? {
+        if let Some(n) = url.setting("delivery_limit", number_in(1..=u32::MAX))? {
             if c.queue_type == QueueType::Classic {
                 return Err(BrokerError::InvalidParam {
                     param: "delivery_limit".to_owned(),
@@ -155,10 +184,17 @@ impl RabbitConfig {
             }
             c.delivery_limit = n;
         }
+        if let Some(d) = url.setting(
+            "confirm_timeout",
+            duration_in(Duration::from_millis(1)..=Duration::MAX),
+        )? {
+            c.confirm_timeout = d;
+        }
         Ok(c)
     }
 
-    /// A configuration with a prefetch of 64, a quorum queue and a delivery limit of 20.
+    /// A configuration with a prefetch of 64, a quorum queue, a delivery limit of 20 and
+    /// a confirm timeout of 30 s.
     pub fn new(url: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -167,7 +203,28 @@ impl RabbitConfig {
             consumer_tag: String::new(),
             queue_type: QueueType::Quorum,
             delivery_limit: DEFAULT_DELIVERY_LIMIT,
+            confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
         }
+    }
+
+    /// Whether this configuration can be declared: a quorum queue needs a positive
+    /// delivery limit (see [`delivery_limit`](Self::delivery_limit)).
+    ///
+    /// # Errors
+    /// [`BrokerError::InvalidParam`] naming `delivery_limit`.
+    pub(crate) fn check(&self) -> Result<(), BrokerError> {
+        if self.queue_type == QueueType::Quorum && self.delivery_limit == 0 {
+            return Err(BrokerError::InvalidParam {
+                param: "delivery_limit".to_owned(),
+                value: "0".to_owned(),
+                reason: "a quorum queue needs a limit of at least 1: without x-delivery-limit \
+                         RabbitMQ 4.x applies its default of 20, and 4.x's \"none\" (-1) \
+                         dead-letters a message at its first requeue on 3.x; give a limit \
+                         above the gate's max_attempts (a large one for practically none)"
+                    .to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// Sets the queue type.
@@ -177,10 +234,18 @@ impl RabbitConfig {
         self
     }
 
-    /// Sets the quorum delivery limit (`0`: none).
+    /// Sets the quorum delivery limit (at least 1: `0` is refused when connecting, see
+    /// [`delivery_limit`](Self::delivery_limit)).
     #[must_use]
     pub fn with_delivery_limit(mut self, limit: u32) -> Self {
         self.delivery_limit = limit;
+        self
+    }
+
+    /// Sets the confirm timeout (at least 1 ms).
+    #[must_use]
+    pub fn with_confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
@@ -326,8 +391,11 @@ mod tests {
         assert_eq!(d.url, "amqp://h:5672/%2f");
         assert_eq!(d.name, "q");
         assert_eq!((d.queue_type, d.delivery_limit), (QueueType::Quorum, 20));
-        let c = read("?queue_type=quorum&delivery_limit=0").unwrap();
-        assert_eq!((c.queue_type, c.delivery_limit), (QueueType::Quorum, 0));
+        assert_eq!(d.confirm_timeout, Duration::from_secs(30));
+        d.check().expect("the defaults are declarable");
+        let c = read("?queue_type=quorum&delivery_limit=1&confirm_timeout=2s").unwrap();
+        assert_eq!((c.queue_type, c.delivery_limit), (QueueType::Quorum, 1));
+        assert_eq!(c.confirm_timeout, Duration::from_secs(2));
         assert_eq!(c.url, "amqp://h:5672/%2f");
         let c = read("?delivery_limit=7").unwrap();
         assert_eq!(c.delivery_limit, 7);
@@ -338,6 +406,24 @@ mod tests {
         assert_eq!(c.url, "amqp://h:5672/%2f?heartbeat=10");
     }
 
+    /// A quorum delivery limit of 0 is refused however it is set; a classic queue has
+    /// none to check.
+    #[test]
+    fn a_quorum_delivery_limit_of_zero_is_refused() {
+        let c = RabbitConfig::new("amqp://h/%2f", "q").with_delivery_limit(0);
+        crate::setting::assert_refused(
+            c.check(),
+            "with_delivery_limit(0)",
+            "delivery_limit",
+            "4.x",
+        );
+        RabbitConfig::new("amqp://h/%2f", "q")
+            .with_queue_type(QueueType::Classic)
+            .with_delivery_limit(0)
+            .check()
+            .expect("a classic queue declares no limit");
+    }
+
     #[test]
     fn bad_values_name_their_parameter() {
         for (query, param, reason) in [
@@ -345,6 +431,10 @@ mod tests {
             ("?queue_type=", "queue_type", "quorum or classic"),
             ("?delivery_limit=many", "delivery_limit", "whole number"),
             ("?delivery_limit=-1", "delivery_limit", "whole number"),
+            // No "none": 4.x would apply its default of 20 (see `delivery_limit`).
+            ("?delivery_limit=0", "delivery_limit", "from 1"),
+            ("?confirm_timeout=0s", "confirm_timeout", "at least 1ms"),
+            ("?confirm_timeout=soon", "confirm_timeout", "duration"),
             (
                 "?delivery_limit=4294967296",
                 "delivery_limit",

@@ -1,31 +1,47 @@
 //! Consuming a queue: [`RabbitConsumer`] and its [`RabbitAcker`].
 //!
-//! Settling is one step per channel: every ack, nack and dead-letter takes the channel's
-//! settle lock, updates the set of outstanding delivery tags and sends its frame before
-//! the lock is released. A multiple-ack is decided from that set under the same lock, so
-//! it can never cover a delivery another task is about to nack.
+//! Settling is one step per channel: every ack, reject, nack and dead-letter takes the
+//! channel's settle lock, updates the set of outstanding delivery tags and sends its frame
+//! before the lock is released. A multiple-ack is decided from that set under the same
+//! lock, so it can never cover a delivery another task is about to reject.
+//!
+//! Which frame (or hold) each settlement becomes is decided by one pure function,
+//! [`plan`]: a failed attempt is `basic.reject` with requeue (counted in `x-delivery-count`
+//! by every RabbitMQ version), a deferral is held here and handed back through the
+//! consumer's stream without any frame, and only a requeue that is nobody's failure (a
+//! deferral past the hold limit, a delivery dropped unsettled) is `basic.nack` with
+//! requeue (counted by 3.x and 4.0–4.2, not by 4.3+).
 
 use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::Stream;
 use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
+use tokio::sync::mpsc;
 
 use super::config::{QueueType, RabbitConfig};
 use super::publisher::{confirmed_publish, OutMessage};
 use super::{check_name, confirm_channel, connect, declare, BROKER};
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
-/// The longest a delayed nack holds its delivery before requeueing it.
+/// The longest one hold (a delayed failure, a deferral) keeps its delivery.
 const MAX_HOLD: Duration = Duration::from_secs(60);
+
+/// The longest a delivery is kept unacked here across deferrals, counted from its
+/// arrival; a deferral that would keep it longer requeues it instead. Half RabbitMQ's
+/// default `consumer_timeout` (30 minutes), past which the broker closes the channel of a
+/// consumer that holds a delivery unacked.
+const MAX_UNACKED: Duration = Duration::from_secs(15 * 60);
 
 /// How long a delivery whose dead-letter publish failed is held before it is requeued
 /// (so a broken dead-letter queue is not a hot redelivery loop).
@@ -34,32 +50,191 @@ const DEAD_LETTER_RETRY: Duration = Duration::from_secs(5);
 /// The quorum queue header counting a message's earlier deliveries.
 const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
-/// What every acker of one consumer shares: the channel, the dead-letter channel, and
-/// the delivery tags handed out and not yet settled (for safe multiple-acks).
+/// A frame that settles one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Frame {
+    /// `basic.ack`: done, removed from the queue.
+    Ack,
+    /// `basic.reject` with `requeue = true`: a failed attempt. Every quorum queue counts
+    /// it in `x-delivery-count` (3.x, and 4.x, where it is a `modify` with
+    /// `delivery-failed`), so it counts towards the delivery limit.
+    Reject,
+    /// `basic.nack` with `requeue = true`: handed back, nobody's failure. RabbitMQ 4.3+
+    /// counts no delivery for it; 3.x and 4.0–4.2 count every requeue.
+    Nack,
+}
+
+/// How a delivery is settled, as the core (or a drop) asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// [`Acker::ack`].
+    Ack,
+    /// [`Acker::nack`]: a failed attempt, to run again after the delay if any.
+    Fail(Option<Duration>),
+    /// [`Acker::defer`]: its key is held by another transaction; not the message's fault.
+    Defer(Duration),
+    /// [`Acker::dead_letter`], once the publish to `NAME.dead-letter` is confirmed or
+    /// has failed.
+    DeadLettered {
+        /// The broker confirmed the dead letter.
+        confirmed: bool,
+    },
+    /// The acker was dropped unsettled (its task cancelled).
+    Dropped,
+}
+
+/// What the consumer can do for a delivery besides sending a frame at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Room {
+    /// Fewer deliveries than the hold limit are held.
+    can_hold: bool,
+    /// The consumer is open: a held delivery can come back through its stream.
+    open: bool,
+    /// How long the delivery has been unacked here.
+    unacked_for: Duration,
+}
+
+/// The frames and holds a settlement is carried out with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// The frame, at once.
+    Send(Frame),
+    /// Held unacked (its prefetch slot kept, no one else gets it) for the delay, then the
+    /// frame; at once when the consumer closes.
+    HoldThen(Duration, Frame),
+    /// Held unacked for the delay, then handed back through the consumer's stream with
+    /// the same attempt and headers: no frame, so the broker counts nothing. When the
+    /// consumer closes first, [`Frame::Nack`].
+    HoldThenHandBack(Duration),
+}
+
+/// The settlement plan: the one place that chooses frames.
+///
+/// - `Ack` → `basic.ack`.
+/// - `Fail` → `basic.reject` (requeue) — after holding for the delay when there is one
+///   and room to hold it.
+/// - `Defer` → held and handed back through the stream; `basic.nack` (requeue) only when
+///   the hold limit is reached, the consumer is closing, or the delivery would stay
+///   unacked past [`MAX_UNACKED`].
+/// - `DeadLettered` → `basic.ack` once the dead letter is confirmed; otherwise held
+///   [`DEAD_LETTER_RETRY`] and then `basic.reject` (a failed attempt: a dead-letter queue
+///   that stays broken ends in the broker's own dead-lettering at the delivery limit).
+/// - `Dropped` → `basic.nack` (requeue).
+fn plan(settle: Settle, room: Room) -> Plan {
+    match settle {
+        Settle::Ack | Settle::DeadLettered { confirmed: true } => Plan::Send(Frame::Ack),
+        Settle::Fail(Some(delay)) if !delay.is_zero() && room.can_hold && room.open => {
+            Plan::HoldThen(delay.min(MAX_HOLD), Frame::Reject)
+        }
+        Settle::Fail(_) => Plan::Send(Frame::Reject),
+        Settle::Defer(delay)
+            if room.can_hold
+                && room.open
+                && room.unacked_for.saturating_add(delay.min(MAX_HOLD)) <= MAX_UNACKED =>
+        {
+            Plan::HoldThenHandBack(delay.min(MAX_HOLD))
+        }
+        Settle::Defer(_) | Settle::Dropped => Plan::Send(Frame::Nack),
+        Settle::DeadLettered { confirmed: false } if room.open => {
+            Plan::HoldThen(DEAD_LETTER_RETRY, Frame::Reject)
+        }
+        Settle::DeadLettered { confirmed: false } => Plan::Send(Frame::Reject),
+    }
+}
+
+/// The dead-letter queue, published to on a connection of its own: a publishing
+/// connection is what RabbitMQ blocks in a resource alarm (and lapin then writes nothing
+/// on it), so the consumer's connection, which only consumes and settles, never is: acks
+/// keep flowing while dead letters wait. Reopened when it was lost.
+struct DeadLetters {
+    config: RabbitConfig,
+    queue: String,
+    link: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+}
+
+impl DeadLetters {
+    /// Connects and declares the dead-letter queue.
+    async fn open(
+        config: &RabbitConfig,
+        queue: &str,
+    ) -> Result<(Connection, Channel), BrokerError> {
+        let connection = connect(&config.url).await?;
+        let channel = confirm_channel(&connection).await?;
+        declare(&channel, queue, config).await?;
+        Ok((connection, channel))
+    }
+
+    /// The confirm channel, reopened if its connection was lost (within the confirm
+    /// timeout).
+    async fn channel(&self) -> Result<Channel, BrokerError> {
+        let mut link = self.link.lock().await;
+        if let Some((connection, channel)) = &*link {
+            if connection.status().connected() && channel.status().connected() {
+                return Ok(channel.clone());
+            }
+        }
+        *link = None;
+        let opened = tokio::time::timeout(
+            self.config.confirm_timeout,
+            Self::open(&self.config, &self.queue),
+        )
+        .await
+        .map_err(|_| {
+            BrokerError::op(
+                BROKER,
+                "dead-letter connection",
+                std::io::Error::other(format!(
+                    "not open within the confirm timeout ({})",
+                    humantime::format_duration(self.config.confirm_timeout)
+                )),
+            )
+        })??;
+        let channel = opened.1.clone();
+        *link = Some(opened);
+        Ok(channel)
+    }
+
+    /// Publishes `msg` to the dead-letter queue and waits (up to the confirm timeout)
+    /// for the broker's confirm.
+    async fn publish(&self, msg: &OutMessage<'_>) -> Result<(), BrokerError> {
+        let channel = self.channel().await?;
+        confirmed_publish(
+            &channel,
+            &self.queue,
+            std::slice::from_ref(msg),
+            self.config.confirm_timeout,
+        )
+        .await
+    }
+
+    async fn close(&self) {
+        if let Some((connection, _)) = self.link.lock().await.take() {
+            let _ = connection.close(200, "consumer closed".into()).await;
+        }
+    }
+}
+
+/// What every acker of one consumer shares: the channel, the dead letters' connection,
+/// and the delivery tags handed out and not yet settled (for safe multiple-acks).
 struct Shared {
     channel: Channel,
-    dead_letters: Channel,
-    dead_letter_queue: String,
+    dead_letters: DeadLetters,
     /// Held from deciding a settlement until its frame is sent: one settlement at a time
     /// per channel, in the order decided.
     settle: tokio::sync::Mutex<()>,
-    /// Tags delivered and not yet settled. Inserted by the stream, removed under
-    /// `settle` only.
+    /// Tags delivered and not yet settled (held ones included). Inserted by the stream,
+    /// removed under `settle` only.
     outstanding: Mutex<BTreeSet<u64>>,
     /// Tags of deliveries dropped unsettled, requeued by the next settlement.
     dropped: Mutex<Vec<u64>>,
-    /// Deliveries held for a delayed requeue.
+    /// Deliveries held (a delayed failure, a deferral).
     held: AtomicUsize,
-    /// At most this many are held; past it a delayed nack requeues at once.
+    /// At most this many are held; past it a settlement sends its frame at once.
     hold_limit: usize,
-    /// Set when the consumer is dropped: held deliveries are requeued at once.
+    /// Set when the consumer is dropped or closed: held deliveries are settled at once.
     closing: tokio::sync::watch::Sender<bool>,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Frame {
-    Ack,
-    Requeue,
+    /// Deferred deliveries coming back into the consumer's stream.
+    hand_back: mpsc::UnboundedSender<HandBack>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -67,6 +242,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Sends `frame` for `tag` (`multiple` for an ack or a nack only).
     async fn send(&self, tag: u64, frame: Frame, multiple: bool) -> Result<(), BrokerError> {
         match frame {
             Frame::Ack => self
@@ -74,7 +250,12 @@ impl Shared {
                 .basic_ack(tag, BasicAckOptions { multiple })
                 .await
                 .map_err(|e| BrokerError::op(BROKER, "basic.ack", e)),
-            Frame::Requeue => self
+            Frame::Reject => self
+                .channel
+                .basic_reject(tag, BasicRejectOptions { requeue: true })
+                .await
+                .map_err(|e| BrokerError::op(BROKER, "basic.reject", e)),
+            Frame::Nack => self
                 .channel
                 .basic_nack(
                     tag,
@@ -88,6 +269,15 @@ impl Shared {
         }
     }
 
+    /// What this consumer has room for, for a delivery received at `received`.
+    fn room(&self, received: Instant) -> Room {
+        Room {
+            can_hold: self.held.load(Ordering::Relaxed) < self.hold_limit,
+            open: !*self.closing.borrow() && !self.hand_back.is_closed(),
+            unacked_for: received.elapsed(),
+        }
+    }
+
     /// Requeues the deliveries dropped unsettled. Call with `settle` held.
     async fn flush_dropped(&self) {
         loop {
@@ -97,7 +287,12 @@ impl Shared {
             };
             if lock(&self.outstanding).remove(&tag) {
                 tracing::debug!(target: "idem::broker", broker = BROKER, tag, "requeueing a delivery dropped unsettled");
-                if let Err(e) = self.send(tag, Frame::Requeue, false).await {
+                // A requeue that is nobody's failure (see `plan`).
+                let frame = match plan(Settle::Dropped, self.room(Instant::now())) {
+                    Plan::Send(frame) => frame,
+                    Plan::HoldThen(..) | Plan::HoldThenHandBack(_) => Frame::Nack,
+                };
+                if let Err(e) = self.send(tag, frame, false).await {
                     tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "requeue of a dropped delivery failed; the broker requeues it when the channel closes");
                 }
             }
@@ -189,15 +384,18 @@ impl Drop for TagGuard {
 }
 
 /// Deliveries from a RabbitMQ queue, as a stream of
-/// `Result<Delivery<RabbitAcker>, BrokerError>`.
+/// `Result<Delivery<RabbitAcker>, BrokerError>`: the broker's deliveries, and deferred
+/// ones handed back after their delay.
 ///
-/// The connection closes when the consumer and every acker are dropped; deliveries not
+/// The connections close when the consumer and every acker are dropped; deliveries not
 /// acked by then go back to the queue.
 pub struct RabbitConsumer {
     // Kept so the connection lives as long as the stream.
     connection: Connection,
     inner: lapin::Consumer,
     shared: Arc<Shared>,
+    /// Deferred deliveries whose delay has passed.
+    handed_back: mpsc::UnboundedReceiver<HandBack>,
     queue: String,
     queue_type: QueueType,
 }
@@ -212,7 +410,7 @@ impl std::fmt::Debug for RabbitConsumer {
 
 impl Drop for RabbitConsumer {
     fn drop(&mut self) {
-        // Deliveries held for a delayed requeue go back now.
+        // Held deliveries are settled now (deferred ones requeued).
         self.shared.closing.send_replace(true);
     }
 }
@@ -220,22 +418,23 @@ impl Drop for RabbitConsumer {
 impl RabbitConsumer {
     /// Connects, declares the queue and its dead-letter queue (durable, of
     /// [`RabbitConfig::queue_type`]), sets the prefetch and starts consuming with manual
-    /// acks.
+    /// acks. Dead letters are published on a second connection of their own.
     ///
     /// # Errors
     /// [`BrokerError::Connect`] when the broker cannot be reached; an invalid name;
+    /// [`BrokerError::InvalidParam`] for a quorum `delivery_limit` of 0;
     /// [`BrokerError::Config`] when a queue exists with other arguments; a refused
     /// declaration.
     pub async fn connect(config: &RabbitConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
+        config.check()?;
+        let dead_letter_queue = dead_letter_name(&config.name);
+        let dead_letter_link = DeadLetters::open(config, &dead_letter_queue).await?;
         let connection = connect(&config.url).await?;
         let channel = connection
             .create_channel()
             .await
             .map_err(|e| BrokerError::op(BROKER, "channel.open", e))?;
-        let dead_letters = confirm_channel(&connection).await?;
-        let dead_letter_queue = dead_letter_name(&config.name);
-        declare(&dead_letters, &dead_letter_queue, config).await?;
         declare(&channel, &config.name, config).await?;
         channel
             .basic_qos(config.prefetch.max(1), BasicQosOptions { global: false })
@@ -250,32 +449,40 @@ impl RabbitConsumer {
             )
             .await
             .map_err(|e| BrokerError::op(BROKER, "basic.consume", e))?;
+        let (hand_back, handed_back) = mpsc::unbounded_channel();
         Ok(Self {
             connection,
             inner,
             shared: Arc::new(Shared {
                 channel,
-                dead_letters,
-                dead_letter_queue,
+                dead_letters: DeadLetters {
+                    config: config.clone(),
+                    queue: dead_letter_queue,
+                    link: tokio::sync::Mutex::new(Some(dead_letter_link)),
+                },
                 settle: tokio::sync::Mutex::new(()),
                 outstanding: Mutex::new(BTreeSet::new()),
                 dropped: Mutex::new(Vec::new()),
                 held: AtomicUsize::new(0),
                 hold_limit: usize::from(config.prefetch / 2).max(1),
                 closing: tokio::sync::watch::channel(false).0,
+                hand_back,
             }),
+            handed_back,
             queue: config.name.clone(),
             queue_type: config.queue_type,
         })
     }
 
-    /// Closes the connection: every delivery not settled goes back to the queue, and
-    /// settling one of this consumer's deliveries from now on is an error.
+    /// Closes the connections: every delivery not settled (held ones included) goes back
+    /// to the queue, and settling one of this consumer's deliveries from now on is an
+    /// error.
     ///
     /// # Errors
     /// The close handshake failed (the connection is gone either way).
     pub async fn close(&self) -> Result<(), BrokerError> {
         self.shared.closing.send_replace(true);
+        self.shared.dead_letters.close().await;
         self.connection
             .close(200, "consumer closed".into())
             .await
@@ -288,7 +495,8 @@ impl RabbitConsumer {
         lock(&self.shared.outstanding).len()
     }
 
-    /// How many deliveries are held for a delayed requeue right now.
+    /// How many deliveries are held right now: failed ones waiting for their retry
+    /// delay, deferred ones waiting to come back through the stream.
     pub fn held(&self) -> usize {
         self.shared.held.load(Ordering::Relaxed)
     }
@@ -298,6 +506,9 @@ impl Stream for RabbitConsumer {
     type Item = Result<Delivery<RabbitAcker>, BrokerError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Poll::Ready(Some(back)) = self.handed_back.poll_recv(cx) {
+            return Poll::Ready(Some(Ok(back.into_delivery())));
+        }
         match Pin::new(&mut self.inner).poll_next(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => Poll::Ready(None),
@@ -313,8 +524,8 @@ impl Stream for RabbitConsumer {
                 let headers = headers_of(&d.properties);
                 let attempt = attempt_of(&headers, self.queue_type);
                 Poll::Ready(Some(Ok(Delivery {
-                    payload: d.data,
-                    headers,
+                    payload: d.data.clone(),
+                    headers: headers.clone(),
                     attempt,
                     acker: RabbitAcker {
                         guard: TagGuard {
@@ -322,9 +533,45 @@ impl Stream for RabbitConsumer {
                             shared: Arc::clone(&self.shared),
                             armed: true,
                         },
+                        kept: Kept {
+                            payload: d.data,
+                            headers,
+                            attempt,
+                            received: Instant::now(),
+                        },
                     },
                 })))
             }
+        }
+    }
+}
+
+/// What an acker keeps of its delivery, to hand it back into the stream after a
+/// deferral exactly as it came.
+struct Kept {
+    payload: Vec<u8>,
+    headers: Headers,
+    attempt: Option<u32>,
+    /// When the broker delivered it (the deferrals since do not reset it).
+    received: Instant,
+}
+
+/// A deferred delivery on its way back into the consumer's stream, still unacked.
+struct HandBack {
+    guard: TagGuard,
+    kept: Kept,
+}
+
+impl HandBack {
+    fn into_delivery(self) -> Delivery<RabbitAcker> {
+        Delivery {
+            payload: self.kept.payload.clone(),
+            headers: self.kept.headers.clone(),
+            attempt: self.kept.attempt,
+            acker: RabbitAcker {
+                guard: self.guard,
+                kept: self.kept,
+            },
         }
     }
 }
@@ -377,18 +624,64 @@ fn value_text(v: &AMQPValue) -> String {
     }
 }
 
-/// Settles one RabbitMQ delivery on the channel it came from. Dropped unsettled, the
-/// delivery is requeued.
+/// Settles one RabbitMQ delivery on the channel it came from (the frames: [`plan`]).
+/// Dropped unsettled, the delivery is requeued. It keeps a copy of the delivery's body
+/// and headers, to hand a deferred delivery back into the stream.
 pub struct RabbitAcker {
     guard: TagGuard,
+    kept: Kept,
 }
 
 impl std::fmt::Debug for RabbitAcker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RabbitAcker")
             .field("delivery_tag", &self.guard.tag)
+            .field("attempt", &self.kept.attempt)
             .finish_non_exhaustive()
     }
+}
+
+/// What is done once a hold ends.
+enum AfterHold {
+    /// Send this frame.
+    Send(Frame),
+    /// Hand the delivery back into the consumer's stream.
+    HandBack(Kept),
+}
+
+/// Holds delivery `tag` unacked (so no one else gets it) for `delay`, then does `then`;
+/// if the consumer closes first, sends the frame (or, for a hand-back, `basic.nack`) at
+/// once. If the process dies meanwhile, the channel closes and the broker requeues it.
+fn hold(shared: Arc<Shared>, tag: u64, delay: Duration, then: AfterHold) {
+    shared.held.fetch_add(1, Ordering::Relaxed);
+    let mut closing = shared.closing.subscribe();
+    // Requeued by the next settlement if this task never runs to its end.
+    let mut guard = TagGuard {
+        tag,
+        shared: Arc::clone(&shared),
+        armed: true,
+    };
+    tokio::spawn(async move {
+        let closed = tokio::select! {
+            () = tokio::time::sleep(delay) => false,
+            _ = closing.wait_for(|c| *c) => true,
+        };
+        let frame = match then {
+            AfterHold::Send(frame) => frame,
+            AfterHold::HandBack(kept) if !closed => {
+                shared.held.fetch_sub(1, Ordering::Relaxed);
+                // A consumer gone meanwhile drops it: its guard requeues it.
+                let _ = shared.hand_back.send(HandBack { guard, kept });
+                return;
+            }
+            AfterHold::HandBack(_) => Frame::Nack,
+        };
+        let tag = guard.disarm();
+        if let Err(e) = shared.settle_one(tag, frame).await {
+            tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "settling a held delivery failed; the broker requeues it when the channel closes");
+        }
+        shared.held.fetch_sub(1, Ordering::Relaxed);
+    });
 }
 
 impl RabbitAcker {
@@ -400,69 +693,80 @@ impl RabbitAcker {
     fn shared(&self) -> Arc<Shared> {
         Arc::clone(&self.guard.shared)
     }
-}
 
-/// Holds delivery `tag` unacked (so no one else gets it) for `delay`, or until the
-/// consumer is dropped, then requeues it. If the process dies meanwhile, the channel
-/// closes and the broker requeues it anyway.
-fn hold_then_requeue(shared: Arc<Shared>, tag: u64, delay: Duration) {
-    shared.held.fetch_add(1, Ordering::Relaxed);
-    let mut closing = shared.closing.subscribe();
-    // Requeued by the next settlement if this task never runs to its end.
-    let mut guard = TagGuard {
-        tag,
-        shared: Arc::clone(&shared),
-        armed: true,
-    };
-    tokio::spawn(async move {
-        tokio::select! {
-            () = tokio::time::sleep(delay.min(MAX_HOLD)) => {}
-            _ = closing.wait_for(|c| *c) => {}
+    /// Carries out `settle` as [`plan`] decides.
+    async fn settle(mut self, settle: Settle) -> Result<(), AckError> {
+        let shared = self.shared();
+        match plan(settle, shared.room(self.kept.received)) {
+            Plan::Send(frame) => {
+                // Disarmed once settled: cancelled before, the guard requeues the
+                // delivery if the settlement had not taken it off the outstanding set yet.
+                let r = shared.settle_one(self.guard.tag, frame).await;
+                self.guard.disarm();
+                r
+            }
+            Plan::HoldThen(delay, frame) => {
+                hold(shared, self.guard.disarm(), delay, AfterHold::Send(frame));
+                Ok(())
+            }
+            Plan::HoldThenHandBack(delay) => {
+                let kept = std::mem::replace(
+                    &mut self.kept,
+                    Kept {
+                        payload: Vec::new(),
+                        headers: Headers::new(),
+                        attempt: None,
+                        received: Instant::now(),
+                    },
+                );
+                hold(
+                    shared,
+                    self.guard.disarm(),
+                    delay,
+                    AfterHold::HandBack(kept),
+                );
+                Ok(())
+            }
         }
-        let tag = guard.disarm();
-        if let Err(e) = shared.settle_one(tag, Frame::Requeue).await {
-            tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "delayed requeue failed; the broker requeues on channel close");
-        }
-        shared.held.fetch_sub(1, Ordering::Relaxed);
-    });
+    }
 }
 
 #[async_trait]
 impl Acker for RabbitAcker {
-    async fn ack(mut self, _proof: AckProof) -> Result<(), AckError> {
-        // Disarmed once settled: cancelled before, the guard requeues the delivery if
-        // the settlement had not taken it off the outstanding set yet.
-        let r = self.shared().settle_one(self.guard.tag, Frame::Ack).await;
-        self.guard.disarm();
-        r
+    /// `basic.ack`.
+    async fn ack(self, _proof: AckProof) -> Result<(), AckError> {
+        self.settle(Settle::Ack).await
     }
 
-    /// `basic.nack` with requeue. RabbitMQ has no delayed requeue: with a delay, the
-    /// delivery is held unacked for it (at most a minute) and then requeued; it keeps its
-    /// prefetch slot meanwhile, so when half the prefetch is already held, it is
-    /// requeued at once instead.
-    async fn nack(mut self, delay: Option<Duration>) -> Result<(), AckError> {
-        let shared = self.shared();
-        match delay {
-            Some(d) if !d.is_zero() && shared.held.load(Ordering::Relaxed) < shared.hold_limit => {
-                hold_then_requeue(shared, self.guard.disarm(), d);
-                Ok(())
-            }
-            _ => {
-                let r = shared.settle_one(self.guard.tag, Frame::Requeue).await;
-                self.guard.disarm();
-                r
-            }
-        }
+    /// A failed attempt: `basic.reject` with requeue, which every quorum queue counts in
+    /// `x-delivery-count` (so towards its delivery limit). RabbitMQ has no delayed
+    /// requeue: with a delay, the delivery is held unacked for it (at most a minute) and
+    /// then rejected; it keeps its prefetch slot meanwhile, so when half the prefetch is
+    /// already held, it is rejected at once instead.
+    async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
+        self.settle(Settle::Fail(delay)).await
     }
 
+    /// Not the message's fault, so it costs no delivery: held unacked here for the delay
+    /// (at most a minute) and handed back through the consumer's stream with the same
+    /// attempt and headers; the broker sees no frame. Requeued with `basic.nack` instead
+    /// when half the prefetch is already held, when the consumer is closing, or when the
+    /// delivery would stay unacked here past 15 minutes (half RabbitMQ's default
+    /// `consumer_timeout`).
+    async fn defer(self, delay: Duration) -> Result<(), AckError> {
+        self.settle(Settle::Defer(delay)).await
+    }
+
+    /// A confirmed, persistent publish to `NAME.dead-letter` (on the dead letters' own
+    /// connection, waiting at most the confirm timeout), then `basic.ack`. Not confirmed,
+    /// the delivery is held 5 s and then rejected (requeued, counted): never acked
+    /// without a confirm.
     async fn dead_letter(
-        mut self,
+        self,
         payload: &[u8],
         headers: &Headers,
         reason: &RejectReason,
     ) -> Result<(), AckError> {
-        let shared = self.shared();
         let mut out: Vec<(String, String)> = headers
             .iter()
             .filter(|(k, _)| {
@@ -476,22 +780,14 @@ impl Acker for RabbitAcker {
             headers: &out,
             message_id: None,
         };
-        let published = confirmed_publish(
-            &shared.dead_letters,
-            &shared.dead_letter_queue,
-            std::slice::from_ref(&msg),
-        )
-        .await;
+        let published = self.guard.shared.dead_letters.publish(&msg).await;
         match published {
-            Ok(()) => {
-                let r = shared.settle_one(self.guard.tag, Frame::Ack).await;
-                self.guard.disarm();
-                r
-            }
+            Ok(()) => self.settle(Settle::DeadLettered { confirmed: true }).await,
             Err(e) => {
+                tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, "dead letter not confirmed; the delivery is requeued after a pause");
                 // Not dead-lettered: give the delivery back rather than lose it, after a
                 // pause (an immediate requeue would loop as fast as the broker delivers).
-                hold_then_requeue(shared, self.guard.disarm(), DEAD_LETTER_RETRY);
+                let _ = self.settle(Settle::DeadLettered { confirmed: false }).await;
                 Err(e.into())
             }
         }
@@ -527,6 +823,110 @@ impl Acker for RabbitAcker {
             Err(e) => (0..n)
                 .map(|_| Err(AckError::new(e.message.clone(), e.retryable, None)))
                 .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room() -> Room {
+        Room {
+            can_hold: true,
+            open: true,
+            unacked_for: Duration::ZERO,
+        }
+    }
+
+    /// The frames each settlement is carried out with: a failure is a counted
+    /// `basic.reject`, a deferral is held and handed back without any frame, and
+    /// `basic.nack` (not counted by RabbitMQ 4.3+) is kept for requeues that are nobody's
+    /// failure.
+    #[test]
+    fn each_settlement_has_its_frames() {
+        let s = Duration::from_secs;
+        let full = Room {
+            can_hold: false,
+            ..room()
+        };
+        let closing = Room {
+            open: false,
+            ..room()
+        };
+        for (settle, room, want) in [
+            (Settle::Ack, room(), Plan::Send(Frame::Ack)),
+            (Settle::Fail(None), room(), Plan::Send(Frame::Reject)),
+            (
+                Settle::Fail(Some(Duration::ZERO)),
+                room(),
+                Plan::Send(Frame::Reject),
+            ),
+            (
+                Settle::Fail(Some(s(3))),
+                room(),
+                Plan::HoldThen(s(3), Frame::Reject),
+            ),
+            (
+                Settle::Fail(Some(s(600))),
+                room(),
+                Plan::HoldThen(MAX_HOLD, Frame::Reject),
+            ),
+            (Settle::Fail(Some(s(3))), full, Plan::Send(Frame::Reject)),
+            (Settle::Fail(Some(s(3))), closing, Plan::Send(Frame::Reject)),
+            (Settle::Defer(s(1)), room(), Plan::HoldThenHandBack(s(1))),
+            (
+                Settle::Defer(Duration::ZERO),
+                room(),
+                Plan::HoldThenHandBack(Duration::ZERO),
+            ),
+            (
+                Settle::Defer(s(600)),
+                room(),
+                Plan::HoldThenHandBack(MAX_HOLD),
+            ),
+            (Settle::Defer(s(1)), full, Plan::Send(Frame::Nack)),
+            (Settle::Defer(s(1)), closing, Plan::Send(Frame::Nack)),
+            (
+                Settle::Defer(s(1)),
+                Room {
+                    unacked_for: MAX_UNACKED,
+                    ..room()
+                },
+                Plan::Send(Frame::Nack),
+            ),
+            (
+                Settle::Defer(s(1)),
+                Room {
+                    unacked_for: MAX_UNACKED - s(1),
+                    ..room()
+                },
+                Plan::HoldThenHandBack(s(1)),
+            ),
+            (
+                Settle::DeadLettered { confirmed: true },
+                room(),
+                Plan::Send(Frame::Ack),
+            ),
+            (
+                Settle::DeadLettered { confirmed: false },
+                room(),
+                Plan::HoldThen(DEAD_LETTER_RETRY, Frame::Reject),
+            ),
+            // A dead letter that failed is held even at the hold limit: no hot loop.
+            (
+                Settle::DeadLettered { confirmed: false },
+                full,
+                Plan::HoldThen(DEAD_LETTER_RETRY, Frame::Reject),
+            ),
+            (
+                Settle::DeadLettered { confirmed: false },
+                closing,
+                Plan::Send(Frame::Reject),
+            ),
+            (Settle::Dropped, room(), Plan::Send(Frame::Nack)),
+        ] {
+            assert_eq!(plan(settle, room), want, "{settle:?} with {room:?}");
         }
     }
 }

@@ -14,28 +14,47 @@
 //!   `x-delivery-count` + 1 (unknown on a classic queue). [`RabbitAcker`] settles a
 //!   delivery, one step per channel: the settle lock is held from deciding (which tags
 //!   are outstanding) until the frame is sent, so a multiple-ack never covers a delivery
-//!   another task is nacking. `ack` → `basic.ack`; a batch's
-//!   [`ack_all`](idem_core::Acker::ack_all) → one `basic.ack` with `multiple = true` up to
-//!   the highest tag below which every outstanding delivery is in the batch, one ack each
-//!   for the rest; `nack` → `basic.nack` with requeue (with a delay: the delivery is held
-//!   unacked for it, at most a minute and for at most half the prefetch, then requeued;
-//!   dropping the consumer requeues held ones at once); `dead_letter` → a confirmed,
-//!   persistent publish to the durable queue `NAME.dead-letter` with the reason in the
-//!   [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header, then
-//!   `basic.ack` (a failed publish holds the delivery 5 s, then requeues it: no hot loop).
-//!   An acker dropped unsettled requeues its delivery. A settlement on a closed channel or
-//!   connection is an error.
+//!   another task is rejecting.
+//! - **Settle frames** (one pure function chooses them):
+//!
+//!   | settlement | frames |
+//!   |---|---|
+//!   | [`ack`](idem_core::Acker::ack) | `basic.ack` |
+//!   | [`ack_all`](idem_core::Acker::ack_all) (a batch) | one `basic.ack` with `multiple = true` up to the highest tag below which every outstanding delivery is in the batch, one `basic.ack` each for the rest |
+//!   | [`nack`](idem_core::Acker::nack) (a failed attempt) | `basic.reject` with `requeue = true`; with a delay, held unacked for it first (at most a minute, at most half the prefetch held; past that at once) |
+//!   | [`defer`](idem_core::Acker::defer) (not the message's fault: its key held by another transaction, the store down) | none: held unacked for the delay (at most a minute) and handed back through the consumer's stream with the same attempt and headers; `basic.nack` with `requeue = true` only when half the prefetch is already held, the consumer is closing, or the delivery would stay unacked past 15 minutes (half RabbitMQ's default `consumer_timeout`) |
+//!   | [`dead_letter`](idem_core::Acker::dead_letter) | a confirmed, persistent publish to the durable queue `NAME.dead-letter` with the reason in the [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header, on a connection of its own, then `basic.ack`; not confirmed within [`RabbitConfig::confirm_timeout`] (or refused), held 5 s, then `basic.reject` with `requeue = true`: never acked without a confirm |
+//!   | an acker dropped unsettled | `basic.nack` with `requeue = true` |
+//!
+//!   Why these frames: every quorum queue counts a `basic.reject` with requeue in
+//!   `x-delivery-count` (RabbitMQ 4.x maps it to `modify` with `delivery-failed`), so a
+//!   failure counts towards the delivery limit on 3.x and 4.x alike; RabbitMQ 4.3+ no
+//!   longer counts a `basic.nack` with requeue (3.x and 4.0–4.2 count every requeue), so
+//!   a nack is kept for requeues that are nobody's failure. A deferral sends no frame at
+//!   all and costs no delivery on any version. Dropping the consumer settles its held
+//!   deliveries at once. A settlement on a closed channel or connection is an error.
+//! - **The rule: no broker limit ends a message before the gate does.** The broker's
+//!   count moves only with a failed attempt, a consumer lost holding the delivery, and (on
+//!   3.x and 4.0–4.2) the rare requeue that is nobody's failure; the delivery limit is
+//!   kept above the gate's `max_attempts` (default 20 against 10), always positive (4.x
+//!   reads no `x-delivery-limit` as its default of 20; `0` is refused, see
+//!   [`RabbitConfig::delivery_limit`]) and always with the dead-letter target, so a limit
+//!   reached moves the message to `NAME.dead-letter`, never drops it.
+//! - **Dead letters** are published on a second connection: RabbitMQ blocks a connection
+//!   that publishes while it is low on memory or disk (and lapin then writes nothing on
+//!   it), so the consumer's connection, which never publishes, keeps acking while dead
+//!   letters wait for the alarm to clear (up to the confirm timeout each).
 //! - A delivery whose channel closes unacked (a crash, a dropped consumer) goes back to
 //!   the queue and is redelivered.
 //! - **Publishing** ([`RabbitPublisher`]): each outbox event with its id in the
 //!   [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header and as the AMQP
-//!   `message_id`, `mandatory`, confirmed.
+//!   `message_id`, `mandatory`, confirmed within the confirm timeout.
 //! - **Counting** ([`pending_count`]): the queue's ready messages (a passive declare).
 //!   AMQP does not report unacked ones; they count again once their channel closes.
 //! - **URL parameters** (`amqp://guest:guest@127.0.0.1:5672/%2f?queue_type=classic`,
 //!   read by [`RabbitConfig::from_url`], whose table gives their defaults and values):
-//!   `queue_type` (`quorum` or `classic`) and `delivery_limit` (a quorum queue's
-//!   `x-delivery-limit`, `0` for none). lapin's own `heartbeat`, `connection_timeout`,
+//!   `queue_type` (`quorum` or `classic`), `delivery_limit` (a quorum queue's
+//!   `x-delivery-limit`, at least 1) and `confirm_timeout`. lapin's own `heartbeat`, `connection_timeout`,
 //!   `frame_max`, `channel_max` and `auth_mechanism` stay in the URL; any other
 //!   parameter is an error.
 //! - **TLS**: `amqps://` connects with TLS (feature `tls`, rustls) verifying the server
@@ -47,7 +66,7 @@ mod config;
 mod consumer;
 mod publisher;
 
-pub use config::{QueueType, RabbitConfig, DEFAULT_DELIVERY_LIMIT};
+pub use config::{QueueType, RabbitConfig, DEFAULT_CONFIRM_TIMEOUT, DEFAULT_DELIVERY_LIMIT};
 pub use consumer::{RabbitAcker, RabbitConsumer};
 pub use publisher::{pending_count, publish_raw, RabbitPublisher};
 
@@ -136,8 +155,9 @@ fn report_blocking(event: &lapin::Event) {
 /// The arguments idem declares queue `name` with. Every role (consumer, publisher, relay,
 /// a consumer of the dead letters) derives them from the name and the configuration
 /// alone, so they always agree: a queue named `*.dead-letter` is a plain queue of the
-/// configured type; any other quorum queue gets the delivery limit and dead-letters
-/// (at least once) to `NAME.dead-letter` when the broker's limit is reached.
+/// configured type; any other quorum queue gets the delivery limit (positive:
+/// [`RabbitConfig::check`] refuses 0) and dead-letters (at least once) to
+/// `NAME.dead-letter` when the broker's limit is reached.
 pub(crate) fn queue_args(name: &str, config: &RabbitConfig) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(

@@ -1,6 +1,8 @@
 //! Publishing to a queue with publisher confirms: [`RabbitPublisher`] for the relay,
 //! [`publish_raw`] for bodies as they are, and [`pending_count`].
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use idem_core::{OutboxEvent, PublishError, Publisher};
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
@@ -23,63 +25,97 @@ pub(super) struct OutMessage<'a> {
 }
 
 /// Publishes `msgs` in order through the default exchange to `queue` (persistent,
-/// mandatory) and waits until the broker confirmed every one.
+/// mandatory) and waits until the broker confirmed every one, each window of publishes
+/// within `confirm_timeout`: a connection the broker blocks (a resource alarm) would
+/// otherwise hold the caller for as long as the alarm lasts.
 pub(super) async fn confirmed_publish(
     channel: &Channel,
     queue: &str,
     msgs: &[OutMessage<'_>],
+    confirm_timeout: Duration,
 ) -> Result<(), BrokerError> {
     for chunk in msgs.chunks(CONFIRM_WINDOW) {
-        let mut confirms = Vec::with_capacity(chunk.len());
-        for m in chunk {
-            let mut props = BasicProperties::default().with_delivery_mode(PERSISTENT);
-            if !m.headers.is_empty() {
-                let mut table = FieldTable::default();
-                for (k, v) in m.headers {
-                    table.insert(
-                        ShortString::from(k.as_str()),
-                        AMQPValue::LongString(v.as_str().into()),
-                    );
-                }
-                props = props.with_headers(table);
+        within_confirm_timeout(confirm_timeout, publish_window(channel, queue, chunk)).await?;
+    }
+    Ok(())
+}
+
+/// `publish`, or [`BrokerError::NotConfirmed`] (retryable) when it takes longer than
+/// `confirm_timeout`. A publish given up on may still reach the queue later (the frames
+/// are sent when the connection is unblocked), so the caller treats it as "maybe
+/// published": it retries, and never takes it for a refusal.
+async fn within_confirm_timeout<T>(
+    confirm_timeout: Duration,
+    publish: impl std::future::Future<Output = Result<T, BrokerError>>,
+) -> Result<T, BrokerError> {
+    match tokio::time::timeout(confirm_timeout, publish).await {
+        Ok(r) => r,
+        Err(_) => Err(BrokerError::NotConfirmed {
+            broker: BROKER,
+            detail: format!(
+                "no publisher confirm within {} (confirm_timeout); the broker may be \
+                 blocking the connection (a memory or disk alarm)",
+                humantime::format_duration(confirm_timeout)
+            ),
+        }),
+    }
+}
+
+/// One window of [`confirmed_publish`]: every publish sent, then every confirm awaited.
+async fn publish_window(
+    channel: &Channel,
+    queue: &str,
+    chunk: &[OutMessage<'_>],
+) -> Result<(), BrokerError> {
+    let mut confirms = Vec::with_capacity(chunk.len());
+    for m in chunk {
+        let mut props = BasicProperties::default().with_delivery_mode(PERSISTENT);
+        if !m.headers.is_empty() {
+            let mut table = FieldTable::default();
+            for (k, v) in m.headers {
+                table.insert(
+                    ShortString::from(k.as_str()),
+                    AMQPValue::LongString(v.as_str().into()),
+                );
             }
-            if let Some(id) = &m.message_id {
-                props = props.with_message_id(id.as_str().into());
-            }
-            let confirm = channel
-                .basic_publish(
-                    "".into(),
-                    queue.into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    m.payload,
-                    props,
-                )
-                .await
-                .map_err(|e| publish_error("basic.publish", e))?;
-            confirms.push(confirm);
+            props = props.with_headers(table);
         }
-        for confirm in confirms {
-            let c = confirm
-                .await
-                .map_err(|e| publish_error("publisher confirm", e))?;
-            if c.is_nack() {
-                return Err(BrokerError::NotConfirmed {
-                    broker: BROKER,
-                    detail: "the broker nacked a publish".into(),
-                });
-            }
-            if let Some(returned) = c.take_message() {
-                return Err(BrokerError::NotConfirmed {
-                    broker: BROKER,
-                    detail: format!(
-                        "message returned unroutable: {} {}",
-                        returned.reply_code, returned.reply_text
-                    ),
-                });
-            }
+        if let Some(id) = &m.message_id {
+            props = props.with_message_id(id.as_str().into());
+        }
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                m.payload,
+                props,
+            )
+            .await
+            .map_err(|e| publish_error("basic.publish", e))?;
+        confirms.push(confirm);
+    }
+    for confirm in confirms {
+        let c = confirm
+            .await
+            .map_err(|e| publish_error("publisher confirm", e))?;
+        if c.is_nack() {
+            return Err(BrokerError::NotConfirmed {
+                broker: BROKER,
+                detail: "the broker nacked a publish".into(),
+            });
+        }
+        if let Some(returned) = c.take_message() {
+            return Err(BrokerError::NotConfirmed {
+                broker: BROKER,
+                detail: format!(
+                    "message returned unroutable: {} {}",
+                    returned.reply_code, returned.reply_text
+                ),
+            });
         }
     }
     Ok(())
@@ -91,11 +127,14 @@ pub(super) async fn confirmed_publish(
 /// [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header and as the AMQP
 /// `message_id`, and its type in
 /// [`EVENT_TYPE_HEADER`](idem_core::outbox::EVENT_TYPE_HEADER).
-/// [`publish`](Publisher::publish) returns once the broker confirmed every event.
+/// [`publish`](Publisher::publish) returns once the broker confirmed every event, or
+/// fails with a retryable [`BrokerError::NotConfirmed`] when the confirms take longer than
+/// [`RabbitConfig::confirm_timeout`].
 pub struct RabbitPublisher {
     _connection: Connection,
     channel: Channel,
     queue: String,
+    confirm_timeout: Duration,
 }
 
 impl std::fmt::Debug for RabbitPublisher {
@@ -120,10 +159,12 @@ impl RabbitPublisher {
     /// arguments a consumer of it declares).
     ///
     /// # Errors
-    /// The broker cannot be reached, the name is refused, or the queue exists with other
-    /// arguments ([`BrokerError::Config`]).
+    /// The broker cannot be reached, the name is refused, a quorum `delivery_limit` of 0
+    /// ([`BrokerError::InvalidParam`]), or the queue exists with other arguments
+    /// ([`BrokerError::Config`]).
     pub async fn connect_with(config: &RabbitConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
+        config.check()?;
         let connection = connect(&config.url).await?;
         let channel = confirm_channel(&connection).await?;
         declare(&channel, &config.name, config).await?;
@@ -131,13 +172,15 @@ impl RabbitPublisher {
             _connection: connection,
             channel,
             queue: config.name.clone(),
+            confirm_timeout: config.confirm_timeout,
         })
     }
 
     /// Publishes each body as it is (persistent, confirmed), in order.
     ///
     /// # Errors
-    /// A failed publish or a refused confirm; bodies before it may have been published.
+    /// A failed publish, a refused confirm or none within the confirm timeout; bodies
+    /// before it may have been published.
     pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
         self.publish_raw_with_headers(bodies, &[]).await
     }
@@ -160,7 +203,7 @@ impl RabbitPublisher {
                 message_id: None,
             })
             .collect();
-        confirmed_publish(&self.channel, &self.queue, &msgs).await
+        confirmed_publish(&self.channel, &self.queue, &msgs, self.confirm_timeout).await
     }
 }
 
@@ -177,7 +220,7 @@ impl Publisher for RabbitPublisher {
                 message_id: Some(e.event_id.to_string()),
             })
             .collect();
-        confirmed_publish(&self.channel, &self.queue, &msgs)
+        confirmed_publish(&self.channel, &self.queue, &msgs, self.confirm_timeout)
             .await
             .map_err(Into::into)
     }
@@ -251,4 +294,31 @@ fn is_not_found(e: &lapin::Error) -> bool {
         e.kind(),
         lapin::ErrorKind::ProtocolError(p) if *p.kind() == AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A confirm that never comes (a connection blocked by a resource alarm) ends in a
+    /// retryable `NotConfirmed` after the confirm timeout, never in an endless wait or a
+    /// success.
+    #[tokio::test]
+    async fn a_confirm_that_never_comes_is_a_retryable_error_after_the_timeout() {
+        let started = std::time::Instant::now();
+        let err = within_confirm_timeout(
+            Duration::from_millis(50),
+            std::future::pending::<Result<(), BrokerError>>(),
+        )
+        .await
+        .expect_err("no confirm");
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert!(matches!(err, BrokerError::NotConfirmed { .. }), "{err:?}");
+        assert!(err.is_retryable());
+        assert!(err.to_string().contains("50ms"), "{err}");
+        // A confirm within the timeout is the publish's own result.
+        within_confirm_timeout(Duration::from_secs(5), async { Ok(()) })
+            .await
+            .expect("confirmed");
+    }
 }
