@@ -17,6 +17,7 @@ use crate::BrokerError;
 /// client compiles aws-lc-rs in beside ring. An application that installs its own
 /// provider first keeps it.
 #[cfg(any(feature = "tls", feature = "nats"))]
+#[allow(dead_code)] // used by the broker features
 pub(crate) fn install_default_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Another thread may install one in between: either is fine.

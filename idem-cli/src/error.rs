@@ -47,6 +47,7 @@ impl From<idem_core::ident::InvalidIdent> for CliError {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl From<idem_store_postgres::PgError> for CliError {
     fn from(e: idem_store_postgres::PgError) -> Self {
         use idem_store_postgres::PgError as E;

@@ -52,7 +52,7 @@ pub(crate) fn pairs(
 pub(crate) async fn read(pairs: &[(String, String)]) -> Result<Vec<RedeliveryHorizon>, CliError> {
     let mut out = Vec::with_capacity(pairs.len());
     for (broker, source) in pairs {
-        let url = BrokerUrl::parse(broker).map_err(|e| CliError::usage(e.to_string()))?;
+        let url = BrokerUrl::parse(broker).map_err(|e| crate::cmd::broker_error("--broker", &e))?;
         let h = horizon::redelivery_horizon(&url, source)
             .await
             .map_err(|e| {

@@ -2,7 +2,44 @@
 //!
 //! Subcommands: `key`, `demo`, `migrate`, `consume`, `relay`, `publish`, `purge`,
 //! `inspect`, `audit export` — see `idem --help` and DESIGN.md's command contract. Bad
-//! input gets a one-line error and exit status 2; a failed run exits 1.
+//! input gets an error and exit status 2 (a mistake in the arguments: clap's whole
+//! message, naming what is wrong and the usage; any other: one line); a failed run
+//! exits 1. Logs go to stderr, coloured at a terminal unless `NO_COLOR` is set or
+//! `--color never` is given.
+//!
+//! # Features
+//!
+//! One cargo feature per broker and per store; a URL whose broker or store is not
+//! compiled in is refused with exit 2, naming the feature that brings it
+//! (``kafka:// needs the `kafka` feature (not in this build): cargo install idem-cli
+//! --features kafka``).
+//! SQLite (the demo's store, `sqlite://PATH`) and the in-memory store (`memory://`) are
+//! always built.
+//!
+//! | feature | brings | default | crates it adds¹ | C library built from source |
+//! |---|---|---|---|---|
+//! | `postgres` | `postgres://` stores (sqlx) | yes | 16 | none |
+//! | `redis` | `--front-filter redis://` through the `redis` crate | yes | 13 | none |
+//! | `fred` | the same front filter through `fred` | no | 22 | none |
+//! | `rabbitmq` | `amqp://` brokers (lapin) | yes | 10 | none |
+//! | `nats` | `nats://` brokers (async-nats) | yes | 31 | none² |
+//! | `redis-streams` | `redis://` brokers (fred) | yes | 21 | none |
+//! | `tls` | `amqps://`, `rediss://`, Postgres `sslmode=require` and stricter (rustls) | yes | 38³ | none² |
+//! | `sqs` | `sqs://` brokers (the AWS SDK) | no | 68 | aws-lc (the SDK's TLS provider) |
+//! | `kafka` | `kafka://` brokers (rdkafka) | no | 11 | librdkafka, with its configure script and make |
+//!
+//! ¹ Distinct crates of `cargo tree -e normal` over a build of SQLite alone
+//! (`--no-default-features`: 163). The default set makes 280, every feature 334.
+//! ² ring (rustls's provider) compiles a few C and assembly files, in seconds.
+//! ³ Over the rest of the default set.
+//!
+//! The default set serves the demo and every broker and store that builds from Rust
+//! alone: SQLite, Postgres, the Redis front filter, RabbitMQ, NATS JetStream and Redis
+//! Streams, with TLS. SQS and Kafka are left out: SQS brings the AWS SDK (68 crates, a
+//! fifth of every feature's tree) and compiles aws-lc from C; Kafka compiles librdkafka
+//! from C with its configure script, the longest single step of a cold build. Neither
+//! is needed by the demo. Build them in with `cargo install idem-cli --features
+//! sqs,kafka` (or `--all-features`).
 // The consume future (broker adapters under the supervised consumer) is deeper than
 // the default layout query limit of 128.
 #![recursion_limit = "256"]
@@ -14,7 +51,7 @@ mod metrics;
 mod report;
 mod stores;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 pub(crate) use error::CliError;
 
@@ -25,6 +62,9 @@ struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = cmd::LogFormat::Text)]
     log_format: cmd::LogFormat,
+    /// When to colour logs and errors: `auto` at a terminal unless NO_COLOR is set.
+    #[arg(long, global = true, value_enum, value_name = "WHEN", default_value_t = cmd::Color::Auto)]
+    color: cmd::Color,
     #[command(subcommand)]
     command: Command,
 }
@@ -62,23 +102,49 @@ fn database_url_fallback() {
     }
 }
 
+/// The `--color` of the command line, read before it is parsed so that clap's own
+/// errors follow it too (the last one given wins; an unknown value is left to clap).
+fn color_from_args(args: &[std::ffi::OsString]) -> cmd::Color {
+    let mut color = cmd::Color::Auto;
+    let mut args = args.iter().skip(1).map(|a| a.to_string_lossy());
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        let value = match arg.strip_prefix("--color") {
+            Some("") => args.next().map(std::borrow::Cow::into_owned),
+            Some(v) => v.strip_prefix('=').map(str::to_owned),
+            None => None,
+        };
+        if let Some(c) =
+            value.and_then(|v| <cmd::Color as clap::ValueEnum>::from_str(&v, false).ok())
+        {
+            color = c;
+        }
+    }
+    color
+}
+
+/// Parses the command line; a mistake in it is printed whole, as clap words it (what is
+/// wrong, the usage and where to find help), and exits 2.
+fn parse(args: Vec<std::ffi::OsString>) -> Cli {
+    let color = color_from_args(&args);
+    let mut command = Cli::command().color(color.clap());
+    let parsed = command
+        .try_get_matches_from_mut(args)
+        .and_then(|mut m| Cli::from_arg_matches_mut(&mut m));
+    match parsed {
+        Ok(cli) => cli,
+        Err(e) => e.format(&mut command).exit(),
+    }
+}
+
 fn main() {
     database_url_fallback();
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) if e.use_stderr() => {
-            // One line, as for every other bad input: clap's first line names the problem.
-            let text = e.to_string();
-            let line = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!(
-                "idem: {} (see idem --help)",
-                line.trim_start_matches("error: ")
-            );
-            std::process::exit(2);
-        }
-        Err(e) => e.exit(),
-    };
-    cmd::init_logging(cli.log_format);
+    let cli = parse(std::env::args_os().collect());
+    let verbose = matches!(&cli.command, Command::Demo(a) if a.verbose());
+    let demo = matches!(&cli.command, Command::Demo(_));
+    cmd::init_logging(cli.log_format, cli.color, demo && !verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -161,6 +227,136 @@ mod tests {
             },
         );
         assert_eq!(failed.exit_code(), 1);
+    }
+
+    #[test]
+    fn a_url_whose_broker_is_not_built_in_names_its_feature() {
+        use idem_broker::any::BrokerKind;
+        let none = |_: BrokerKind| false;
+        let all = |_: BrokerKind| true;
+        use crate::cmd::missing_broker_feature as missing;
+        for (scheme, feature) in [
+            ("amqp", "rabbitmq"),
+            ("amqps", "rabbitmq"),
+            ("nats", "nats"),
+            ("tls", "nats"),
+            ("redis", "redis-streams"),
+            ("rediss", "redis-streams"),
+            ("sqs", "sqs"),
+            ("kafka", "kafka"),
+            ("KAFKA", "kafka"),
+        ] {
+            assert_eq!(missing(scheme, none, true), Some(feature), "{scheme}");
+            assert_eq!(missing(scheme, all, true), None, "{scheme}");
+        }
+        // A TLS scheme on a build with its broker but without TLS names `tls`.
+        assert_eq!(missing("amqps", all, false), Some("tls"));
+        assert_eq!(missing("rediss", all, false), Some("tls"));
+        assert_eq!(missing("amqp", all, false), None);
+        assert_eq!(
+            missing("tls", all, false),
+            None,
+            "NATS speaks TLS without it"
+        );
+        assert_eq!(
+            missing("ftp", none, false),
+            None,
+            "an unknown scheme is no feature"
+        );
+        let only_kafka_off = |k: BrokerKind| k != BrokerKind::Kafka;
+        assert_eq!(missing("kafka", only_kafka_off, true), Some("kafka"));
+        assert_eq!(missing("sqs", only_kafka_off, true), None);
+
+        let e = crate::cmd::broker_error(
+            "--broker",
+            &idem_broker::BrokerError::Unsupported {
+                scheme: "kafka".into(),
+                hint: "rebuild idem-broker with the \"kafka\" feature".into(),
+            },
+        );
+        if cfg!(feature = "kafka") {
+            assert!(!e.to_string().contains("cargo install"), "{e}");
+        } else {
+            assert_eq!(e.exit_code(), 2);
+            assert_eq!(
+                e.to_string(),
+                "--broker: kafka:// needs the `kafka` feature (not in this build): \
+                 cargo install idem-cli --features kafka"
+            );
+        }
+    }
+
+    #[test]
+    fn a_store_url_not_built_in_names_its_feature() {
+        let e = crate::stores::not_compiled("postgres://", "postgres");
+        assert_eq!(e.exit_code(), 2);
+        assert_eq!(
+            e.to_string(),
+            "postgres:// needs the `postgres` feature (not in this build): \
+             cargo install idem-cli --features postgres"
+        );
+        let parsed = crate::stores::StoreUrl::parse("postgres://u@h/db");
+        assert_eq!(parsed.is_ok(), cfg!(feature = "postgres"));
+        if let Err(e) = parsed {
+            assert!(e.to_string().contains("--features postgres"), "{e}");
+        }
+        let filter = crate::stores::StoreSpec::new(
+            "sqlite:///tmp/x.db",
+            None,
+            Some("redis://127.0.0.1:6379".into()),
+        );
+        assert_eq!(
+            filter.is_ok(),
+            cfg!(any(feature = "redis", feature = "fred"))
+        );
+        if let Err(e) = filter {
+            assert!(e.to_string().contains("--features redis"), "{e}");
+        }
+    }
+
+    #[test]
+    fn color_follows_the_flag_then_no_color_then_clicolor_force() {
+        use crate::cmd::Color;
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        let ansi = |c: Color, pairs, terminal| c.ansi(env(pairs), terminal);
+        assert!(ansi(Color::Auto, &[], true));
+        assert!(!ansi(Color::Auto, &[], false));
+        assert!(!ansi(Color::Auto, &[("NO_COLOR", "1")], true));
+        // An empty NO_COLOR does not count (no-color.org).
+        assert!(ansi(Color::Auto, &[("NO_COLOR", "")], true));
+        assert!(ansi(Color::Auto, &[("CLICOLOR_FORCE", "1")], false));
+        assert!(!ansi(Color::Auto, &[("CLICOLOR_FORCE", "0")], false));
+        assert!(!ansi(
+            Color::Auto,
+            &[("CLICOLOR_FORCE", "1"), ("NO_COLOR", "1")],
+            true
+        ));
+        assert!(ansi(Color::Always, &[("NO_COLOR", "1")], false));
+        assert!(!ansi(Color::Never, &[("CLICOLOR_FORCE", "1")], true));
+    }
+
+    #[test]
+    fn the_color_flag_is_read_before_parsing() {
+        use crate::cmd::Color;
+        let read = |args: &[&str]| {
+            let args: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+            super::color_from_args(&args)
+        };
+        assert_eq!(read(&["idem", "demo"]), Color::Auto);
+        assert_eq!(read(&["idem", "--color", "never", "demo"]), Color::Never);
+        assert_eq!(read(&["idem", "demo", "--color=always"]), Color::Always);
+        assert_eq!(read(&["idem", "--color", "bogus", "demo"]), Color::Auto);
+        assert_eq!(
+            read(&["idem", "key", "--", "--color", "never"]),
+            Color::Auto
+        );
     }
 
     #[test]

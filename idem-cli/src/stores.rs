@@ -5,11 +5,19 @@ use std::future::Future;
 use std::sync::Arc;
 
 use idem_core::ident::Ident;
-use idem_core::{ClaimStore, FilterStats, Filtered, Handler, OutcomeCountStore, StoreError};
+use idem_core::{ClaimStore, FilterStats, Handler, OutcomeCountStore};
+#[cfg(any(feature = "redis", feature = "fred"))]
+use idem_core::{Filtered, StoreError};
 use idem_grant::{GrantBook, GrantDb, GrantHandler};
-use idem_store_postgres::{PgConfig, PgIdentitySession, PgStore};
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
+use idem_store_postgres::PgIdentitySession;
+#[cfg(feature = "postgres")]
+use idem_store_postgres::{PgConfig, PgStore};
+#[cfg(any(feature = "redis", feature = "fred"))]
 use idem_store_redis::{IdentitySession, RedisConfig, RedisFilter, StoreIdentitySource};
-use idem_store_sqlite::{SqliteConfig, SqliteIdentitySession, SqliteStore};
+#[cfg(any(feature = "redis", feature = "fred"))]
+use idem_store_sqlite::SqliteIdentitySession;
+use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 use crate::CliError;
 
@@ -19,6 +27,7 @@ pub(crate) enum StoreUrl {
     /// `sqlite://PATH`.
     Sqlite(String),
     /// `postgres://…` or `postgresql://…`.
+    #[cfg(feature = "postgres")]
     Postgres(String),
     /// `memory://`: the test kit's in-memory store (nothing durable; for trying things).
     Memory,
@@ -34,7 +43,10 @@ impl StoreUrl {
         } else if url == "memory://" {
             Ok(Self::Memory)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Self::Postgres(url.to_owned()))
+            #[cfg(feature = "postgres")]
+            return Ok(Self::Postgres(url.to_owned()));
+            #[cfg(not(feature = "postgres"))]
+            return Err(not_compiled("postgres://", "postgres"));
         } else {
             Err(CliError::usage(format!(
                 "unsupported --store URL {:?}: use sqlite://PATH, postgres://… or memory://",
@@ -42,6 +54,24 @@ impl StoreUrl {
             )))
         }
     }
+
+    /// Whether this is a Postgres store (never, in a build without the `postgres`
+    /// feature).
+    pub(crate) fn is_postgres(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        return matches!(self, Self::Postgres(_));
+        #[cfg(not(feature = "postgres"))]
+        return false;
+    }
+}
+
+/// The error for a URL (`what`, e.g. `kafka://`) whose broker or store this build does
+/// not have: it names the cargo `feature` that brings it.
+pub(crate) fn not_compiled(what: &str, feature: &str) -> CliError {
+    CliError::usage(format!(
+        "{what} needs the `{feature}` feature (not in this build): \
+         cargo install idem-cli --features {feature}"
+    ))
 }
 
 /// Extras a visitor may use.
@@ -81,13 +111,17 @@ pub(crate) trait StoreVisitor {
 #[derive(Debug, Clone)]
 pub(crate) struct StoreSpec {
     pub(crate) url: StoreUrl,
+    /// The Postgres schema (always `None` without the `postgres` feature).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) schema: Option<String>,
     pub(crate) front_filter: Option<String>,
     pub(crate) max_connections: Option<u32>,
     /// The layout a Postgres store is migrated to when its tables do not exist yet
     /// (`idem migrate --layout`); an existing table keeps its own.
+    #[cfg(feature = "postgres")]
     pub(crate) pg_layout: Option<idem_store_postgres::PgLayout>,
     /// Months of partitions created before / after the current one (partitioned layout).
+    #[cfg(feature = "postgres")]
     pub(crate) pg_partition_window: Option<(u32, u32)>,
 }
 
@@ -98,7 +132,7 @@ impl StoreSpec {
         front_filter: Option<String>,
     ) -> Result<Self, CliError> {
         let url = StoreUrl::parse(url)?;
-        if let (StoreUrl::Sqlite(_) | StoreUrl::Memory, Some(_)) = (&url, &schema) {
+        if !url.is_postgres() && schema.is_some() {
             return Err(CliError::usage(
                 "--schema applies to postgres:// stores only",
             ));
@@ -110,16 +144,31 @@ impl StoreSpec {
             if !f.starts_with("redis://") && !f.starts_with("rediss://") {
                 return Err(CliError::usage("--front-filter takes a redis:// URL"));
             }
+            if cfg!(not(any(feature = "redis", feature = "fred"))) {
+                return Err(not_compiled("--front-filter redis://", "redis"));
+            }
         }
         Ok(Self {
             url,
             schema,
             front_filter,
             max_connections: None,
+            #[cfg(feature = "postgres")]
             pg_layout: None,
+            #[cfg(feature = "postgres")]
             pg_partition_window: None,
         })
     }
+}
+
+/// What identifies a durable store to the front filter, whose marks are scoped to it.
+#[cfg_attr(not(any(feature = "redis", feature = "fred")), allow(dead_code))]
+enum Identity {
+    /// None: `memory://`, whose marks are scoped to this process alone.
+    Process,
+    Sqlite(SqliteStore),
+    #[cfg(feature = "postgres")]
+    Pg(PgStore),
 }
 
 /// Opens the store, migrates it if `migrate`, and hands it to `visitor`.
@@ -138,13 +187,15 @@ pub(crate) async fn open<V: StoreVisitor>(
             if migrate {
                 store.migrate_grants().await?;
             }
-            let identity = Arc::new(SqliteIdentity(store.clone()));
+            let identity = Identity::Sqlite(store.clone());
             let counts: Arc<dyn OutcomeCountStore> = Arc::new(store.clone());
-            with_filter(spec, store, Some(identity), Some(counts), visitor).await
+            with_filter(spec, store, identity, Some(counts), visitor).await
         }
         StoreUrl::Memory => {
-            with_filter(spec, idem_testkit::MemoryStore::new(), None, None, visitor).await
+            let store = idem_testkit::MemoryStore::new();
+            with_filter(spec, store, Identity::Process, None, visitor).await
         }
+        #[cfg(feature = "postgres")]
         StoreUrl::Postgres(url) => {
             let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
             let mut config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
@@ -161,9 +212,9 @@ pub(crate) async fn open<V: StoreVisitor>(
             if migrate {
                 store.migrate_grants().await?;
             }
-            let identity = Arc::new(PgIdentity(store.clone()));
+            let identity = Identity::Pg(store.clone());
             let counts: Arc<dyn OutcomeCountStore> = Arc::new(store.clone());
-            with_filter(spec, store, Some(identity), Some(counts), visitor).await
+            with_filter(spec, store, identity, Some(counts), visitor).await
         }
     }
 }
@@ -174,7 +225,7 @@ pub(crate) async fn open<V: StoreVisitor>(
 async fn with_filter<S, V>(
     spec: &StoreSpec,
     store: S,
-    identity: Option<Arc<dyn StoreIdentitySource>>,
+    identity: Identity,
     outcome_counts: Option<Arc<dyn OutcomeCountStore>>,
     visitor: V,
 ) -> Result<V::Output, CliError>
@@ -184,45 +235,54 @@ where
     V: StoreVisitor,
 {
     let db: Arc<dyn GrantDb> = Arc::new(store.clone());
-    match &spec.front_filter {
-        None => {
-            let extras = Extras {
-                filter_stats: None,
-                outcome_counts,
-            };
-            visitor.visit(store, db, extras).await
-        }
-        Some(url) => {
-            let config = RedisConfig::new(url.clone());
-            let filter = match identity {
-                Some(identity) => RedisFilter::connect_for_store(config, identity).await,
-                None => RedisFilter::connect(config).await,
-            };
-            let filter = filter.map_err(|e| {
-                let message = format!(
-                    "front filter {}: {}",
-                    idem_core::redact_url(url),
-                    crate::error::error_chain(&e)
-                );
-                match e {
-                    StoreError::Config(_) => CliError::usage(message),
-                    _ => CliError::failed(message),
-                }
-            })?;
-            let filtered = Filtered::new(store, filter);
-            let extras = Extras {
-                filter_stats: Some(filtered.stats_handle()),
-                outcome_counts,
-            };
-            visitor.visit(filtered, db, extras).await
-        }
+    #[cfg(any(feature = "redis", feature = "fred"))]
+    if let Some(url) = &spec.front_filter {
+        let config = RedisConfig::new(url.clone());
+        let identity: Option<Arc<dyn StoreIdentitySource>> = match identity {
+            Identity::Process => None,
+            Identity::Sqlite(s) => Some(Arc::new(SqliteIdentity(s))),
+            #[cfg(feature = "postgres")]
+            Identity::Pg(s) => Some(Arc::new(PgIdentity(s))),
+        };
+        let filter = match identity {
+            Some(identity) => RedisFilter::connect_for_store(config, identity).await,
+            None => RedisFilter::connect(config).await,
+        };
+        let filter = filter.map_err(|e| {
+            let message = format!(
+                "front filter {}: {}",
+                idem_core::redact_url(url),
+                crate::error::error_chain(&e)
+            );
+            match e {
+                StoreError::Config(_) => CliError::usage(message),
+                _ => CliError::failed(message),
+            }
+        })?;
+        let filtered = Filtered::new(store, filter);
+        let extras = Extras {
+            filter_stats: Some(filtered.stats_handle()),
+            outcome_counts,
+        };
+        return visitor.visit(filtered, db, extras).await;
     }
+    // Without a Redis client, StoreSpec::new refuses a front filter.
+    #[cfg(not(any(feature = "redis", feature = "fred")))]
+    let _ = (identity, &spec.front_filter);
+    let extras = Extras {
+        filter_stats: None,
+        outcome_counts,
+    };
+    visitor.visit(store, db, extras).await
 }
 
 /// The identity of a Postgres store, for the front filter.
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
 struct PgIdentity(PgStore);
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
 struct PgSession(PgIdentitySession);
 
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
 #[idem_core::async_trait]
 impl StoreIdentitySource for PgIdentity {
     async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
@@ -230,6 +290,7 @@ impl StoreIdentitySource for PgIdentity {
     }
 }
 
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
 #[idem_core::async_trait]
 impl IdentitySession for PgSession {
     fn store_id(&self) -> &str {
@@ -247,9 +308,12 @@ impl IdentitySession for PgSession {
 }
 
 /// The identity of an SQLite store, for the front filter.
+#[cfg(any(feature = "redis", feature = "fred"))]
 struct SqliteIdentity(SqliteStore);
+#[cfg(any(feature = "redis", feature = "fred"))]
 struct SqliteSession(SqliteIdentitySession);
 
+#[cfg(any(feature = "redis", feature = "fred"))]
 #[idem_core::async_trait]
 impl StoreIdentitySource for SqliteIdentity {
     async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
@@ -259,6 +323,7 @@ impl StoreIdentitySource for SqliteIdentity {
     }
 }
 
+#[cfg(any(feature = "redis", feature = "fred"))]
 #[idem_core::async_trait]
 impl IdentitySession for SqliteSession {
     fn store_id(&self) -> &str {

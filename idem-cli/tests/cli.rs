@@ -61,7 +61,6 @@ fn bad_input_is_one_line_and_exit_2() {
             "--payload",
             "/no/such/file",
         ],
-        vec!["demo", "--redeliveries", "2"],
         vec!["demo", "--store", "mysql://x"],
         vec![
             "demo",
@@ -71,13 +70,27 @@ fn bad_input_is_one_line_and_exit_2() {
             "bad-name; drop",
         ],
         vec!["migrate", "--store", "sqlite://"],
-        vec!["demo", "--no-such-flag"],
     ] {
         let o = idem(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!err.trim().is_empty(), "{args:?}: no message");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn argument_mistakes_exit_2_with_clap_s_whole_message() {
+    for (args, names) in [
+        (vec!["demo", "--redeliveries", "2"], "--redeliveries"),
+        (vec!["demo", "--no-such-flag"], "--no-such-flag"),
+    ] {
+        let o = idem(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.contains(names), "{args:?}: {err}");
+        assert!(err.contains("try '--help'"), "{args:?}: {err}");
     }
 }
 

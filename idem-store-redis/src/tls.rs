@@ -4,7 +4,7 @@
 //!
 //! [`RedisConfig::validate`]: crate::RedisConfig::validate
 
-#[cfg(feature = "tls")]
+#[cfg(all(feature = "tls", feature = "fred"))]
 use std::path::Path;
 
 use crate::error::RedisError;

@@ -316,11 +316,43 @@ macro_rules! each_broker {
             $ty::Sqs($inner) => $body,
             #[cfg(feature = "kafka")]
             $ty::Kafka($inner) => $body,
+            // With no broker compiled in the enum has no value, and a reference to it
+            // still needs an arm (an owned value does not).
+            #[cfg(not(any(
+                feature = "rabbitmq",
+                feature = "nats",
+                feature = "redis-streams",
+                feature = "sqs",
+                feature = "kafka"
+            )))]
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("no broker is compiled in"),
         }
     };
 }
 
+// With no broker compiled in, the dispatch has no arm that uses its arguments.
+#[cfg_attr(
+    not(any(
+        feature = "rabbitmq",
+        feature = "nats",
+        feature = "redis-streams",
+        feature = "sqs",
+        feature = "kafka"
+    )),
+    allow(unused_variables, unused_mut, unused_imports, unreachable_code)
+)]
 mod consumer;
+#[cfg_attr(
+    not(any(
+        feature = "rabbitmq",
+        feature = "nats",
+        feature = "redis-streams",
+        feature = "sqs",
+        feature = "kafka"
+    )),
+    allow(unused_variables, unused_mut, unused_imports, unreachable_code)
+)]
 mod publisher;
 
 pub use consumer::{AnyAcker, AnyConsumer};

@@ -23,13 +23,17 @@
 use std::io::Write;
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
 use idem_core::ident::Ident;
 use idem_core::record::{BusinessTable, ClaimRecord, Timestamp};
-use idem_store_postgres::{PgConfig, PgError, PgStore, DEFAULT_RETENTION_FLOOR};
+use idem_core::retention::{RetentionFloor, DEFAULT_RETENTION_FLOOR};
+#[cfg(feature = "postgres")]
+use idem_store_postgres::{PgConfig, PgError, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 use serde::Serialize;
 
 use crate::cmd::parse_duration;
+#[cfg(feature = "postgres")]
 use crate::error::error_chain;
 use crate::stores::StoreUrl;
 use crate::CliError;
@@ -120,6 +124,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
 
 /// An opened SQL store.
 enum Sql {
+    #[cfg(feature = "postgres")]
     Pg(PgStore),
     Sqlite(SqliteStore),
 }
@@ -141,6 +146,7 @@ impl Window {
     /// Opens the store (an existing one: nothing is created).
     async fn open(&self, command: &str) -> Result<Sql, CliError> {
         match StoreUrl::parse(&self.store)? {
+            #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) => {
                 let schema = self.schema.clone().unwrap_or_else(|| "public".to_owned());
                 Ident::new(&schema)?;
@@ -170,6 +176,7 @@ impl Window {
         }
     }
 
+    #[cfg(feature = "postgres")]
     fn pg_error(&self, what: &str, e: PgError) -> CliError {
         match e {
             PgError::InvalidTimestamp { .. } => CliError::usage(e.to_string()),
@@ -215,6 +222,7 @@ async fn export(args: ExportArgs) -> Result<(), CliError> {
             out.write_all(b"\n")
         };
         match &store {
+            #[cfg(feature = "postgres")]
             Sql::Pg(s) => s
                 .export_audit(&w.since, &w.until, args.page_size, &mut write)
                 .await
@@ -250,10 +258,8 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
     let floor = args
         .retention_floor
         .unwrap_or(match DEFAULT_RETENTION_FLOOR {
-            idem_store_postgres::RetentionFloor::Years(n) => {
-                Duration::from_secs(u64::from(n) * 365 * 86_400)
-            }
-            idem_store_postgres::RetentionFloor::Exactly(d) => d,
+            RetentionFloor::Years(n) => Duration::from_secs(u64::from(n) * 365 * 86_400),
+            RetentionFloor::Exactly(d) => d,
         });
     let now = Timestamp::now();
     let cutoff = Timestamp::from_unix_micros(
@@ -266,6 +272,7 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
     let utc = |v: &str| Timestamp::parse_rfc3339(v).map_or_else(|| v.to_owned(), |t| t.to_string());
     let (since, until) = (utc(&w.since), utc(&w.until));
     let (stats, kind) = match &store {
+        #[cfg(feature = "postgres")]
         Sql::Pg(s) => (
             s.audit_stats(&since, &until, &business, cutoff, args.sample)
                 .await

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use idem_core::{ClaimStore, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, Stage};
 use idem_grant::{parse_submission, GrantDb, GrantHandler, DEFAULT_MAX_BODY};
-use idem_testkit::fault::{quiet_injected_crashes, FaultPlan, FaultyHandler, FaultyStore};
+use idem_testkit::fault::{
+    quiet_injected_crashes, CrashPoint, FaultPlan, FaultyHandler, FaultyStore,
+};
 use idem_testkit::sim::{drive_fed, SimConfig};
 use idem_testkit::SimBroker;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -55,6 +57,17 @@ pub(crate) struct Args {
     /// Seed of every random choice (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
+    /// Show the logs too, a warning for each delivery an injected crash failed included
+    /// (without it the report counts them; `RUST_LOG` chooses other logs either way).
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+impl Args {
+    /// Whether the logs are shown whole (`--verbose`).
+    pub(crate) fn verbose(&self) -> bool {
+        self.verbose
+    }
 }
 
 /// The process's peak resident memory in MiB (`VmHWM` of /proc/self/status), where the
@@ -377,6 +390,126 @@ async fn verify(
 struct Demo {
     args: Args,
     seed: u64,
+    /// The store's URL, redacted, for the commands the closing explanation suggests.
+    url: String,
+}
+
+/// The name a crash point has in the closing explanation.
+fn crash_point_name(point: CrashPoint) -> &'static str {
+    match point {
+        CrashPoint::BeforeClaim => "before the claim",
+        CrashPoint::AfterClaim => "after the claim",
+        CrashPoint::AfterHandler => "after the business write",
+        CrashPoint::DuringCommit => "during the commit",
+        CrashPoint::AfterCommitBeforeAck => "after the commit, before the ack",
+        CrashPoint::AckLost => "with the ack lost",
+    }
+}
+
+/// What a newcomer reads after the report: what the run did to the pipeline, what the
+/// verdict proves, and the commands that show it in the database.
+struct Explanation<'a> {
+    args: &'a Args,
+    url: &'a str,
+    stats: &'a idem_testkit::BrokerStats,
+    crashes: &'a std::collections::BTreeMap<CrashPoint, u64>,
+    duplicates: u64,
+    rejected: usize,
+    first_award: Option<&'a str>,
+    seed: u64,
+    ok: bool,
+}
+
+impl std::fmt::Display for Explanation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: u64 = self.crashes.values().sum();
+        let mut said = vec![format!(
+            "What happened: {} submissions went through a simulated at-least-once broker \
+             ({} deliveries, {} of them redeliveries, {} acks lost on purpose).",
+            self.args.submissions,
+            self.stats.deliveries,
+            self.stats.redeliveries,
+            self.stats.acks_lost
+        )];
+        said.push(if total > 0 {
+            let by_point: Vec<String> = self
+                .crashes
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(p, n)| format!("{n} {}", crash_point_name(*p)))
+                .collect();
+            format!(
+                "Simulated crashes: {total} ({}), each a worker dying there on purpose: its \
+                 transaction rolled back, or its delivery came back.",
+                by_point.join(", ")
+            )
+        } else {
+            "Simulated crashes: none (--crash-rate 0).".to_owned()
+        });
+        said.push(format!(
+            "{} redelivered submissions were recognised by their idempotency key and acked \
+             without a second effect; {} malformed messages were dead-lettered.",
+            self.duplicates, self.rejected
+        ));
+        said.push(if self.ok {
+            "Proven, from the database read back: each submission has exactly one \
+             disbursement with its amount, the ledger total is the expected one, and every \
+             delivery is settled. That is exactly-once."
+                .to_owned()
+        } else {
+            "Not proven: the database does not hold exactly one effect per submission (the \
+             line above names what differs)."
+                .to_owned()
+        });
+        writeln!(f)?;
+        for paragraph in said {
+            writeln!(f, "{}", wrap(&paragraph, 88))?;
+        }
+        writeln!(f, "See for yourself:")?;
+        let store = match &self.args.schema {
+            Some(schema) => format!("--store {} --schema {schema}", self.url),
+            None => format!("--store {}", self.url),
+        };
+        if let Some(award) = self.first_award {
+            writeln!(f, "  idem inspect {store} --award-id {award}")?;
+        }
+        let today = idem_core::record::Timestamp::now().start_of_day();
+        let tomorrow = idem_core::record::Timestamp::from_unix_micros(
+            today.unix_micros().saturating_add(86_400_000_000),
+        );
+        writeln!(
+            f,
+            "  idem audit export {store} --since {}T00:00:00Z --until {}T00:00:00Z | head -3",
+            today.day(),
+            tomorrow.day()
+        )?;
+        write!(
+            f,
+            "  idem demo --seed {} --verbose   (the same messages and crash plan, with the \
+             logs: each crash as the gate saw it)",
+            self.seed
+        )
+    }
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces (a longer word keeps
+/// its own line).
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = 0;
+    for word in text.split_whitespace() {
+        let len = word.chars().count();
+        if line > 0 && line + 1 + len > width {
+            out.push('\n');
+            line = 0;
+        } else if line > 0 {
+            out.push(' ');
+            line += 1;
+        }
+        out.push_str(word);
+        line += len;
+    }
+    out
 }
 
 impl StoreVisitor for Demo {
@@ -392,7 +525,7 @@ impl StoreVisitor for Demo {
         S: ClaimStore + Clone + 'static,
         GrantHandler: Handler<S::Tx>,
     {
-        let Demo { args, seed } = self;
+        let Demo { args, seed, url } = self;
         let broker = SimBroker::with_redelivery_rate(seed, args.redeliveries);
         // Messages are published as the run drains them, a window at a time, so the
         // broker never holds the whole run.
@@ -544,13 +677,32 @@ impl StoreVisitor for Demo {
                 broker.ready_len() + broker.in_flight_len()
             ));
         }
-        if problems.is_empty() {
+        let ok = problems.is_empty();
+        if ok {
             println!("exactly-once: OK");
-            Ok(true)
         } else {
             println!("exactly-once: VIOLATED {}", problems.join("; "));
-            Ok(false)
         }
+        let first_award = Generator::new(&args, seed).find_map(|m| match m {
+            Message::Valid { award_id, .. } => Some(award_id),
+            Message::Poison(_) => None,
+        });
+        let explanation = Explanation {
+            args: &args,
+            url: &url,
+            stats: &stats,
+            crashes: &report.crashes,
+            duplicates: report.count(OutcomeKind::Duplicate),
+            rejected: dead.len(),
+            first_award: first_award.as_deref(),
+            seed,
+            ok,
+        };
+        // After the report, on stderr: stdout stays `name: value` lines for scripts.
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        eprintln!("{explanation}");
+        Ok(ok)
     }
 }
 
@@ -578,12 +730,18 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             .unwrap_or(4)
             .saturating_add(2),
     );
-    println!("store: {}", idem_core::redact_url(&url));
+    let shown = idem_core::redact_url(&url);
+    println!("store: {shown}");
     eprintln!(
         "idem demo: {} submissions, redeliveries {}, crash rate {}, poison rate {}, batch {}, concurrency {}, seed {seed}",
         args.submissions, args.redeliveries, args.crash_rate, args.poison_rate, args.batch_size, args.concurrency
     );
-    let ok = stores::open(&spec, true, Demo { args, seed }).await?;
+    let demo = Demo {
+        args,
+        seed,
+        url: shown.into_owned(),
+    };
+    let ok = stores::open(&spec, true, demo).await?;
     if ok {
         Ok(())
     } else {
@@ -672,6 +830,7 @@ mod tests {
             concurrency: 1,
             front_filter: None,
             seed: None,
+            verbose: false,
         };
         let seed = 42;
         let mut valid = Vec::new();
@@ -721,6 +880,16 @@ mod tests {
             all.contains(&format!("wrong amount for {}", valid[9].1.short())),
             "{all}"
         );
+    }
+
+    #[test]
+    fn the_explanation_is_wrapped_at_spaces() {
+        assert_eq!(wrap("aa bb cc", 5), "aa bb\ncc");
+        assert_eq!(wrap("a verylongword b", 4), "a\nverylongword\nb");
+        assert_eq!(wrap("  a  b ", 10), "a b");
+        assert!(wrap(&"word ".repeat(100), 88)
+            .lines()
+            .all(|l| l.chars().count() <= 88));
     }
 
     #[test]

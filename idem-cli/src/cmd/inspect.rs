@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
 use idem_core::ident::Ident;
 use idem_core::record::ClaimRecord;
 use idem_core::IdempotencyKey;
+#[cfg(feature = "postgres")]
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
@@ -55,6 +57,7 @@ async fn records(
     key: Option<&IdempotencyKey>,
 ) -> Result<Vec<ClaimRecord>, CliError> {
     Ok(match StoreUrl::parse(store)? {
+        #[cfg(feature = "postgres")]
         StoreUrl::Postgres(url) => {
             let schema = args.schema.clone().unwrap_or_else(|| "public".to_owned());
             Ident::new(&schema)?;

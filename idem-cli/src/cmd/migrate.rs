@@ -35,17 +35,21 @@ pub(crate) struct Args {
     /// extension installed, processed_messages, disbursements and outbox are also
     /// distributed, colocated; on plain Postgres they stay local tables). docs/scale.md. An
     /// existing table keeps its layout; asking for another one over it is an error.
+    #[cfg(feature = "postgres")]
     #[arg(long, value_parser = parse_layout)]
     layout: Option<idem_store_postgres::PgLayout>,
     /// Partitioned layout: months of partitions to create before the current one (for
     /// history about to be loaded; older months go to the default partition).
+    #[cfg(feature = "postgres")]
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(0..=1200))]
     partition_months_back: u32,
     /// Partitioned layout: months of partitions to create after the current one.
+    #[cfg(feature = "postgres")]
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=1200))]
     partition_months_ahead: u32,
 }
 
+#[cfg(feature = "postgres")]
 fn parse_layout(s: &str) -> Result<idem_store_postgres::PgLayout, String> {
     s.parse()
         .map_err(|e: idem_store_postgres::PgError| e.to_string())
@@ -71,37 +75,35 @@ impl StoreVisitor for Done {
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
+    #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
     let mut spec = StoreSpec::new(&args.store, args.schema, None)?;
-    if let Some(layout) = args.layout {
-        if !matches!(spec.url, stores::StoreUrl::Postgres(_)) {
-            return Err(CliError::usage(
-                "--layout applies to postgres:// stores only",
-            ));
+    #[cfg(feature = "postgres")]
+    {
+        if let Some(layout) = args.layout {
+            if !spec.url.is_postgres() {
+                return Err(CliError::usage(
+                    "--layout applies to postgres:// stores only",
+                ));
+            }
+            spec.pg_layout = Some(layout);
         }
-        spec.pg_layout = Some(layout);
-    }
-    if matches!(spec.url, stores::StoreUrl::Postgres(_)) {
-        spec.pg_partition_window = Some((args.partition_months_back, args.partition_months_ahead));
-    }
-    let pg_url = match (&spec.url, args.append_only) {
-        (stores::StoreUrl::Postgres(url), true) => Some(url.clone()),
-        (_, true) => {
-            return Err(CliError::usage(
-                "--append-only applies to postgres:// stores only",
-            ))
+        if spec.url.is_postgres() {
+            spec.pg_partition_window =
+                Some((args.partition_months_back, args.partition_months_ahead));
         }
-        (_, false) => None,
-    };
+    }
+    if args.append_only && !spec.url.is_postgres() {
+        return Err(CliError::usage(
+            "--append-only applies to postgres:// stores only",
+        ));
+    }
     let url = spec.url.clone();
     stores::open(&spec, true, Done).await?;
     if args.rotate_store_identity {
         let id = match &url {
+            #[cfg(feature = "postgres")]
             stores::StoreUrl::Postgres(url) => {
-                let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
-                let config = idem_store_postgres::PgConfig::new(schema)
-                    .map_err(|e| CliError::usage(e.to_string()))?
-                    .with_max_connections(1);
-                let store = idem_store_postgres::PgStore::connect(url, config).await?;
+                let store = postgres::connect(&spec, url).await?;
                 store.rotate_store_identity().await?.store_id
             }
             stores::StoreUrl::Sqlite(path) => {
@@ -120,23 +122,45 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         };
         println!("store identity: {id} (rotated)");
     }
-    if let Some(url) = pg_url {
-        let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
-        let config = idem_store_postgres::PgConfig::new(schema)
-            .map_err(|e| CliError::usage(e.to_string()))?
-            .with_max_connections(1);
-        let store = idem_store_postgres::PgStore::connect(&url, config).await?;
-        store.migrate_append_only().await?;
-        println!("append-only: processed_messages");
-    }
+    #[cfg(feature = "postgres")]
     if let stores::StoreUrl::Postgres(url) = &url {
+        postgres::after(&spec, url, args.append_only).await?;
+    }
+    println!("migrated: {}", idem_core::redact_url(&args.store));
+    Ok(())
+}
+
+/// The Postgres-only steps.
+#[cfg(feature = "postgres")]
+mod postgres {
+    use idem_store_postgres::{PgConfig, PgLayout, PgStore};
+
+    use crate::stores::StoreSpec;
+    use crate::CliError;
+
+    /// One connection to the store of `spec` at `url`.
+    pub(super) async fn connect(spec: &StoreSpec, url: &str) -> Result<PgStore, CliError> {
         let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
-        let config = idem_store_postgres::PgConfig::new(schema)
+        let config = PgConfig::new(schema)
             .map_err(|e| CliError::usage(e.to_string()))?
             .with_max_connections(1);
-        let store = idem_store_postgres::PgStore::connect(url, config).await?;
+        Ok(PgStore::connect(url, config).await?)
+    }
+
+    /// `--append-only`, then what the migration made of the tables.
+    pub(super) async fn after(
+        spec: &StoreSpec,
+        url: &str,
+        append_only: bool,
+    ) -> Result<(), CliError> {
+        if append_only {
+            let store = connect(spec, url).await?;
+            store.migrate_append_only().await?;
+            println!("append-only: processed_messages");
+        }
+        let store = connect(spec, url).await?;
         println!("layout: {}", store.layout());
-        if store.layout() == idem_store_postgres::PgLayout::Distributed {
+        if store.layout() == PgLayout::Distributed {
             // What the migration did with the tables (PgStore::migrate's Citus step).
             let citus = if store.citus_installed().await? {
                 "distributed (processed_messages, disbursements, outbox by award id, colocated)"
@@ -145,13 +169,12 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             };
             println!("citus: {citus}");
         }
-        if store.layout() == idem_store_postgres::PgLayout::Partitioned {
+        if store.layout() == PgLayout::Partitioned {
             let months = store.partitions().await?;
             if let (Some(first), Some(last)) = (months.first(), months.last()) {
                 println!("partitions: {} ({first} .. {last}) + default", months.len());
             }
         }
+        Ok(())
     }
-    println!("migrated: {}", idem_core::redact_url(&args.store));
-    Ok(())
 }

@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
-use idem_broker::any::{AnyConsumer, AnyPublisher, BrokerUrl};
+use idem_broker::any::{AnyConsumer, AnyPublisher, BrokerKind, BrokerUrl};
 use idem_broker::BrokerError;
 use idem_core::{ClaimStore, Handler, PublishError};
 use idem_grant::{GrantDb, GrantHandler};
 use idem_runtime::{Attempt, Backoff, GaveUp, ReconnectingPublisher};
+#[cfg(feature = "postgres")]
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 use tracing_subscriber::EnvFilter;
@@ -38,9 +39,62 @@ pub(crate) enum LogFormat {
     Json,
 }
 
+/// When to colour what goes to stderr (`--color`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Color {
+    /// At a terminal, unless `NO_COLOR` is set (non-empty); `CLICOLOR_FORCE` (other than
+    /// `0`) colours a pipe too.
+    Auto,
+    /// Always, whatever the environment says.
+    Always,
+    /// Never.
+    Never,
+}
+
+impl Color {
+    /// The same choice for clap's own messages (clap's `auto` reads the same variables).
+    pub(crate) fn clap(self) -> clap::ColorChoice {
+        match self {
+            Self::Auto => clap::ColorChoice::Auto,
+            Self::Always => clap::ColorChoice::Always,
+            Self::Never => clap::ColorChoice::Never,
+        }
+    }
+
+    /// Whether logs on stderr are coloured, `NO_COLOR` and `CLICOLOR_FORCE` read through
+    /// `var`.
+    pub(crate) fn ansi(
+        self,
+        var: impl Fn(&str) -> Option<std::ffi::OsString>,
+        terminal: bool,
+    ) -> bool {
+        let set = |name: &str| var(name).is_some_and(|v| !v.is_empty());
+        match self {
+            Self::Always => true,
+            Self::Never => false,
+            Self::Auto if set("NO_COLOR") => false,
+            Self::Auto
+                if set("CLICOLOR_FORCE")
+                    && var("CLICOLOR_FORCE").as_deref() != Some("0".as_ref()) =>
+            {
+                true
+            }
+            Self::Auto => terminal,
+        }
+    }
+}
+
 /// Logs go to stderr, filtered by `RUST_LOG` (default: warnings, and the audit trail off
-/// unless asked for with `RUST_LOG=idem::audit=info`).
-pub(crate) fn init_logging(format: LogFormat) {
+/// unless asked for with `RUST_LOG=idem::audit=info`), coloured as `color` says.
+///
+/// With `quiet_injected_crashes` (the demo without `--verbose`), the gate's warning about
+/// a handler that panicked with an injected crash is not written: the demo counts its
+/// crashes in its report. A real panic still shows, by its panic message and its warning.
+pub(crate) fn init_logging(format: LogFormat, color: Color, quiet_injected_crashes: bool) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     // sqlx logs a Postgres URL parameter it does not know with its value, which may be a
     // secret (`?token=…`): never shown, whatever RUST_LOG asks for.
@@ -48,16 +102,61 @@ pub(crate) fn init_logging(format: LogFormat) {
         Ok(quiet) => filter.add_directive(quiet),
         Err(_) => filter,
     };
-    // Colours only for a person at a terminal, never in a file or a log shipper.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let ansi = color.ansi(|name| std::env::var_os(name), terminal);
+    let layer = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let layer = match format {
+        LogFormat::Text => layer.boxed(),
+        LogFormat::Json => layer.json().boxed(),
     };
+    let crashes = InjectedCrashes(quiet_injected_crashes);
+    let _ = tracing_subscriber::registry()
+        .with(layer.with_filter(crashes).with_filter(filter))
+        .try_init();
+}
+
+/// How the gate's error text for a handler that panicked with a payload that is no
+/// string ends (after its class): the testkit's injected crash (a panic in the grant
+/// handler's own code carries its message).
+const INJECTED_CRASH_ERROR: &str = "the handler panicked: a non-string panic payload";
+
+/// Drops the gate's warnings caused by an injected crash, when on.
+struct InjectedCrashes(bool);
+
+impl<S> tracing_subscriber::layer::Filter<S> for InjectedCrashes {
+    fn enabled(
+        &self,
+        _: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        true
+    }
+
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        if !self.0 || event.metadata().target() != "idem::gate" {
+            return true;
+        }
+        let mut error = ErrorField(false);
+        event.record(&mut error);
+        !error.0
+    }
+}
+
+/// Finds an `error` field that is the injected crash's.
+struct ErrorField(bool);
+
+impl tracing::field::Visit for ErrorField {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "error" && format!("{value:?}").ends_with(INJECTED_CRASH_ERROR) {
+            self.0 = true;
+        }
+    }
 }
 
 /// Resolves when Ctrl-C or SIGTERM arrives.
@@ -138,7 +237,15 @@ fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, 
 pub(crate) use idem_broker::parse_duration;
 
 /// A broker error as the command reports it: the caller's mistake exits 2, a failure 1.
+/// A URL whose broker (or TLS) is not compiled in names the feature that brings it.
 pub(crate) fn broker_error(context: &str, e: &BrokerError) -> CliError {
+    if let BrokerError::Unsupported { scheme, .. } = e {
+        let enabled = |kind: BrokerKind| kind.is_enabled();
+        if let Some(feature) = missing_broker_feature(scheme, enabled, cfg!(feature = "tls")) {
+            let refused = crate::stores::not_compiled(&format!("{scheme}://"), feature);
+            return CliError::usage(format!("{context}: {refused}"));
+        }
+    }
     let msg = format!("{context}: {}", error_chain(e));
     match e {
         BrokerError::InvalidUrl(_)
@@ -146,6 +253,22 @@ pub(crate) fn broker_error(context: &str, e: &BrokerError) -> CliError {
         | BrokerError::Unsupported { .. }
         | BrokerError::InvalidName { .. } => CliError::usage(msg),
         _ => CliError::failed(msg),
+    }
+}
+
+/// The feature of this command that a broker URL with scheme `scheme` needs and this
+/// build lacks: the broker's own (`enabled` says which brokers are compiled in), or
+/// `tls` for a scheme that asks for TLS (`amqps`, `rediss`) when `tls` is false.
+pub(crate) fn missing_broker_feature(
+    scheme: &str,
+    enabled: impl Fn(BrokerKind) -> bool,
+    tls: bool,
+) -> Option<&'static str> {
+    let scheme = scheme.to_ascii_lowercase();
+    match BrokerKind::from_scheme(&scheme) {
+        Some(kind) if !enabled(kind) => Some(kind.feature()),
+        Some(_) if !tls && (scheme == "amqps" || scheme == "rediss") => Some("tls"),
+        _ => None,
     }
 }
 
@@ -171,6 +294,7 @@ pub(crate) fn gave_up(what: &str, e: GaveUp<CliError>) -> CliError {
 
 /// A durable store, opened.
 pub(crate) enum Opened {
+    #[cfg(feature = "postgres")]
     Pg(PgStore),
     Lite(SqliteStore),
 }
@@ -179,6 +303,7 @@ impl Opened {
     /// The store as the grant pipeline sees it.
     pub(crate) fn db(&self) -> Arc<dyn GrantDb> {
         match self {
+            #[cfg(feature = "postgres")]
             Self::Pg(s) => Arc::new(s.clone()),
             Self::Lite(s) => Arc::new(s.clone()),
         }
@@ -199,6 +324,7 @@ pub(crate) async fn open_durable(
                     "this command needs a durable store: sqlite://PATH or postgres://…",
                 )))
             }
+            #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) => {
                 let schema = spec.schema.clone().unwrap_or_else(|| "public".to_owned());
                 let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()));

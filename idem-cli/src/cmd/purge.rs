@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use idem_core::retention::{
-    PurgeOptions, PurgeProgress, PurgeReport, RetentionFloor, DEFAULT_RETENTION_FLOOR,
-};
+#[cfg(feature = "postgres")]
+use idem_core::retention::PurgeReport;
+use idem_core::retention::{PurgeOptions, PurgeProgress, RetentionFloor, DEFAULT_RETENTION_FLOOR};
+#[cfg(feature = "postgres")]
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
@@ -79,7 +80,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     if matches!(store, StoreUrl::Memory) {
         return Err(CliError::usage("idem purge needs a durable store"));
     }
-    if args.schema.is_some() && !matches!(store, StoreUrl::Postgres(_)) {
+    if args.schema.is_some() && !store.is_postgres() {
         return Err(CliError::usage(
             "--schema applies to postgres:// stores only",
         ));
@@ -105,6 +106,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         );
     };
     let report = match store {
+        #[cfg(feature = "postgres")]
         StoreUrl::Postgres(url) => {
             let schema = args.schema.unwrap_or_else(|| "public".to_owned());
             let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
@@ -138,6 +140,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
 }
 
 /// The partitions a purge of the partitioned layout dropped or kept.
+#[cfg(feature = "postgres")]
 fn partitions(report: &PurgeReport) {
     let verb = if report.dry_run {
         "would be dropped"

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
 use idem_core::{OutboxSource, Relay, RelayStats};
+#[cfg(feature = "postgres")]
 use idem_store_postgres::PgOutboxSource;
 use idem_store_sqlite::SqliteOutboxSource;
 
@@ -84,6 +85,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let shutdown = crate::cmd::shutdown_signal();
     let started = Instant::now();
     let stats = match store {
+        #[cfg(feature = "postgres")]
         Opened::Pg(pg) => {
             let source = PgOutboxSource::new(pg, POLL);
             drive(
