@@ -697,6 +697,7 @@ async fn a_delivery_whose_member_dies_counts_on_in_the_next_member() {
     }
     let (mut consumer, d) = take(config.clone()).await;
     assert_eq!(d.attempt, Some(N + 1), "after {N} members died holding it");
+    assert!(d.acker.attempt_counts_runs());
     d.acker.defer(Duration::ZERO).await.expect("defer");
     let d = next_within(&mut consumer, Duration::from_secs(30))
         .await

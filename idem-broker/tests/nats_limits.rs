@@ -407,3 +407,61 @@ async fn the_server_s_max_deliver_hits_are_counted() {
     })
     .await;
 }
+
+/// A message that kills its consumer on every run (here its delivery is dropped
+/// unsettled with the consumer, as the process's death would) is dead-lettered by the
+/// gate, unrun, once the server's count of its runs passes `max_attempts` — before the
+/// server's own `max_deliver` ends it without a reason. Deferrals and delayed nacks are
+/// held without a server delivery, so that count holds runs only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_kills_its_consumer_is_dead_lettered_unrun_before_max_deliver() {
+    common::within(async {
+        let name = fresh_name("nats-killer");
+        let body = plain_bodies(&name, 1).remove(0);
+        publish_raw(&url(), &name, std::slice::from_ref(&body))
+            .await
+            .expect("publish");
+        let config = NatsConfig::from_url(&url(), &name).expect("config");
+        for run in 1..MAX_DELIVER {
+            let mut stream = NatsConsumer::connect(&config).await.expect("connect");
+            let d = take(&mut stream, 1).await.remove(0);
+            assert_eq!(d.attempt, Some(run));
+            // The process dies holding it.
+            drop(d);
+            drop(stream);
+        }
+        let store = MemoryStore::new();
+        let gate = Gate::with_config(
+            store.clone(),
+            Plain::default(),
+            GateConfig::default()
+                .with_max_attempts(MAX_DELIVER - 1)
+                .with_check_attempts_before_handler(true),
+        );
+        let mut stream = NatsConsumer::connect(&config).await.expect("connect");
+        let d = take(&mut stream, 1).await.remove(0);
+        assert_eq!(d.attempt, Some(MAX_DELIVER));
+        let o = gate.process(d).await;
+        assert_eq!(o.kind(), OutcomeKind::Rejected, "{o:?}");
+        assert!(o.settle_error().is_none(), "{o:?}");
+        assert!(store.rows("done").is_empty(), "the handler did not run");
+        let mut letters = AnyConsumer::connect(&url(), &dead_letter_name(&name), 4)
+            .await
+            .expect("dead-letter consumer");
+        let letter = take(&mut letters, 1).await.remove(0);
+        assert_eq!(letter.payload, body);
+        let reason = letter
+            .header(idem_broker::DEAD_LETTER_REASON_HEADER)
+            .unwrap_or_default()
+            .to_owned();
+        assert!(reason.contains("not run again"), "{reason}");
+        tokio::time::sleep(ACK_WAIT * 2).await;
+        assert_eq!(
+            stream.max_deliveries(),
+            0,
+            "the server's limit was not reached"
+        );
+        assert_eq!(pending_count(&url(), &name).await.expect("pending"), 0);
+    })
+    .await;
+}

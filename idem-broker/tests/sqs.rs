@@ -10,7 +10,7 @@ use std::time::Duration;
 use aws_sdk_sqs::types::QueueAttributeName;
 use common::Broker;
 use futures::StreamExt;
-use idem_broker::any::{publish_raw, AnyConsumer, BrokerUrl};
+use idem_broker::any::{publish_raw, AnyConsumer, AnyPublisher, BrokerUrl};
 use idem_broker::{until_idle, BrokerError};
 use idem_core::{consumer, Acker, ConsumerConfig, Gate};
 use idem_grant::GrantDb;
@@ -283,26 +283,33 @@ async fn a_handler_slower_than_the_visibility_timeout_causes_no_redelivery() {
 }
 
 /// `--exit-when-idle` does not count a receive still outstanding as idleness: with
-/// long polls of 3 s and an idle limit of 1 s, a message published 1.5 s in arrives
+/// long polls of 6 s and an idle limit of 1 s, a message published 1.5 s in arrives
 /// through the outstanding long poll (a plain idle timer would have ended the stream
 /// at 1 s and left it), and the stream ends only after a receive came back empty.
+///
+/// The publisher connects before the clock starts and the poll leaves 4.5 s for the
+/// publish to land, so a slow moto (CI runs hundreds of tests beside it) still sees it
+/// inside the first poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_exit_never_ends_a_stream_while_a_receive_is_outstanding() {
+    const WAIT: Duration = Duration::from_secs(6);
     let name = common::fresh_name("idle");
     let url = BrokerUrl::parse(&format!(
-        "sqs://{}?visibility_timeout=5s&wait=3s",
-        endpoint().trim_start_matches("http://")
+        "sqs://{}?visibility_timeout=10s&wait={}s",
+        endpoint().trim_start_matches("http://"),
+        WAIT.as_secs()
     ))
     .expect("url");
     let deliveries = AnyConsumer::connect(&url, &name, 4).await.expect("connect");
-    let (u, n) = (url.clone(), name.clone());
+    let late = AnyPublisher::connect(&url, &name).await.expect("publisher");
+    let t0 = std::time::Instant::now();
     let publisher = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(1_500)).await;
-        publish_raw(&u, &n, &[b"late".to_vec()])
+        late.publish_raw(&[b"late".to_vec()])
             .await
             .expect("publish");
+        std::time::Instant::now()
     });
-    let t0 = std::time::Instant::now();
     let mut s = until_idle(deliveries, Duration::from_secs(1));
     let first = s
         .next()
@@ -311,12 +318,17 @@ async fn idle_exit_never_ends_a_stream_while_a_receive_is_outstanding() {
         .expect("ok");
     assert_eq!(first.payload, b"late");
     drop(first);
-    assert!(s.next().await.is_none(), "ends once idle");
-    // The next long poll (3 s) had to come back empty first.
+    let published = publisher.await.expect("publisher");
     assert!(
-        t0.elapsed() >= Duration::from_millis(4_000),
+        published.duration_since(t0) < WAIT,
+        "the publish itself took longer than the poll: {:?}",
+        published.duration_since(t0)
+    );
+    assert!(s.next().await.is_none(), "ends once idle");
+    // The next long poll had to come back empty first.
+    assert!(
+        t0.elapsed() >= WAIT + Duration::from_millis(1_500),
         "{:?}",
         t0.elapsed()
     );
-    publisher.await.expect("publisher");
 }

@@ -21,8 +21,10 @@ pub struct Delivery<A> {
     /// (NATS `num_delivered`, RabbitMQ quorum `x-delivery-count` + 1, SQS
     /// `ApproximateReceiveCount`, the Redis pending entry's delivery count, Kafka counted per
     /// offset). `None` when the broker keeps no count: the consumer counts then.
-    /// The gate dead-letters a delivery whose attempt exceeds
-    /// [`GateConfig::max_attempts`](crate::GateConfig::max_attempts) after a failure.
+    /// The gate dead-letters a delivery whose attempt reaches
+    /// [`GateConfig::max_attempts`](crate::GateConfig::max_attempts) after a failure (and,
+    /// where asked, one past it before its handler runs:
+    /// [`GateConfig::check_attempts_before_handler`](crate::GateConfig::check_attempts_before_handler)).
     pub attempt: Option<u32>,
     /// Settles the delivery. Only the gate uses it.
     pub acker: A,
@@ -177,6 +179,21 @@ pub trait Acker: Send + 'static {
         Self: Sized,
     {
         self.nack(Some(delay)).await
+    }
+
+    /// Whether this delivery's [`attempt`](Delivery::attempt) counts only the runs of its
+    /// message: deliveries that reached a gate and failed, or whose process died holding
+    /// them (a crash, an OOM kill). True where [`defer`](Acker::defer) keeps the delivery
+    /// without a redelivery, so neither a deferral nor a store outage (which the gate also
+    /// settles with `defer`) raises the broker's count. The default is `false`.
+    ///
+    /// Only for such deliveries can the gate check the attempt *before* the handler
+    /// ([`GateConfig::check_attempts_before_handler`](crate::GateConfig::check_attempts_before_handler)):
+    /// a delivery past [`GateConfig::max_attempts`](crate::GateConfig::max_attempts) that
+    /// claims its key is rolled back and dead-lettered unrun, since its earlier runs
+    /// never settled (it killed the process each time).
+    fn attempt_counts_runs(&self) -> bool {
+        false
     }
 
     /// Dead-letters the delivery with `reason`. `payload` and `headers` are the delivery's

@@ -312,6 +312,16 @@ pub struct GateConfig {
     /// decides. Such failures are counted by the gate in this process, not by the broker
     /// (whose count also holds the redeliveries of an outage). Default 10.
     pub max_attempts: u32,
+    /// Also check the attempt *before* the handler: a delivery whose count of runs
+    /// ([`Acker::attempt_counts_runs`]) is past [`max_attempts`](Self::max_attempts) is
+    /// rolled back and dead-lettered unrun — a message that killed its process each time
+    /// it ran (an OOM kill, an abort in a native library) — and a rerun is processed
+    /// alone, never in a batch. Off by default: the broker counts a delivery for every
+    /// message the dying process held, so the neighbours in flight or prefetched beside
+    /// such a message are counted with it, and would be dead-lettered unrun with it.
+    /// Turn it on where a process holds one delivery at a time (concurrency 1, batches
+    /// of 1, a prefetch of 1).
+    pub check_attempts_before_handler: bool,
     /// What a [`ClaimOutcome::Conflict`] (the same submission with another payload)
     /// leads to. Default [`ConflictPolicy::DeadLetter`].
     pub on_conflict: ConflictPolicy,
@@ -324,6 +334,7 @@ impl Default for GateConfig {
             retry: RetryPolicy::default(),
             max_attempts: 10,
             on_conflict: ConflictPolicy::DeadLetter,
+            check_attempts_before_handler: false,
         }
     }
 }
@@ -415,6 +426,13 @@ impl GateConfig {
         self
     }
 
+    /// Sets [`check_attempts_before_handler`](Self::check_attempts_before_handler).
+    #[must_use]
+    pub fn with_check_attempts_before_handler(mut self, on: bool) -> Self {
+        self.check_attempts_before_handler = on;
+        self
+    }
+
     /// Sets the [`ConflictPolicy`].
     #[must_use]
     pub fn with_on_conflict(mut self, policy: ConflictPolicy) -> Self {
@@ -428,7 +446,10 @@ impl GateConfig {
 /// 1. identify it (bad input → dead-letter with the reason: [`Outcome::Rejected`]);
 /// 2. begin a transaction and claim the key;
 /// 3. `Claimed` → run the handler in the transaction → commit → ack
-///    ([`Outcome::Processed`]); `Duplicate` → roll back → ack ([`Outcome::Duplicate`]);
+///    ([`Outcome::Processed`]); under [`GateConfig::check_attempts_before_handler`], a
+///    delivery whose count of runs ([`Acker::attempt_counts_runs`]) is past
+///    [`GateConfig::max_attempts`] is rolled back and dead-lettered unrun
+///    ([`Outcome::Rejected`], [`ATTEMPTS_EXHAUSTED`]): its earlier runs never settled; `Duplicate` → roll back → ack ([`Outcome::Duplicate`]);
 ///    `InProgress` → roll back → nack with a delay ([`Outcome::Deferred`]);
 ///    `Conflict` (the same identity claimed under another key) → by
 ///    [`GateConfig::on_conflict`]: roll back → dead-letter naming both keys
@@ -436,7 +457,9 @@ impl GateConfig {
 ///    `Claimed` ([`ConflictPolicy::Process`]);
 /// 4. any error → roll back, then by its [`ErrorClass`]: transient → nack with a growing
 ///    delay ([`Outcome::Failed`]), or dead-letter once the attempts reach
-///    [`GateConfig::max_attempts`]; permanent (the store or the handler refuses this
+///    [`GateConfig::max_attempts`]; a store outage → [`Acker::defer`] with the growing
+///    delay (the broker keeps the delivery where it can, so an outage spends none of its
+///    deliveries); permanent (the store or the handler refuses this
 ///    message for good) → dead-letter with the reason ([`Outcome::Rejected`]); config →
 ///    nack ([`Outcome::Failed`]) and [`consumer::run`](crate::consumer::run) stops.
 ///    A handler that panics is caught: a failed attempt like a transient error.
@@ -525,6 +548,19 @@ pub trait GateObserver: Send + Sync {
     fn outcome(&self, outcome: &Outcome) {
         let _ = outcome;
     }
+}
+
+/// Why a delivery past the attempt limit is dead-lettered unrun.
+fn overrun_reason<A>(delivery: &Delivery<A>, max_attempts: u32) -> RejectReason {
+    RejectReason::new(
+        ATTEMPTS_EXHAUSTED,
+        format!(
+            "delivered {} times (the limit is {max_attempts}) and no earlier delivery \
+             settled: each ended its consumer (a crash, an OOM kill, a timeout of the \
+             process); not run again",
+            delivery.attempt.unwrap_or_default()
+        ),
+    )
 }
 
 /// The reason code of a delivery dead-lettered because its attempts ran out.
@@ -748,6 +784,31 @@ where
         }
     }
 
+    /// Whether `delivery` is past the attempt limit on a count of runs only
+    /// ([`Acker::attempt_counts_runs`]): its earlier runs never settled, so its handler
+    /// is not run again.
+    fn overrun<A: Acker>(&self, delivery: &Delivery<A>) -> bool {
+        delivery
+            .attempt
+            .is_some_and(|n| n > self.config.max_attempts)
+            && self.reruns_checked(delivery)
+    }
+
+    /// Whether `delivery`'s attempt is checked before its handler: on, and a count of
+    /// runs.
+    fn reruns_checked<A: Acker>(&self, delivery: &Delivery<A>) -> bool {
+        self.config.check_attempts_before_handler
+            && delivery.acker.attempt_counts_runs()
+            && !mutant::active(Mutant::NoAttemptCheckBeforeHandler)
+    }
+
+    /// Whether `delivery` is a rerun whose attempt is checked before its handler: an
+    /// earlier run failed or ended its process. Such a delivery is processed alone, never
+    /// in a batch.
+    fn rerun<A: Acker>(&self, delivery: &Delivery<A>) -> bool {
+        delivery.attempt.is_some_and(|n| n > 1) && self.reruns_checked(delivery)
+    }
+
     /// The attempt number of a failed delivery: the broker's count, else the gate's own.
     fn attempt_of(&self, delivery_attempt: Option<u32>, key: Option<&IdempotencyKey>) -> u32 {
         if let Some(n) = delivery_attempt {
@@ -879,7 +940,13 @@ where
             error = %error,
             "delivery failed; rolled back and nacked"
         );
-        let settle = delivery.acker.nack(Some(delay)).await;
+        // A store outage is not the message's fault: where the broker allows, the
+        // delivery is kept and handed back without costing a broker delivery.
+        let settle = if store_down && !mutant::active(Mutant::OutageNacked) {
+            delivery.acker.defer(delay).await
+        } else {
+            delivery.acker.nack(Some(delay)).await
+        };
         Outcome::Failed { key, error, settle }
     }
 
@@ -968,6 +1035,18 @@ where
                 let settle = delivery.acker.defer(self.config.defer_delay).await;
                 Outcome::Deferred { key, settle }
             }
+            ClaimOutcome::Claimed if self.overrun(&delivery) => {
+                let _ = tx.rollback().await;
+                self.forget_attempts(&key);
+                let reason = overrun_reason(&delivery, self.config.max_attempts);
+                tracing::warn!(
+                    target: "idem::gate",
+                    key = key.short(),
+                    attempt = delivery.attempt.unwrap_or_default(),
+                    "delivered past the attempt limit without ever settling; dead-lettered unrun"
+                );
+                self.reject(delivery, subject, reason).await
+            }
             ClaimOutcome::Claimed => {
                 let scope = trace::single(key, trace);
                 let handled = self
@@ -1023,7 +1102,10 @@ where
     /// too). A key twice in one batch is one effect. Bad input is dead-lettered first. If
     /// the claim, the handler or the commit fails, the batch falls back to one-by-one
     /// processing so a poison message cannot hold back its neighbours (a configuration
-    /// error, which no delivery can get past, nacks them all instead).
+    /// error, which no delivery can get past, nacks them all instead). Under
+    /// [`GateConfig::check_attempts_before_handler`], a rerun on a count of runs
+    /// ([`Acker::attempt_counts_runs`], attempt past 1) is processed alone, before the
+    /// batch.
     ///
     /// Returns one outcome per delivery, in input order. Each delivery's outcome is
     /// logged in a `delivery` span with the fields of [`process`](Gate::process)'s
@@ -1048,6 +1130,15 @@ where
         let mut valid: Vec<Positioned<A, H::Input>> = Vec::with_capacity(n);
         for (i, d) in deliveries.into_iter().enumerate() {
             match d.submission {
+                // A run that did not settle (its batch's process died) goes alone: a
+                // message that kills its process costs its neighbours one run at most,
+                // and is dead-lettered unrun once past the limit.
+                Ok(sub) if self.rerun(&d.delivery) => {
+                    outcomes[i] = Some(
+                        self.process_identified(d.delivery, sub, own(&traces, i))
+                            .await,
+                    );
+                }
                 Ok(sub) => valid.push((i, d.delivery, sub)),
                 Err(reason) => outcomes[i] = Some(self.reject(d.delivery, None, reason).await),
             }

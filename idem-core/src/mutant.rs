@@ -21,6 +21,12 @@ pub enum Mutant {
     /// different payloads of the same two submissions can each lock one identity and wait
     /// for the other's).
     KeyOrderBatchClaims,
+    /// Runs the handler of a delivery past the attempt limit whose earlier runs never
+    /// settled (a message that kills its process is run for ever).
+    NoAttemptCheckBeforeHandler,
+    /// Nacks a delivery that failed on a store outage instead of deferring it (each
+    /// outage costs the message a broker delivery; its count then ends it unrun).
+    OutageNacked,
 }
 
 #[cfg(feature = "_mutants")]
@@ -38,6 +44,8 @@ mod imp {
             Mutant::PermanentErrorNacked => 4,
             Mutant::DuplicateAckBeforeRollback => 5,
             Mutant::KeyOrderBatchClaims => 6,
+            Mutant::NoAttemptCheckBeforeHandler => 7,
+            Mutant::OutageNacked => 8,
         }
     }
 

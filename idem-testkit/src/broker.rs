@@ -24,6 +24,9 @@ pub struct SimMessage {
     pub headers: Headers,
     /// How many times it has been delivered.
     pub deliveries: u32,
+    /// How many of those deliveries were runs: every delivery but those handed back by
+    /// [`Acker::defer`] (see [`SimBroker::counting_runs`]).
+    pub runs: u32,
     /// Whether the broker has already redelivered it after an ack (it does so once at
     /// most, so a redelivery rate of 1.0 still terminates).
     pub echoed: bool,
@@ -47,6 +50,8 @@ pub struct BrokerStats {
     pub acks_lost: u64,
     /// Nacks received.
     pub nacks: u64,
+    /// Deferrals kept without counting a run (under [`SimBroker::counting_runs`]).
+    pub deferrals: u64,
     /// Deliveries dropped unsettled (a crashed consumer) and requeued.
     pub abandoned: u64,
     /// Messages dead-lettered.
@@ -68,6 +73,7 @@ struct State {
     rng: StdRng,
     redelivery_rate: f64,
     expiry_rate: f64,
+    count_runs: bool,
     next_id: u64,
     next_tag: u64,
     stats: BrokerStats,
@@ -104,6 +110,7 @@ impl SimBroker {
                 rng: StdRng::seed_from_u64(seed),
                 redelivery_rate: rate.clamp(0.0, 1.0),
                 expiry_rate: 0.0,
+                count_runs: false,
                 next_id: 0,
                 next_tag: 0,
                 stats: BrokerStats::default(),
@@ -118,6 +125,18 @@ impl SimBroker {
     #[must_use]
     pub fn with_expiry_rate(self, rate: f64) -> Self {
         self.lock().expiry_rate = rate.clamp(0.0, 1.0);
+        self
+    }
+
+    /// Makes the broker keep a deferred delivery without counting it, as the NATS, SQS
+    /// and RabbitMQ adapters do: each delivery then carries its count of runs as its
+    /// [`attempt`](Delivery::attempt), and its acker says so
+    /// ([`Acker::attempt_counts_runs`]), so the gate checks the attempt before the
+    /// handler too. A nack and a crash (an acker dropped unsettled) count; a
+    /// [`defer`](Acker::defer) does not.
+    #[must_use]
+    pub fn counting_runs(self) -> Self {
+        self.lock().count_runs = true;
         self
     }
 
@@ -142,6 +161,7 @@ impl SimBroker {
             payload: payload.into(),
             headers,
             deliveries: 0,
+            runs: 0,
             echoed: false,
             expired: false,
         });
@@ -154,6 +174,7 @@ impl SimBroker {
         let mut st = self.lock();
         let mut msg = st.ready.pop_front()?;
         msg.deliveries += 1;
+        msg.runs += 1;
         st.stats.deliveries += 1;
         if msg.deliveries > 1 {
             st.stats.redeliveries += 1;
@@ -169,11 +190,12 @@ impl SimBroker {
         let delivery = Delivery {
             payload: msg.payload.clone(),
             headers: msg.headers.clone(),
-            attempt: None,
+            attempt: st.count_runs.then_some(msg.runs),
             acker: SimAcker {
                 broker: self.clone(),
                 tag,
                 settled: false,
+                counts_runs: st.count_runs,
             },
         };
         st.in_flight.insert(tag, msg);
@@ -243,6 +265,12 @@ impl SimBroker {
                 st.stats.nacks += 1;
                 st.ready.push_back(msg);
             }
+            Settlement::Defer => {
+                st.stats.deferrals += 1;
+                let mut msg = msg;
+                msg.runs -= 1;
+                st.ready.push_back(msg);
+            }
             Settlement::Abandon => {
                 st.stats.abandoned += 1;
                 st.ready.push_back(msg);
@@ -258,6 +286,7 @@ impl SimBroker {
 enum Settlement {
     Ack(IdempotencyKey),
     Nack,
+    Defer,
     Abandon,
     Dead(RejectReason),
 }
@@ -269,6 +298,7 @@ pub struct SimAcker {
     broker: SimBroker,
     tag: u64,
     settled: bool,
+    counts_runs: bool,
 }
 
 impl SimAcker {
@@ -298,6 +328,22 @@ impl Acker for SimAcker {
         Ok(())
     }
 
+    /// Under [`SimBroker::counting_runs`]: back in the queue without counting a run;
+    /// otherwise a nack.
+    async fn defer(self, _delay: Duration) -> Result<(), AckError> {
+        let how = if self.counts_runs {
+            Settlement::Defer
+        } else {
+            Settlement::Nack
+        };
+        self.finish(how);
+        Ok(())
+    }
+
+    fn attempt_counts_runs(&self) -> bool {
+        self.counts_runs
+    }
+
     async fn dead_letter(
         self,
         _payload: &[u8],
@@ -322,6 +368,7 @@ impl Publisher for SimBroker {
                 payload: ev.payload.clone(),
                 headers: ev.headers(),
                 deliveries: 0,
+                runs: 0,
                 echoed: false,
                 expired: false,
             });

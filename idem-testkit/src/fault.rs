@@ -502,6 +502,10 @@ impl<A: Acker> Acker for FaultyAcker<A> {
         self.inner.defer(delay).await
     }
 
+    fn attempt_counts_runs(&self) -> bool {
+        self.inner.attempt_counts_runs()
+    }
+
     async fn dead_letter(
         self,
         payload: &[u8],

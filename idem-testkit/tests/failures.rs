@@ -303,3 +303,170 @@ async fn a_configuration_error_stops_the_consumer_with_nothing_acked() {
         "every delivery is back at the broker"
     );
 }
+
+/// Counts its runs; never returns on `hang-` subjects (a message that kills its
+/// process: the test drops the future, as the process's death would); finds the store
+/// unreachable while `down` is set; otherwise writes the effect.
+#[derive(Clone, Default)]
+struct Crashing {
+    runs: Arc<std::sync::atomic::AtomicU32>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait]
+impl Handler<MemoryTx> for Crashing {
+    type Input = EffectInput;
+
+    fn identify(
+        &self,
+        payload: &[u8],
+        _: &Headers,
+    ) -> Result<Submission<EffectInput>, RejectReason> {
+        EffectHandler::parse(payload)
+    }
+
+    async fn handle(
+        &self,
+        tx: &mut MemoryTx,
+        sub: &Submission<EffectInput>,
+    ) -> Result<(), HandlerError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if sub.subject.starts_with("hang-") {
+            self.runs.fetch_add(1, SeqCst);
+            return std::future::pending().await;
+        }
+        if self.down.load(SeqCst) {
+            return Err(HandlerError::Store(StoreError::Unavailable {
+                message: "connection refused".into(),
+                source: None,
+            }));
+        }
+        MemoryStore::write_effect(tx, &sub.key, &sub.subject, sub.input.amount).await?;
+        Ok(())
+    }
+}
+
+/// Runs `gate` on the next delivery of `broker` (a process holding one delivery at a
+/// time), as a process that dies after 50 ms: an unsettled future is dropped with its
+/// delivery.
+async fn run_or_die(gate: &Gate<MemoryStore, Crashing>, broker: &SimBroker) -> bool {
+    let Some(d) = broker.receive() else {
+        return true;
+    };
+    tokio::time::timeout(Duration::from_millis(50), gate.process(d))
+        .await
+        .is_ok()
+}
+
+#[tokio::test]
+async fn a_message_that_kills_its_process_is_dead_lettered_unrun_past_max_attempts() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1).counting_runs();
+    for s in ["ok-1", "hang-1", "ok-2"] {
+        broker.publish(body(s));
+    }
+    let handler = Crashing::default();
+    let gate = Gate::with_config(
+        store.clone(),
+        handler.clone(),
+        GateConfig::default()
+            .with_max_attempts(3)
+            .with_check_attempts_before_handler(true),
+    );
+    let mut deaths = 0;
+    while !broker.is_settled() {
+        if !run_or_die(&gate, &broker).await {
+            deaths += 1;
+        }
+        assert!(deaths < 20, "run for ever");
+    }
+    assert_eq!(
+        handler.runs.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "run max_attempts times, then never again"
+    );
+    assert_eq!(deaths, 3);
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
+    assert!(
+        dead[0].1.detail.contains("not run again"),
+        "{}",
+        dead[0].1.detail
+    );
+    assert_eq!(
+        store.effects().await.unwrap().len(),
+        2,
+        "its neighbours went through"
+    );
+    assert_eq!(store.open_claims(), 0, "every dead run was rolled back");
+}
+
+/// In a batch, a rerun is processed alone, so its batch's neighbours are not held back by
+/// it (and the check before the handler applies to it).
+#[tokio::test]
+async fn a_rerun_past_max_attempts_in_a_batch_is_dead_lettered_unrun_and_its_neighbours_go_on() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1).counting_runs();
+    broker.publish(body("hang-1"));
+    let handler = Crashing::default();
+    let gate = Gate::with_config(
+        store.clone(),
+        handler.clone(),
+        GateConfig::default()
+            .with_max_attempts(2)
+            .with_check_attempts_before_handler(true),
+    );
+    for _ in 0..2 {
+        assert!(!run_or_die(&gate, &broker).await, "it kills its process");
+    }
+    for s in ["ok-1", "ok-2"] {
+        broker.publish(body(s));
+    }
+    let batch = broker.receive_many(usize::MAX);
+    assert_eq!(batch.len(), 3);
+    let kinds: Vec<OutcomeKind> =
+        tokio::time::timeout(Duration::from_secs(5), gate.process_batch(batch))
+            .await
+            .expect("the rerun past the limit was run again, and killed its batch")
+            .iter()
+            .map(|o| o.kind())
+            .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            OutcomeKind::Rejected,
+            OutcomeKind::Processed,
+            OutcomeKind::Processed
+        ]
+    );
+    assert_eq!(handler.runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert!(broker.is_settled());
+}
+
+#[tokio::test]
+async fn a_store_outage_costs_no_run_and_dead_letters_nothing() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1).counting_runs();
+    broker.publish(body("ok-1"));
+    let handler = Crashing::default();
+    handler.down.store(true, SeqCst);
+    let gate = Gate::with_config(
+        store.clone(),
+        handler.clone(),
+        GateConfig::default().with_max_attempts(2),
+    );
+    // Ten failures on the store, far past max_attempts: each is deferred.
+    for _ in 0..10 {
+        let d = broker.receive().expect("handed back");
+        assert_eq!(d.attempt, Some(1), "an outage is no run");
+        assert_eq!(gate.process(d).await.kind(), OutcomeKind::Failed);
+    }
+    assert_eq!(broker.stats().deferrals, 10);
+    handler.down.store(false, SeqCst);
+    let d = broker.receive().expect("handed back");
+    assert_eq!(gate.process(d).await.kind(), OutcomeKind::Processed);
+    assert!(broker.dead_letters().is_empty());
+    assert!(broker.is_settled());
+}

@@ -201,6 +201,10 @@ impl Acker for AnyAcker {
         each_broker!(self, Self, a => a.defer(delay).await)
     }
 
+    fn attempt_counts_runs(&self) -> bool {
+        each_broker!(self, Self, a => a.attempt_counts_runs())
+    }
+
     async fn dead_letter(
         self,
         payload: &[u8],

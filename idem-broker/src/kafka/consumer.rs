@@ -1042,6 +1042,12 @@ impl Acker for KafkaAcker {
         self.hand_back(Some(delay), true)
     }
 
+    /// True: the attempt counts the runs of the offset (deliveries handed out, kept in
+    /// `NAME.attempts` across members and restarts), and a deferral does not raise it.
+    fn attempt_counts_runs(&self) -> bool {
+        true
+    }
+
     async fn dead_letter(
         self,
         payload: &[u8],

@@ -759,6 +759,13 @@ impl Acker for NatsAcker {
         NatsAcker::defer(self, delay).await
     }
 
+    /// True: deferrals and delayed nacks are held here without a server delivery, so
+    /// `num_delivered` counts the runs that failed with no delay and the deliveries whose
+    /// process died.
+    fn attempt_counts_runs(&self) -> bool {
+        true
+    }
+
     async fn dead_letter(
         self,
         payload: &[u8],

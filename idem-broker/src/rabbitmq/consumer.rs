@@ -757,6 +757,13 @@ impl Acker for RabbitAcker {
         self.settle(Settle::Defer(delay)).await
     }
 
+    /// True: a quorum queue's `x-delivery-count` rises on a failure (`basic.reject`) and
+    /// on a delivery lost with its channel (a crash); a deferral is held here. (A
+    /// deferral past the hold limit is requeued, which RabbitMQ 3.x and 4.0–4.2 count.)
+    fn attempt_counts_runs(&self) -> bool {
+        true
+    }
+
     /// A confirmed, persistent publish to `NAME.dead-letter` (on the dead letters' own
     /// connection, waiting at most the confirm timeout), then `basic.ack`. Not confirmed,
     /// the delivery is held 5 s and then rejected (requeued, counted): never acked

@@ -755,6 +755,12 @@ impl Acker for SqsAcker {
         SqsAcker::defer(self, delay).await
     }
 
+    /// True: `ApproximateReceiveCount` rises on a nack or a lost delivery (a crash), not
+    /// on a deferral, which is held here.
+    fn attempt_counts_runs(&self) -> bool {
+        true
+    }
+
     async fn dead_letter(
         self,
         payload: &[u8],

@@ -92,7 +92,8 @@ fn gate_for(world: &Shared) -> Gate<Filtered<ExStore, ExFilter>, ExHandler> {
     let max_attempts = lock(world).max_attempts;
     let config = GateConfig::default()
         .with_on_conflict(on_conflict)
-        .with_max_attempts(max_attempts);
+        .with_max_attempts(max_attempts)
+        .with_check_attempts_before_handler(true);
     Gate::with_config(store, ExHandler(world.clone()), config)
 }
 
