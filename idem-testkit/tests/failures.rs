@@ -19,8 +19,15 @@ use idem_testkit::{
 
 /// Decides by the subject's prefix: `panic-` panics, `flaky-` fails transiently, `down-`
 /// finds the store unreachable, `refused-` is refused by the store for good, `missing-`
-/// meets a missing table; anything else writes its effect.
-struct Scripted;
+/// meets a missing table, `hang-` counts a run in `runs` and never returns (a message
+/// that kills its process: the test drops the future, as the process's death would);
+/// anything else finds the store unreachable while `down` is set, and otherwise writes
+/// its effect.
+#[derive(Clone, Default)]
+struct Scripted {
+    runs: Arc<std::sync::atomic::AtomicU32>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
 
 #[async_trait]
 impl Handler<MemoryTx> for Scripted {
@@ -39,14 +46,19 @@ impl Handler<MemoryTx> for Scripted {
         tx: &mut MemoryTx,
         sub: &Submission<EffectInput>,
     ) -> Result<(), HandlerError> {
+        use std::sync::atomic::Ordering::SeqCst;
         let s = sub.subject.as_str();
+        if s.starts_with("hang-") {
+            self.runs.fetch_add(1, SeqCst);
+            return std::future::pending().await;
+        }
         if s.starts_with("panic-") {
             panic!("handler bug on {s}");
         }
         if s.starts_with("flaky-") {
             return Err(HandlerError::Transient("a downstream hiccup".into()));
         }
-        if s.starts_with("down-") {
+        if s.starts_with("down-") || self.down.load(SeqCst) {
             return Err(HandlerError::Store(StoreError::Unavailable {
                 message: "connection refused".into(),
                 source: None,
@@ -148,7 +160,7 @@ async fn a_handler_panic_is_a_failed_attempt_and_the_consumer_goes_on() {
     for s in ["ok-1", "panic-1", "ok-2"] {
         broker.publish(body(s));
     }
-    let gate = Gate::new(store.clone(), Scripted);
+    let gate = Gate::new(store.clone(), Scripted::default());
     let stats = consume_ready(&gate, &broker)
         .await
         .expect("a panic does not end the consumer");
@@ -169,7 +181,7 @@ async fn a_handler_that_always_panics_is_dead_lettered_after_max_attempts() {
     broker.publish(body("panic-1"));
     let gate = Gate::with_config(
         store.clone(),
-        Scripted,
+        Scripted::default(),
         GateConfig::default().with_max_attempts(3),
     );
     let kinds = drain(&gate, &broker).await;
@@ -200,7 +212,7 @@ async fn transient_failures_back_off_and_are_dead_lettered_when_attempts_run_out
     broker.publish(body("ok-1"));
     let gate = Gate::with_config(
         store.clone(),
-        Scripted,
+        Scripted::default(),
         GateConfig::default().with_max_attempts(6),
     );
     let nacks = Arc::new(Mutex::new(Vec::new()));
@@ -249,7 +261,7 @@ async fn an_unreachable_store_is_never_dead_lettered() {
     broker.publish(body("down-1"));
     let gate = Gate::with_config(
         store.clone(),
-        Scripted,
+        Scripted::default(),
         GateConfig::default().with_max_attempts(2),
     );
     // Five deliveries, far past max_attempts: each is nacked, none dead-lettered.
@@ -270,7 +282,7 @@ async fn a_message_the_store_refuses_for_good_is_dead_lettered_at_once() {
     let broker = SimBroker::new(1);
     broker.publish(body("refused-1"));
     broker.publish(body("ok-1"));
-    let gate = Gate::new(store.clone(), Scripted);
+    let gate = Gate::new(store.clone(), Scripted::default());
     let kinds = drain(&gate, &broker).await;
     assert_eq!(kinds, vec![OutcomeKind::Rejected, OutcomeKind::Processed]);
     let dead = broker.dead_letters();
@@ -287,7 +299,7 @@ async fn a_configuration_error_stops_the_consumer_with_nothing_acked() {
     for s in ["missing-1", "ok-1", "ok-2"] {
         broker.publish(body(s));
     }
-    let gate = Gate::new(store.clone(), Scripted);
+    let gate = Gate::new(store.clone(), Scripted::default());
     let err = consume_ready(&gate, &broker)
         .await
         .expect_err("a missing table stops the consumer");
@@ -304,52 +316,10 @@ async fn a_configuration_error_stops_the_consumer_with_nothing_acked() {
     );
 }
 
-/// Counts its runs; never returns on `hang-` subjects (a message that kills its
-/// process: the test drops the future, as the process's death would); finds the store
-/// unreachable while `down` is set; otherwise writes the effect.
-#[derive(Clone, Default)]
-struct Crashing {
-    runs: Arc<std::sync::atomic::AtomicU32>,
-    down: Arc<std::sync::atomic::AtomicBool>,
-}
-
-#[async_trait]
-impl Handler<MemoryTx> for Crashing {
-    type Input = EffectInput;
-
-    fn identify(
-        &self,
-        payload: &[u8],
-        _: &Headers,
-    ) -> Result<Submission<EffectInput>, RejectReason> {
-        EffectHandler::parse(payload)
-    }
-
-    async fn handle(
-        &self,
-        tx: &mut MemoryTx,
-        sub: &Submission<EffectInput>,
-    ) -> Result<(), HandlerError> {
-        use std::sync::atomic::Ordering::SeqCst;
-        if sub.subject.starts_with("hang-") {
-            self.runs.fetch_add(1, SeqCst);
-            return std::future::pending().await;
-        }
-        if self.down.load(SeqCst) {
-            return Err(HandlerError::Store(StoreError::Unavailable {
-                message: "connection refused".into(),
-                source: None,
-            }));
-        }
-        MemoryStore::write_effect(tx, &sub.key, &sub.subject, sub.input.amount).await?;
-        Ok(())
-    }
-}
-
 /// Runs `gate` on the next delivery of `broker` (a process holding one delivery at a
 /// time), as a process that dies after 50 ms: an unsettled future is dropped with its
 /// delivery.
-async fn run_or_die(gate: &Gate<MemoryStore, Crashing>, broker: &SimBroker) -> bool {
+async fn run_or_die(gate: &Gate<MemoryStore, Scripted>, broker: &SimBroker) -> bool {
     let Some(d) = broker.receive() else {
         return true;
     };
@@ -365,7 +335,7 @@ async fn a_message_that_kills_its_process_is_dead_lettered_unrun_past_max_attemp
     for s in ["ok-1", "hang-1", "ok-2"] {
         broker.publish(body(s));
     }
-    let handler = Crashing::default();
+    let handler = Scripted::default();
     let gate = Gate::with_config(
         store.clone(),
         handler.clone(),
@@ -409,7 +379,7 @@ async fn a_rerun_past_max_attempts_in_a_batch_is_dead_lettered_unrun_and_its_nei
     let store = MemoryStore::new();
     let broker = SimBroker::new(1).counting_runs();
     broker.publish(body("hang-1"));
-    let handler = Crashing::default();
+    let handler = Scripted::default();
     let gate = Gate::with_config(
         store.clone(),
         handler.clone(),
@@ -450,7 +420,7 @@ async fn a_store_outage_costs_no_run_and_dead_letters_nothing() {
     let store = MemoryStore::new();
     let broker = SimBroker::new(1).counting_runs();
     broker.publish(body("ok-1"));
-    let handler = Crashing::default();
+    let handler = Scripted::default();
     handler.down.store(true, SeqCst);
     let gate = Gate::with_config(
         store.clone(),
