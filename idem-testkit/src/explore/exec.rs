@@ -89,11 +89,14 @@ fn gate_for(world: &Shared) -> Gate<Filtered<ExStore, ExFilter>, ExHandler> {
     } else {
         ConflictPolicy::Process
     };
-    let max_attempts = lock(world).max_attempts;
+    let (max_attempts, check) = {
+        let w = lock(world);
+        (w.max_attempts, w.check_before_handler)
+    };
     let config = GateConfig::default()
         .with_on_conflict(on_conflict)
         .with_max_attempts(max_attempts)
-        .with_check_attempts_before_handler(true);
+        .with_check_attempts_before_handler(check);
     Gate::with_config(store, ExHandler(world.clone()), config)
 }
 
@@ -257,6 +260,7 @@ impl Run {
             max_attempts: config.max_attempts.max(1),
             broker_limit: config.broker_limit,
             counts_runs: config.counts_runs,
+            check_before_handler: config.check_before_handler,
             void_commit_ok: config.mutant == Some(Mutant::VoidCommitReportedOk),
             ..World::default()
         };

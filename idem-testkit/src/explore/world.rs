@@ -218,6 +218,10 @@ pub(crate) struct World {
     pub(crate) broker_limit: u32,
     /// Whether the broker counts runs only (`Acker::attempt_counts_runs`).
     pub(crate) counts_runs: bool,
+    /// The gate checks the attempt before the handler
+    /// (`GateConfig::check_attempts_before_handler`): on in the killer passes, off (the
+    /// default a user gets) elsewhere.
+    pub(crate) check_before_handler: bool,
     /// Whether the store reports a commit that applied nothing as a success (a mutant).
     pub(crate) void_commit_ok: bool,
     /// Per killer key: how many times its handler ran (each run killed its process).
