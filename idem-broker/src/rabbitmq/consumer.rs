@@ -624,7 +624,8 @@ fn value_text(v: &AMQPValue) -> String {
     }
 }
 
-/// Settles one RabbitMQ delivery on the channel it came from (the frames: [`plan`]).
+/// Settles one RabbitMQ delivery on the channel it came from (the frames each settlement
+/// sends are in the module docs).
 /// Dropped unsettled, the delivery is requeued. It keeps a copy of the delivery's body
 /// and headers, to hand a deferred delivery back into the stream.
 pub struct RabbitAcker {

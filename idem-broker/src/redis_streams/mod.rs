@@ -34,7 +34,7 @@
 //!   URL: any other is an error.
 //! - **Timeouts**: every command waits at most [`RedisStreamsConfig::command_timeout`]
 //!   for the server's answer, the blocking `XREADGROUP` its block time more; then it
-//!   fails with [`BrokerError::Timeout`](crate::BrokerError::Timeout). A frozen server
+//!   fails with [`BrokerError::Timeout`]. A frozen server
 //!   (stopped, swapping, behind a network that drops packets) ends the consumer's stream
 //!   with that error (a supervisor reconnects) and fails acks, nacks and dead-letters
 //!   with a retryable `AckError` instead of hanging them; an entry whose `XACK` failed

@@ -49,7 +49,7 @@
 //!   [`SqsConfig::connect_timeout`]; each attempt of a request waits at most
 //!   [`SqsConfig::request_timeout`] for the answer, a `ReceiveMessage` its long poll
 //!   more. The SDK makes up to three attempts; when they all time out the operation
-//!   fails with [`BrokerError::Timeout`](crate::BrokerError::Timeout) (retryable): an
+//!   fails with [`BrokerError::Timeout`] (retryable): an
 //!   endpoint that accepts connections and never answers fails a connect, ends the
 //!   consumer's stream (a supervisor reconnects) and fails an ack, instead of hanging
 //!   them.
