@@ -142,6 +142,11 @@ fn parse(args: Vec<std::ffi::OsString>) -> Cli {
 fn main() {
     database_url_fallback();
     let cli = parse(std::env::args_os().collect());
+    // Test hook: with IDEM_PARSE_ONLY set, stop once the arguments parse (exit 0, nothing
+    // run), so tests/docs.rs can check every documented command against this parser.
+    if std::env::var_os("IDEM_PARSE_ONLY").is_some() {
+        return;
+    }
     let verbose = matches!(&cli.command, Command::Demo(a) if a.verbose());
     let demo = matches!(&cli.command, Command::Demo(_));
     cmd::init_logging(cli.log_format, cli.color, demo && !verbose);
