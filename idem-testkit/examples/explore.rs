@@ -1,9 +1,10 @@
 //! Explores the real `Gate` exhaustively within small bounds (see `idem_testkit::explore`).
+//! Built only with the `mutants` feature: the gates it must catch are compiled in.
 //!
 //! ```text
-//! cargo run --release -p idem-testkit --example explore
-//! cargo run --release -p idem-testkit --example explore -- --mutant ack-before-commit
-//! cargo run --release -p idem-testkit --example explore -- --replay 0.3.1.0 [same flags]
+//! cargo run --release -p idem-testkit --features mutants --example explore
+//! cargo run --release -p idem-testkit --features mutants --example explore -- --mutant ack-before-commit
+//! cargo run --release -p idem-testkit --features mutants --example explore -- --replay 0.3.1.0 [same flags]
 //! ```
 //!
 //! Flags: `--workers N`, `--keys N`, `--copies N`, `--poison N`, `--conflicts N`,
@@ -201,7 +202,7 @@ fn main() -> ExitCode {
                 println!("violation: {v}");
                 println!("sequence: {seq}");
                 println!(
-                    "replay: cargo run --release -p idem-testkit --example explore -- --mutant {} --mode {mode_flag} {} --replay {seq}",
+                    "replay: cargo run --release -p idem-testkit --features mutants --example explore -- --mutant {} --mode {mode_flag} {} --replay {seq}",
                     m.name(),
                     args.flags.join(" ")
                 );

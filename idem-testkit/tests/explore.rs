@@ -7,7 +7,7 @@
 
 use std::sync::Mutex;
 
-use idem_testkit::explore::{explore, Config, Mutant, Report};
+use idem_testkit::explore::{explore, Config, Report};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -87,8 +87,12 @@ fn a_broker_that_counts_deliveries_ends_the_killer() {
     );
 }
 
+/// Two of the three are gates compiled into idem-core only with the `mutants` feature.
+#[cfg(feature = "mutants")]
 #[test]
 fn the_new_mutants_are_caught_and_their_spaces_pass_without_them() {
+    use idem_testkit::explore::Mutant;
+
     for name in [
         "no-attempt-check-before-handler",
         "outage-nacked",
