@@ -206,6 +206,14 @@ where
     fn capabilities(&self) -> Capabilities {
         self.store.capabilities()
     }
+
+    async fn note_run(
+        &self,
+        key: &IdempotencyKey,
+        note: crate::RunNote,
+    ) -> Result<Option<u32>, StoreError> {
+        self.store.note_run(key, note).await
+    }
 }
 
 async fn lookup<F: DoneFilter>(

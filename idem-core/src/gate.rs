@@ -15,6 +15,7 @@ use crate::delivery::{AckProof, Acker, CommitReceipt, Delivery, Headers};
 use crate::error::{AckError, BoxError, Error, ErrorClass, HandlerError, RejectReason, StoreError};
 use crate::key::IdempotencyKey;
 use crate::mutant::{self, Mutant};
+use crate::store::RunNote;
 use crate::store::{claim_order, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx};
 use crate::trace::{self, TraceParent};
 
@@ -312,15 +313,22 @@ pub struct GateConfig {
     /// decides. Such failures are counted by the gate in this process, not by the broker
     /// (whose count also holds the redeliveries of an outage). Default 10.
     pub max_attempts: u32,
-    /// Also check the attempt *before* the handler: a delivery whose count of runs
-    /// ([`Acker::attempt_counts_runs`]) is past [`max_attempts`](Self::max_attempts) is
-    /// rolled back and dead-lettered unrun — a message that killed its process each time
-    /// it ran (an OOM kill, an abort in a native library) — and a rerun is processed
-    /// alone, never in a batch. Off by default: the broker counts a delivery for every
-    /// message the dying process held, so the neighbours in flight or prefetched beside
-    /// such a message are counted with it, and would be dead-lettered unrun with it.
-    /// Turn it on where a process holds one delivery at a time (concurrency 1, batches
-    /// of 1, a prefetch of 1).
+    /// Also check the attempts *before* the handler, so that a message that kills its
+    /// process each time it runs (an OOM kill, an abort in a native library, a stack
+    /// overflow) is dead-lettered unrun after [`max_attempts`](Self::max_attempts) runs
+    /// instead of being run for ever. On by default.
+    ///
+    /// A *rerun* is a delivery whose broker counts runs ([`Acker::attempt_counts_runs`])
+    /// and whose attempt is past 1: an earlier delivery of it never settled. A rerun is
+    /// processed alone (never in a batch), one at a time per gate, and the store records
+    /// that it starts before its handler runs ([`ClaimStore::note_run`], durable). A rerun
+    /// whose recorded runs, with its first, would pass `max_attempts` claims its key, is
+    /// rolled back and dead-lettered `attempts_exhausted` ("not run again"). The
+    /// neighbours that sat in the dying process's buffer were counted by the broker but
+    /// never started, so they are not charged; one that was running beside a first
+    /// delivery that killed the process is charged one run for it. The record costs one
+    /// write per rerun and nothing on a first delivery. A store that keeps no record
+    /// (`note_run` answers `None`) makes the check a no-op.
     pub check_attempts_before_handler: bool,
     /// What a [`ClaimOutcome::Conflict`] (the same submission with another payload)
     /// leads to. Default [`ConflictPolicy::DeadLetter`].
@@ -334,7 +342,7 @@ impl Default for GateConfig {
             retry: RetryPolicy::default(),
             max_attempts: 10,
             on_conflict: ConflictPolicy::DeadLetter,
-            check_attempts_before_handler: false,
+            check_attempts_before_handler: true,
         }
     }
 }
@@ -491,6 +499,10 @@ pub struct Gate<S, H> {
     /// connection, a statement or idle timeout), and [`progress`](Gate::progress) at the
     /// first of them.
     store_faults: Mutex<HashMap<IdempotencyKey, (u32, u64)>>,
+    /// Held by the rerun being processed: reruns run one at a time in this gate, so a
+    /// message that kills the process is never run beside another rerun, whose count
+    /// ([`ClaimStore::note_run`]) it would raise with its own.
+    reruns: futures::lock::Mutex<()>,
 }
 
 /// How many keys the gate's own attempt counter holds before it starts over (it only
@@ -551,12 +563,14 @@ pub trait GateObserver: Send + Sync {
 }
 
 /// Why a delivery past the attempt limit is dead-lettered unrun.
-fn overrun_reason<A>(delivery: &Delivery<A>, max_attempts: u32) -> RejectReason {
+/// `reruns`: the runs recorded, the first included (its own rerun's note counts the
+/// first run, which is never recorded).
+fn overrun_reason<A>(delivery: &Delivery<A>, reruns: u32, max_attempts: u32) -> RejectReason {
     RejectReason::new(
         ATTEMPTS_EXHAUSTED,
         format!(
-            "delivered {} times (the limit is {max_attempts}) and no earlier delivery \
-             settled: each ended its consumer (a crash, an OOM kill, a timeout of the \
+            "ran {reruns} times (the limit is {max_attempts}; delivered {} times) and no \
+             run settled: each ended its consumer (a crash, an OOM kill, a timeout of the \
              process); not run again",
             delivery.attempt.unwrap_or_default()
         ),
@@ -629,6 +643,7 @@ where
             attempts: Mutex::new(HashMap::new()),
             progress: AtomicU64::new(0),
             store_faults: Mutex::new(HashMap::new()),
+            reruns: futures::lock::Mutex::new(()),
         }
     }
 
@@ -784,14 +799,39 @@ where
         }
     }
 
-    /// Whether `delivery` is past the attempt limit on a count of runs only
-    /// ([`Acker::attempt_counts_runs`]): its earlier runs never settled, so its handler
-    /// is not run again.
-    fn overrun<A: Acker>(&self, delivery: &Delivery<A>) -> bool {
-        delivery
-            .attempt
-            .is_some_and(|n| n > self.config.max_attempts)
-            && self.reruns_checked(delivery)
+    /// Whether a rerun whose store recorded `reruns` reruns (this one included) is past
+    /// the attempt limit: its first run and its reruns never settled, so its handler is
+    /// not run again.
+    fn overrun(&self, reruns: Option<u32>) -> bool {
+        reruns.is_some_and(|r| r >= self.config.max_attempts)
+    }
+
+    /// Records a rerun's start ([`ClaimStore::note_run`]); `None` when the store keeps
+    /// no record or could not write it (the rerun then runs unchecked: better than
+    /// holding it back on a record that cannot be written).
+    async fn note_rerun(&self, key: &IdempotencyKey) -> Option<u32> {
+        match self.store.note_run(key, RunNote::Started).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(
+                    target: "idem::gate",
+                    key = key.short(),
+                    error = %e,
+                    "could not record a rerun's start; it runs without the attempt check"
+                );
+                None
+            }
+        }
+    }
+
+    /// Best effort: a note that fails leaves a count of one run more, which only
+    /// matters if the key comes back unsettled.
+    async fn note(&self, key: &IdempotencyKey, reruns: Option<u32>, note: RunNote) {
+        if reruns.is_some() {
+            if let Err(e) = self.store.note_run(key, note).await {
+                tracing::debug!(target: "idem::gate", key = key.short(), error = %e, "run note failed");
+            }
+        }
     }
 
     /// Whether `delivery`'s attempt is checked before its handler: on, and a count of
@@ -975,10 +1015,25 @@ where
     ) -> Outcome {
         let key = sub.key;
         let subject = Some(sub.subject.as_str());
+        // A rerun: one at a time, its start recorded before anything runs.
+        let rerun = self.rerun(&delivery);
+        let _one_rerun = if rerun {
+            Some(self.reruns.lock().await)
+        } else {
+            None
+        };
+        let reruns = if rerun {
+            self.note_rerun(&key).await
+        } else {
+            None
+        };
         let started = Instant::now();
         let mut tx = match self.store.begin().await {
             Ok(tx) => tx,
-            Err(e) => return self.fail(delivery, Some(key), subject, e.into()).await,
+            Err(e) => {
+                self.note(&key, reruns, RunNote::NotRun).await;
+                return self.fail(delivery, Some(key), subject, e.into()).await;
+            }
         };
         let meta = self.handler.claim_meta(&sub);
         let mut claimed = tx.claim(&key, &meta).await;
@@ -998,9 +1053,13 @@ where
             }
             Err(e) => {
                 let _ = tx.rollback().await;
+                self.note(&key, reruns, RunNote::NotRun).await;
                 return self.fail(delivery, Some(key), subject, e.into()).await;
             }
         };
+        if !matches!(claimed, ClaimOutcome::Claimed) {
+            self.note(&key, reruns, RunNote::NotRun).await;
+        }
         match claimed {
             ClaimOutcome::Conflict { existing } => {
                 let _ = tx.rollback().await;
@@ -1035,10 +1094,15 @@ where
                 let settle = delivery.acker.defer(self.config.defer_delay).await;
                 Outcome::Deferred { key, settle }
             }
-            ClaimOutcome::Claimed if self.overrun(&delivery) => {
+            ClaimOutcome::Claimed if self.overrun(reruns) => {
                 let _ = tx.rollback().await;
                 self.forget_attempts(&key);
-                let reason = overrun_reason(&delivery, self.config.max_attempts);
+                self.note(&key, reruns, RunNote::Settled).await;
+                let reason = overrun_reason(
+                    &delivery,
+                    reruns.unwrap_or_default(),
+                    self.config.max_attempts,
+                );
                 tracing::warn!(
                     target: "idem::gate",
                     key = key.short(),
@@ -1059,6 +1123,7 @@ where
                     Err(HandlerError::Reject(reason)) => {
                         let _ = tx.rollback().await;
                         self.forget_attempts(&key);
+                        self.note(&key, reruns, RunNote::Settled).await;
                         self.reject(delivery, subject, reason).await
                     }
                     Err(e) => {
@@ -1081,6 +1146,7 @@ where
                             Err(e) => self.fail(delivery, Some(key), subject, e.into()).await,
                             Ok(()) => {
                                 self.forget_attempts(&key);
+                                self.note(&key, reruns, RunNote::Settled).await;
                                 let receipt = CommitReceipt::new();
                                 audit::processed(&key, &sub.subject);
                                 let started = Instant::now();

@@ -35,6 +35,8 @@
 //! # Ok::<(), idem_core::KeyError>(())
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod audit;
 mod backoff;
 pub mod clock;
@@ -74,10 +76,15 @@ pub use outbox::{
 };
 pub use redact::{redact_url, Redacted};
 pub use store::{
-    claim_order, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter,
+    claim_order, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter, RunNote,
 };
 pub use tally::{FanOut, OutcomeCountStore, OutcomeTally};
 pub use trace::{TraceParent, TRACEPARENT_HEADER};
 
 /// Re-exported so implementors of the traits use the same macro version.
 pub use async_trait::async_trait;
+
+// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

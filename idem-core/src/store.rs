@@ -225,6 +225,52 @@ pub trait ClaimStore: Send + Sync {
 
     /// What this store guarantees.
     fn capabilities(&self) -> Capabilities;
+
+    /// Keeps the durable count of a key's *reruns*: the runs of its handler on a
+    /// delivery that came again because no earlier delivery settled (the process that
+    /// held it died, or its attempt failed). The gate records each rerun before it runs
+    /// the handler ([`GateConfig::check_attempts_before_handler`]), so a message that
+    /// kills its process every time it runs (an OOM kill, an abort in a native library)
+    /// is dead-lettered unrun once its runs reach the limit, while a message that only
+    /// sat in the dying process's buffer is not charged for a run it never had.
+    ///
+    /// # Contract
+    /// - [`RunNote::Started`] adds one to the key's count and returns the new count;
+    ///   the count is durable (committed, outside any claim transaction) before this
+    ///   returns, so a process killed right after still leaves it. It must not wait for
+    ///   a claim transaction of the calling task (the gate calls it with none open).
+    /// - [`RunNote::NotRun`] takes back one count whose handler did not run (the claim
+    ///   found a duplicate, a conflict or a key in progress); never below zero.
+    /// - [`RunNote::Settled`] forgets the key's count (its delivery committed or was
+    ///   dead-lettered). Best effort: a count left behind only matters for a key that is
+    ///   claimed again, which a committed key never is.
+    /// - A store that keeps no such count returns `Ok(None)` for every note (the
+    ///   default): the gate then runs every rerun, and only the failures it sees count.
+    ///
+    /// # Errors
+    /// [`StoreError`] from the store (the gate then runs the handler without the check,
+    /// rather than hold the delivery).
+    ///
+    /// [`GateConfig::check_attempts_before_handler`]: crate::GateConfig::check_attempts_before_handler
+    async fn note_run(
+        &self,
+        key: &IdempotencyKey,
+        note: RunNote,
+    ) -> Result<Option<u32>, StoreError> {
+        let _ = (key, note);
+        Ok(None)
+    }
+}
+
+/// What [`ClaimStore::note_run`] records of a key's rerun.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunNote {
+    /// The handler is about to run again: add one to the key's count.
+    Started,
+    /// A counted rerun did not run its handler after all: take its count back.
+    NotRun,
+    /// The key's delivery settled (committed, or dead-lettered): forget its count.
+    Settled,
 }
 
 /// One claim transaction: claim, business writes and outbox rows commit together or not

@@ -52,6 +52,8 @@ const OUTBOX_TRACEPARENT: &str = include_str!("../migrations/0007_outbox_tracepa
 const OUTBOX_PENDING: &str = include_str!("../migrations/0010_outbox_pending.sql");
 /// The record of the last migration run (`idem_migrations`).
 const SCHEMA_VERSION: &str = include_str!("../migrations/0011_schema_version.sql");
+/// The reruns' record (`idem_runs`, `ClaimStore::note_run`), every layout.
+const RUNS: &str = include_str!("../migrations/0012_runs.sql");
 /// The optional append-only triggers on `processed_messages` ([`PgStore::migrate_append_only`]).
 const APPEND_ONLY: &str = include_str!("../migrations/0003_append_only.sql");
 
@@ -84,6 +86,7 @@ const RELATIONS: &[&str] = &[
     "idem_outcome_counts",
     "idem_outcome_flushes",
     "idem_migrations",
+    "idem_runs",
 ];
 /// Columns the scripts add to tables that may have been created without them.
 const COLUMNS: &[(&str, &str)] = &[
@@ -245,6 +248,7 @@ impl PgStore {
             OUTCOME_COUNTS,
             OUTBOX_TRACEPARENT,
             OUTBOX_PENDING,
+            RUNS,
             SCHEMA_VERSION,
         ] {
             sql.push(SqlText::render(script, &[("schema", schema)]));

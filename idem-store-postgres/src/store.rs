@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use idem_core::ident::Ident;
 use idem_core::sql::SqlText;
 use idem_core::{
-    sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError,
+    sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, RunNote,
+    StoreError,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
@@ -579,6 +580,41 @@ impl ClaimStore for PgStore {
     /// (`migrate`); on a reference table that was never migrated they are not.
     fn capabilities(&self) -> Capabilities {
         Capabilities::TRANSACTIONAL.with_conflict_detection(self.shared.has_identity())
+    }
+
+    /// One autocommitted statement on a pooled connection (`idem_runs`,
+    /// `migrations/0012_runs.sql`): committed, so durable, when it returns. A schema not
+    /// migrated since the table was added answers an error (the gate then runs the rerun
+    /// without the check).
+    async fn note_run(
+        &self,
+        key: &IdempotencyKey,
+        note: RunNote,
+    ) -> Result<Option<u32>, StoreError> {
+        let runs = self.sql_table("idem_runs");
+        let text = match note {
+            RunNote::Started => sql!(
+                "INSERT INTO {runs} AS r (idempotency_key, runs) VALUES ($1, 1) \
+                 ON CONFLICT (idempotency_key) DO UPDATE \
+                 SET runs = r.runs + 1, last_run_at = now() RETURNING r.runs",
+                runs
+            ),
+            RunNote::NotRun => sql!(
+                "UPDATE {runs} SET runs = greatest(runs - 1, 0) WHERE idempotency_key = $1 \
+                 RETURNING runs",
+                runs
+            ),
+            RunNote::Settled => sql!(
+                "DELETE FROM {runs} WHERE idempotency_key = $1 RETURNING 0",
+                runs
+            ),
+        };
+        let n: Option<i32> = sqlx::query_scalar(statement(text))
+            .bind(key.to_hex())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map_sqlx(e, "recording a rerun"))?;
+        Ok(Some(u32::try_from(n.unwrap_or(0)).unwrap_or(0)))
     }
 }
 

@@ -6,7 +6,7 @@ mod common;
 
 use idem_core::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxBatch, OutboxEvent,
-    OutboxSource, OutboxWriter,
+    OutboxSource, OutboxWriter, RunNote,
 };
 use idem_store_postgres::{error::sqlstate, PgConfig, PgOutboxSource, PgStore};
 use sqlx::postgres::PgPoolOptions;
@@ -20,6 +20,7 @@ GRANT USAGE ON SCHEMA {schema} TO {consumer}, {relay}, {auditor};
 GRANT SELECT, INSERT ON {schema}.processed_messages, {schema}.disbursements, {schema}.outbox TO {consumer};
 GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {consumer};
 GRANT SELECT, INSERT, UPDATE ON {schema}.idem_outcome_counts TO {consumer};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.idem_runs TO {consumer};
 GRANT SELECT, UPDATE (published_at, publish_attempts, last_error, failed_at) ON {schema}.outbox TO {relay};
 GRANT SELECT, UPDATE, DELETE ON {schema}.outbox_pending TO {relay};
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {auditor};
@@ -136,6 +137,19 @@ async fn check(owner: &PgStore, schema: &str, consumer: &str, relay: &str, audit
     .await
     .expect("outbox");
     tx.commit().await.expect("commit");
+    // The record of reruns (the check before the handler, on by default).
+    for (note, n) in [
+        (RunNote::Started, 1),
+        (RunNote::NotRun, 0),
+        (RunNote::Settled, 0),
+    ] {
+        assert_eq!(
+            c.note_run(&key, note)
+                .await
+                .expect("the consumer records a rerun"),
+            Some(n)
+        );
+    }
     let mut tx = c.begin().await.expect("begin");
     assert_eq!(
         tx.claim(&key, &ClaimMeta::new("A-1")).await.expect("claim"),

@@ -6,7 +6,8 @@ use async_trait::async_trait;
 use idem_core::ident::Ident;
 use idem_core::sql::SqlText;
 use idem_core::{
-    sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError,
+    sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, RunNote,
+    StoreError,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, Transaction};
@@ -22,6 +23,8 @@ const IDENTITY: &str = include_str!("../migrations/0002_store_identity.sql");
 const CLAIM_IDENTITY: &str = include_str!("../migrations/0003_claim_identity.sql");
 /// The outcome tally (`idem_outcome_counts`, [`SqliteStore::add_outcome_counts`]).
 const OUTCOME_COUNTS: &str = include_str!("../migrations/0005_outcome_counts.sql");
+/// The reruns' record (`idem_runs`, [`ClaimStore::note_run`]).
+const RUNS: &str = include_str!("../migrations/0006_runs.sql");
 
 /// The current time as the store writes it (see `now!`).
 pub(crate) const NOW: &str = now!();
@@ -106,6 +109,10 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map("creating the outcome tally", e))?;
+        sqlx::raw_sql(RUNS)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map("creating the reruns' record", e))?;
         crate::source::migrate(&self.pool).await
     }
 
@@ -214,6 +221,34 @@ impl ClaimStore for SqliteStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::TRANSACTIONAL
+    }
+
+    /// One autocommitted statement on a pooled connection (`idem_runs`): durable when it
+    /// returns, under `synchronous=FULL`.
+    async fn note_run(
+        &self,
+        key: &IdempotencyKey,
+        note: RunNote,
+    ) -> Result<Option<u32>, StoreError> {
+        let sql = match note {
+            RunNote::Started => concat!(
+                "INSERT INTO idem_runs (idempotency_key, runs, last_run_at) VALUES (?1, 1, ",
+                now!(),
+                ") ON CONFLICT (idempotency_key) DO UPDATE SET runs = runs + 1, \
+                 last_run_at = excluded.last_run_at RETURNING runs"
+            ),
+            RunNote::NotRun => {
+                "UPDATE idem_runs SET runs = max(runs - 1, 0) WHERE idempotency_key = ?1 \
+                 RETURNING runs"
+            }
+            RunNote::Settled => "DELETE FROM idem_runs WHERE idempotency_key = ?1 RETURNING 0",
+        };
+        let n: Option<i64> = sqlx::query_scalar(sql)
+            .bind(key.to_hex())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map("recording a rerun", e))?;
+        Ok(Some(u32::try_from(n.unwrap_or(0)).unwrap_or(u32::MAX)))
     }
 }
 

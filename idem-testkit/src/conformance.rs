@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use idem_core::{
     ClaimMeta, ClaimOutcome, ClaimTx, ConflictPolicy, Delivery, Gate, GateConfig, IdempotencyKey,
-    Outcome, OutcomeKind,
+    Outcome, OutcomeKind, RunNote,
 };
 
 use crate::broker::SimBroker;
@@ -669,6 +669,86 @@ pub async fn first_delivered_wins_across_batches<S: TestStore>(store: S) {
     assert_eq!(effects.len(), 3, "A-held, Z-first and B-other each once");
 }
 
+/// The record of reruns ([`ClaimStore::note_run`]): each `Started` adds one and answers
+/// the count, `NotRun` takes one back (never below zero), `Settled` forgets the key;
+/// keys are counted apart. Through the gate, on a broker that counts runs: a rerun whose
+/// recorded runs reach `max_attempts` claims its key and is dead-lettered unrun, and its
+/// record is forgotten; a rerun below the limit runs and commits. A store that keeps no
+/// record answers `None` and skips this check, saying so.
+pub async fn reruns_are_recorded<S: TestStore>(store: S) {
+    let k = key("reruns-one");
+    let note = |n| {
+        let store = store.clone();
+        async move { store.note_run(&k, n).await.expect("note_run") }
+    };
+    let Some(first) = note(RunNote::Started).await else {
+        eprintln!("reruns_are_recorded: skipped, the store keeps no record of reruns");
+        return;
+    };
+    assert_eq!(first, 1, "a first rerun counts one");
+    assert_eq!(note(RunNote::Started).await, Some(2), "each rerun adds one");
+    assert_eq!(
+        note(RunNote::NotRun).await,
+        Some(1),
+        "a rerun that did not run is taken back"
+    );
+    let other = key("reruns-other");
+    assert_eq!(
+        store
+            .note_run(&other, RunNote::NotRun)
+            .await
+            .expect("note_run"),
+        Some(0),
+        "never below zero, and keys are counted apart"
+    );
+    assert_eq!(note(RunNote::Settled).await, Some(0));
+    assert_eq!(
+        note(RunNote::Started).await,
+        Some(1),
+        "a settled key starts over"
+    );
+
+    // Through the gate: "killer" has run twice (its first run, and one recorded rerun),
+    // "ok" once; each process that held them died.
+    let broker = SimBroker::new(1).counting_runs();
+    let killer = encode_submission("reruns-killer", CONFLICT_TS, 1);
+    broker.publish(killer.clone());
+    broker.publish(encode_submission("reruns-ok", CONFLICT_TS, 2));
+    drop(broker.receive_many(usize::MAX));
+    let killer_key =
+        IdempotencyKey::derive("reruns-killer", CONFLICT_TS, &killer).expect("valid identity");
+    store
+        .note_run(&killer_key, RunNote::Started)
+        .await
+        .expect("note_run");
+    drop(broker.receive_many(usize::MAX));
+    let gate = Gate::with_config(
+        store.clone(),
+        EffectHandlerFor::<S>::new(),
+        GateConfig::default().with_max_attempts(2),
+    );
+    let outcomes = gate.process_batch(broker.receive_many(usize::MAX)).await;
+    let kinds: Vec<OutcomeKind> = outcomes.iter().map(Outcome::kind).collect();
+    assert_eq!(
+        kinds,
+        vec![OutcomeKind::Rejected, OutcomeKind::Processed],
+        "the killer's third run would pass max_attempts 2: dead-lettered unrun; the other \
+         message's first recorded run goes on"
+    );
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].1.code, idem_core::gate::ATTEMPTS_EXHAUSTED);
+    assert!(broker.is_settled());
+    assert_eq!(
+        store
+            .note_run(&killer_key, RunNote::Started)
+            .await
+            .expect("note_run"),
+        Some(1),
+        "the dead-lettered key's record was forgotten"
+    );
+}
+
 /// Runs every check in order against stores from `make` (for a quick single-test run).
 pub async fn run_all<S, F, Fut>(make: F)
 where
@@ -692,6 +772,7 @@ where
     batch_claim_detects_conflicts(make().await).await;
     gate_conflict_policies(make().await).await;
     first_delivered_wins_across_batches(make().await).await;
+    reruns_are_recorded(make().await).await;
 }
 
 /// Expands to one `#[tokio::test]` per conformance check. `$make` is an expression
@@ -715,7 +796,8 @@ macro_rules! conformance_tests {
             concurrent_conflicting_claims_serialize,
             batch_claim_detects_conflicts,
             gate_conflict_policies,
-            first_delivered_wins_across_batches
+            first_delivered_wins_across_batches,
+            reruns_are_recorded
         );
     };
     (@each $make:expr; $($name:ident),+) => {

@@ -297,6 +297,14 @@ impl<S: ClaimStore> ClaimStore for FaultyStore<S> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
+    async fn note_run(
+        &self,
+        key: &IdempotencyKey,
+        note: idem_core::RunNote,
+    ) -> Result<Option<u32>, StoreError> {
+        self.inner.note_run(key, note).await
+    }
 }
 
 #[async_trait]

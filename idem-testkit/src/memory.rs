@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use idem_core::{
     Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent,
-    OutboxWriter, StoreError,
+    OutboxWriter, RunNote, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -40,6 +40,8 @@ struct State {
     outbox: Vec<(u64, OutboxEvent, bool, Instant)>,
     outbox_locked: HashSet<u64>,
     seq: u64,
+    /// Recorded reruns per key ([`ClaimStore::note_run`]).
+    runs: HashMap<IdempotencyKey, u32>,
 }
 
 #[derive(Debug, Default)]
@@ -213,6 +215,31 @@ impl ClaimStore for MemoryStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::TRANSACTIONAL
+    }
+
+    /// Kept beside the claims: like them, a simulated crash of the consumer leaves it.
+    async fn note_run(
+        &self,
+        key: &IdempotencyKey,
+        note: RunNote,
+    ) -> Result<Option<u32>, StoreError> {
+        let mut st = self.shared.lock();
+        Ok(Some(match note {
+            RunNote::Started => {
+                let n = st.runs.entry(*key).or_insert(0);
+                *n += 1;
+                *n
+            }
+            RunNote::NotRun => {
+                let n = st.runs.entry(*key).or_insert(0);
+                *n = n.saturating_sub(1);
+                *n
+            }
+            RunNote::Settled => {
+                st.runs.remove(key);
+                0
+            }
+        }))
     }
 }
 

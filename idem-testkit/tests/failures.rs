@@ -414,6 +414,80 @@ async fn a_rerun_past_max_attempts_in_a_batch_is_dead_lettered_unrun_and_its_nei
     assert!(broker.is_settled());
 }
 
+/// The broker counts a delivery for every message the dying process held; only the
+/// runs the store recorded count: a neighbour that sat in the buffer beside a message
+/// that kills its process is processed, however often the broker delivered it. With the
+/// gate's defaults (the check on), and without it the killer runs for ever.
+#[tokio::test]
+async fn the_neighbours_held_by_a_dying_process_are_not_charged_its_runs() {
+    for check in [true, false] {
+        let store = MemoryStore::new();
+        let broker = SimBroker::new(1).counting_runs();
+        broker.publish(body("hang-1"));
+        broker.publish(body("ok-1"));
+        let handler = Scripted::default();
+        let mut config = GateConfig::default().with_max_attempts(3);
+        if !check {
+            config = config.with_check_attempts_before_handler(false);
+        }
+        let gate = Gate::with_config(store.clone(), handler.clone(), config);
+        let killer = body("hang-1");
+        let mut deaths = 0;
+        let mut neighbour_attempt = None;
+        // Each process takes both messages, runs the killer first and dies holding the
+        // other one.
+        while !broker.is_settled() && deaths < 8 {
+            let mut held = broker.receive_many(usize::MAX);
+            let Some(i) = held.iter().position(|d| d.payload == killer) else {
+                for d in held {
+                    neighbour_attempt = d.attempt;
+                    gate.process(d).await;
+                }
+                continue;
+            };
+            let first = held.remove(i);
+            if tokio::time::timeout(Duration::from_millis(50), gate.process(first))
+                .await
+                .is_err()
+            {
+                deaths += 1;
+                drop(held);
+                continue;
+            }
+            for d in held {
+                neighbour_attempt = d.attempt;
+                gate.process(d).await;
+            }
+        }
+        let runs = handler.runs.load(std::sync::atomic::Ordering::SeqCst);
+        if !check {
+            assert_eq!(deaths, 8, "without the check the killer runs on");
+            assert_eq!(runs, 8);
+            continue;
+        }
+        assert_eq!(deaths, 3, "the killer ran max_attempts times");
+        assert_eq!(runs, 3);
+        assert!(broker.is_settled());
+        let dead = broker.dead_letters();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
+        assert!(
+            dead[0].1.detail.starts_with("ran 3 times"),
+            "{}",
+            dead[0].1.detail
+        );
+        assert_eq!(
+            store.effects().await.unwrap().len(),
+            1,
+            "the neighbour was processed"
+        );
+        assert!(
+            neighbour_attempt.is_some_and(|n| n > 3),
+            "the broker counted the neighbour past the limit: {neighbour_attempt:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_store_outage_costs_no_run_and_dead_letters_nothing() {
     use std::sync::atomic::Ordering::SeqCst;

@@ -42,6 +42,14 @@ pub(crate) struct Args {
     /// error (`attempts_exhausted`); a store down for everyone never counts.
     #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one_u32)]
     max_attempts: u32,
+    /// Run every redelivery's handler, even of a message that ended its consumer each
+    /// time it ran. By default a redelivery whose earlier runs never settled (an OOM kill,
+    /// an abort) is recorded in the store before it runs (`idem_runs`), and dead-lettered
+    /// unrun (`attempts_exhausted`) once it has run --max-attempts times; messages that
+    /// only sat in the dying consumer's buffer are not charged. Applies on NATS, SQS,
+    /// RabbitMQ and Kafka, whose counts hold runs only.
+    #[arg(long)]
+    no_rerun_check: bool,
     /// An attempt whose business writes (a batch's, for a batch) have not returned after
     /// this long fails like a transient error (`5`, `500ms`, `2m`): a handler that never
     /// returns is dead-lettered after --max-attempts instead of holding its delivery.
@@ -154,6 +162,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         handler_timeout: args.handler_timeout,
         gate: GateConfig::default()
             .with_max_attempts(args.max_attempts)
+            .with_check_attempts_before_handler(!args.no_rerun_check)
             .with_on_conflict(args.on_conflict),
         metrics,
     };

@@ -166,6 +166,14 @@ impl ClaimStore for TestPg {
     fn capabilities(&self) -> Capabilities {
         self.0.capabilities()
     }
+
+    async fn note_run(
+        &self,
+        key: &IdempotencyKey,
+        note: idem_core::RunNote,
+    ) -> Result<Option<u32>, StoreError> {
+        self.0.note_run(key, note).await
+    }
 }
 
 #[async_trait]

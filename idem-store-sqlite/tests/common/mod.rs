@@ -46,6 +46,14 @@ impl ClaimStore for TestSqlite {
     fn capabilities(&self) -> Capabilities {
         self.store.capabilities()
     }
+
+    async fn note_run(
+        &self,
+        key: &IdempotencyKey,
+        note: idem_core::RunNote,
+    ) -> Result<Option<u32>, StoreError> {
+        self.store.note_run(key, note).await
+    }
 }
 
 fn err(e: sqlx::Error) -> StoreError {

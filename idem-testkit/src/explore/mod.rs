@@ -243,13 +243,17 @@ pub struct Config {
     pub counts_runs: bool,
     /// Whether the gates check the attempt before the handler
     /// ([`GateConfig::check_attempts_before_handler`](idem_core::GateConfig::check_attempts_before_handler)).
-    /// Off in the default passes (the default a user gets); on in [`Config::killer`] and
-    /// [`Config::outages`].
+    /// On in [`Config::killer`] and [`Config::outages`], as a user gets it (the gate's
+    /// default). Off in the default passes: there a rerun is batched with its neighbours,
+    /// which the batch mutants need (with the check on, a rerun is processed alone and
+    /// `unsorted-batch-claims` was not caught in ten minutes).
     pub check_before_handler: bool,
     /// Whether a message that kills its process may cost each message held beside it one
-    /// run at most (the promise of `Gate::process_batch` for reruns). Off by default: two
-    /// reruns received together are run one after the other in the same process, so a
-    /// killer received beside another rerun costs it a second run.
+    /// broker delivery at most. Off by default: a process holds more deliveries than it
+    /// runs, so a killer's every run costs the deliveries held beside it one delivery
+    /// each. Those are not charged as runs (the store records only the runs that start,
+    /// `ClaimStore::note_run`), so no neighbour is dead-lettered for them; the broker's
+    /// own limit, which counts them, needs its margin.
     pub neighbour_check: bool,
     /// The mutant to run instead of the real protocol.
     pub mutant: Option<Mutant>,

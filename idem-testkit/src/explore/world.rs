@@ -174,6 +174,8 @@ pub(crate) struct Durable {
     pub(crate) outbox: BTreeMap<u8, u32>,
     /// The store's identity (rotated by the restore runbook).
     pub(crate) identity: u64,
+    /// Recorded reruns per key (`ClaimStore::note_run`), kept like the claims.
+    pub(crate) runs: BTreeMap<u8, u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -570,6 +572,37 @@ impl ClaimStore for ExStore {
     /// and a second key for it is a `Conflict`.
     fn capabilities(&self) -> Capabilities {
         Capabilities::TRANSACTIONAL.with_conflict_detection(true)
+    }
+
+    /// One atomic, durable step (an autocommitted upsert): no fault, no interleaving
+    /// inside it; a crash before or after it is explored at the gate's next point.
+    async fn note_run(
+        &self,
+        key: &IdempotencyKey,
+        note: idem_core::RunNote,
+    ) -> Result<Option<u32>, StoreError> {
+        let k = key_index(key);
+        let mut w = lock(&self.0);
+        let task = w.current_task;
+        let n = match note {
+            idem_core::RunNote::Started => {
+                let n = w.durable.runs.entry(k).or_insert(0);
+                *n += 1;
+                *n
+            }
+            idem_core::RunNote::NotRun => {
+                let n = w.durable.runs.entry(k).or_insert(0);
+                *n = n.saturating_sub(1);
+                *n
+            }
+            idem_core::RunNote::Settled => {
+                w.durable.runs.remove(&k);
+                0
+            }
+        };
+        w.trace
+            .push(format!("t{task}: note run of k{k} {note:?}: {n}"));
+        Ok(Some(n))
     }
 }
 
