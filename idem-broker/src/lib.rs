@@ -71,6 +71,8 @@
 //! # Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod any;
 mod duration;
 mod error;
@@ -86,18 +88,38 @@ mod setting;
 mod tls;
 
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub mod rabbitmq;
 #[cfg(feature = "redis-streams")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-streams")))]
 pub mod redis_streams;
 #[cfg(feature = "sqs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
 pub mod sqs;
 
 pub use duration::{parse_duration, DurationError};
 pub use error::BrokerError;
 #[cfg(feature = "_tokio")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(
+        feature = "rabbitmq",
+        feature = "nats",
+        feature = "redis-streams",
+        feature = "sqs",
+        feature = "kafka"
+    )))
+)]
 pub use idle::{until_idle, UntilIdle};
 pub use names::{dead_letter_name, DEAD_LETTER_REASON_HEADER};
+
+// The README's example, run as a doctest (it needs the `redis-streams` adapter).
+#[cfg(all(doctest, feature = "redis-streams"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -147,6 +147,7 @@ mod sqlite {
     }
 
     #[async_trait]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     impl GrantBook for SqliteTx {
         async fn record_disbursement(
             &mut self,
@@ -198,6 +199,7 @@ mod sqlite {
     }
 
     #[async_trait]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     impl GrantDb for SqliteStore {
         async fn migrate_grants(&self) -> Result<(), StoreError> {
             self.migrate().await?;
@@ -315,6 +317,7 @@ mod memory {
     use idem_testkit::{MemoryStore, MemoryTx, Row};
 
     #[async_trait]
+    #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
     impl GrantBook for MemoryTx {
         async fn record_disbursement(
             &mut self,
@@ -332,6 +335,7 @@ mod memory {
     }
 
     #[async_trait]
+    #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
     impl GrantDb for MemoryStore {
         async fn migrate_grants(&self) -> Result<(), StoreError> {
             Ok(())
@@ -396,6 +400,7 @@ mod postgres {
     }
 
     #[async_trait]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     impl GrantBook for PgTx {
         async fn record_disbursement(
             &mut self,
@@ -446,6 +451,7 @@ mod postgres {
     }
 
     #[async_trait]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     impl GrantDb for PgStore {
         async fn migrate_grants(&self) -> Result<(), StoreError> {
             self.migrate().await?;

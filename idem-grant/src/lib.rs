@@ -22,6 +22,8 @@
 //! assert_eq!(bad.unwrap_err().code, "invalid_identity");
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod canonical;
 mod db;
 mod handler;
@@ -36,3 +38,8 @@ pub use submission::{
 };
 
 pub use idem_core::{IdempotencyKey, RejectReason};
+
+// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -48,6 +48,8 @@
 //! # Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod deadline;
 mod publisher;
 mod retry;
@@ -73,3 +75,8 @@ pub fn tokio_sleep() -> Sleep {
 pub fn relay_options() -> RelayOptions {
     RelayOptions::default().sleep(tokio_sleep())
 }
+
+// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -80,6 +80,8 @@
 //! (the default, as in libpq) uses TLS when the server offers it and it is compiled in,
 //! plaintext otherwise: use `require` or stronger wherever plaintext is not acceptable.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod audit;
 pub mod config;
 pub mod distributed;
@@ -107,3 +109,8 @@ pub use retention::{
 };
 pub use source::{PgOutboxBatch, PgOutboxSource};
 pub use store::{PgStore, PgTx, APPEND_ONLY_SQLSTATE};
+
+// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

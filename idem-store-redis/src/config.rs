@@ -14,10 +14,12 @@ pub enum ClientKind {
     /// The `fred` crate (feature `fred`): standalone servers and Redis Cluster. A batch
     /// claim on one server is one `EVAL` of a Lua loop.
     #[cfg(feature = "fred")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "fred")))]
     Fred,
     /// The `redis` crate, a.k.a. redis-rs (feature `redis-rs`, the default): standalone
     /// servers and Redis Cluster. A batch claim is one pipeline of native `SET`s.
     #[cfg(feature = "redis-rs")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-rs")))]
     RedisRs,
 }
 

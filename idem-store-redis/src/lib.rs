@@ -58,6 +58,8 @@
 //! Both run the same code above a handful of pipelined operations, and the same tests.
 //! Lua scripts live in `scripts/` beside this crate's sources. Needs Redis 7.0 or later.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod client;
 pub mod config;
 pub mod error;
@@ -69,3 +71,8 @@ pub use config::{ClientKind, RedisConfig};
 pub use error::RedisError;
 pub use filter::{IdentitySession, RedisFilter, StoreIdentitySource};
 pub use store::{KeyState, RedisLeaseStore, RedisLeaseTx};
+
+// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -45,6 +45,8 @@
 //! # Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 /// The current time as the stores write it (UTC, ISO 8601 with milliseconds), as a
 /// literal so that statements holding it are string literals too (`concat!`).
 macro_rules! now {
@@ -81,3 +83,8 @@ pub use idem_core::record::{AuditSummary, ClaimRecord, OutboxRecord, Timestamp};
 
 /// Re-exported so callers use the same sqlx.
 pub use sqlx;
+
+// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -41,6 +41,8 @@
 //! # Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod broker;
 pub mod conformance;
 pub mod explore;
@@ -50,6 +52,7 @@ pub mod ledger;
 pub mod memory;
 pub mod sim;
 #[cfg(feature = "proptest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "proptest")))]
 pub mod strategies;
 pub mod tls;
 
@@ -63,3 +66,8 @@ pub use harness::{
 pub use ledger::{Ledger, Violation};
 pub use memory::{ClaimRecord, MemoryOutbox, MemoryOutboxBatch, MemoryStore, MemoryTx, Row};
 pub use sim::{SimConfig, SimReport};
+
+// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -12,18 +12,23 @@ use crate::BrokerError;
 pub enum AnyPublisher {
     /// See [`crate::rabbitmq::RabbitPublisher`].
     #[cfg(feature = "rabbitmq")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
     RabbitMq(crate::rabbitmq::RabbitPublisher),
     /// See [`crate::nats::NatsPublisher`].
     #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
     Nats(crate::nats::NatsPublisher),
     /// See [`crate::redis_streams::RedisStreamsPublisher`].
     #[cfg(feature = "redis-streams")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-streams")))]
     RedisStreams(crate::redis_streams::RedisStreamsPublisher),
     /// See [`crate::sqs::SqsPublisher`].
     #[cfg(feature = "sqs")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
     Sqs(crate::sqs::SqsPublisher),
     /// See [`crate::kafka::KafkaPublisher`].
     #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     Kafka(crate::kafka::KafkaPublisher),
 }
 
