@@ -408,11 +408,12 @@ async fn the_server_s_max_deliver_hits_are_counted() {
     .await;
 }
 
-/// A message that kills its consumer on every run (here its delivery is dropped
-/// unsettled with the consumer, as the process's death would) is dead-lettered by the
-/// gate, unrun, once the server's count of its runs passes `max_attempts` — before the
-/// server's own `max_deliver` ends it without a reason. Deferrals and delayed nacks are
-/// held without a server delivery, so that count holds runs only.
+/// A message that kills its consumer on every run (here the gate's future is dropped
+/// with its delivery while the handler runs, as the process's death would) is
+/// dead-lettered by the gate, unrun, once its recorded runs reach `max_attempts` — before
+/// the server's own `max_deliver` ends it without a reason. With the gate's defaults:
+/// each rerun is recorded in the store before it runs. Deferrals and delayed nacks are
+/// held without a server delivery, so the server's count holds runs only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_kills_its_consumer_is_dead_lettered_unrun_before_max_deliver() {
     common::within(async {
@@ -422,22 +423,27 @@ async fn a_message_that_kills_its_consumer_is_dead_lettered_unrun_before_max_del
             .await
             .expect("publish");
         let config = NatsConfig::from_url(&url(), &name).expect("config");
+        let store = MemoryStore::new();
+        let limits = GateConfig::default().with_max_attempts(MAX_DELIVER - 1);
+        let killer = Plain {
+            slow: Duration::from_secs(3600),
+            ..Plain::default()
+        };
         for run in 1..MAX_DELIVER {
+            // A process of its own, which dies while the handler runs.
+            let gate = Gate::with_config(store.clone(), killer, limits.clone());
             let mut stream = NatsConsumer::connect(&config).await.expect("connect");
             let d = take(&mut stream, 1).await.remove(0);
             assert_eq!(d.attempt, Some(run));
-            // The process dies holding it.
-            drop(d);
+            assert!(
+                tokio::time::timeout(Duration::from_millis(300), gate.process(d))
+                    .await
+                    .is_err(),
+                "the handler runs until the process dies"
+            );
             drop(stream);
         }
-        let store = MemoryStore::new();
-        let gate = Gate::with_config(
-            store.clone(),
-            Plain::default(),
-            GateConfig::default()
-                .with_max_attempts(MAX_DELIVER - 1)
-                .with_check_attempts_before_handler(true),
-        );
+        let gate = Gate::with_config(store.clone(), Plain::default(), limits);
         let mut stream = NatsConsumer::connect(&config).await.expect("connect");
         let d = take(&mut stream, 1).await.remove(0);
         assert_eq!(d.attempt, Some(MAX_DELIVER));
