@@ -110,6 +110,13 @@ pub use retention::{
 pub use source::{PgOutboxBatch, PgOutboxSource};
 pub use store::{PgStore, PgTx, APPEND_ONLY_SQLSTATE};
 
+/// Re-exported so callers use the same sqlx as the store: [`PgStore::pool`],
+/// [`PgStore::from_pool`], [`PgTx::conn`] and the `error` functions take and give its types.
+pub use sqlx;
+/// The sqlx types of this crate's signatures: [`PgStore::pool`] and [`PgStore::from_pool`]
+/// (a pool), [`PgTx::conn`] (the claim transaction's connection, for the business writes).
+pub use sqlx::{PgConnection, PgPool};
+
 // The README's example, run as a doctest.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
