@@ -445,9 +445,9 @@ async fn kafka(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broke
     // The topic must exist (some brokers, tansu among them, describe a missing topic as
     // one without settings).
     let partitions = {
-        let (brokers, topic) = (c.brokers.clone(), name.to_owned());
+        let (mut meta_config, topic) = (c.client_config(), name.to_owned());
         crate::kafka::blocking(move || {
-            let meta: BaseConsumer = crate::kafka::base_config(&brokers)
+            let meta: BaseConsumer = meta_config
                 .set("allow.auto.create.topics", "false")
                 .create()
                 .map_err(|e| BrokerError::connect(broker, e))?;
@@ -458,7 +458,8 @@ async fn kafka(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broke
     if partitions == 0 {
         return Err(missing(name, "Kafka topic"));
     }
-    let admin: AdminClient<DefaultClientContext> = crate::kafka::base_config(&c.brokers)
+    let admin: AdminClient<DefaultClientContext> = c
+        .client_config()
         .create()
         .map_err(|e| BrokerError::connect(broker, e))?;
     let results = admin

@@ -45,20 +45,20 @@ pub enum BrokerKind {
     RedisStreams,
     /// `sqs://`: Amazon SQS.
     Sqs,
-    /// `kafka://`: Kafka.
+    /// `kafka://`, `kafkas://` (TLS): Kafka.
     Kafka,
 }
 
 impl BrokerKind {
     /// The broker of URL scheme `scheme` (`amqp`, `amqps`, `nats`, `tls`, `redis`,
-    /// `rediss`, `sqs`, `kafka`), whether or not its feature is compiled in.
+    /// `rediss`, `sqs`, `kafka`, `kafkas`), whether or not its feature is compiled in.
     pub fn from_scheme(scheme: &str) -> Option<Self> {
         Some(match scheme {
             "amqp" | "amqps" => Self::RabbitMq,
             "nats" | "tls" => Self::Nats,
             "redis" | "rediss" => Self::RedisStreams,
             "sqs" => Self::Sqs,
-            "kafka" => Self::Kafka,
+            "kafka" | "kafkas" => Self::Kafka,
             _ => return None,
         })
     }
@@ -134,7 +134,17 @@ impl fmt::Debug for BrokerUrl {
         f.debug_struct("BrokerUrl")
             .field("kind", &self.kind)
             .field("url", &crate::names::redact(&self.client_url))
-            .field("params", &self.params)
+            .field(
+                "params",
+                &self
+                    .params
+                    .iter()
+                    .map(|(k, v)| {
+                        let secret = idem_core::redact::is_secret_param(k);
+                        (k, if secret { idem_core::redact::MASK } else { v })
+                    })
+                    .collect::<BTreeMap<_, _>>(),
+            )
             .finish()
     }
 }
@@ -230,7 +240,9 @@ impl BrokerUrl {
                 parsed.query_pairs_mut().clear().extend_pairs(rest);
             }
             let mut client = parsed.to_string();
-            if let Some((start, list)) = hosts {
+            if let Some((_, list)) = hosts {
+                // Where the first host starts in the URL as `url` writes it again.
+                let start = kafka_hosts(&client).map_or(0, |(start, _)| start);
                 let first_len = list.split(',').next().unwrap_or_default().len();
                 client.replace_range(start..start + first_len, list);
             }
@@ -282,16 +294,23 @@ impl BrokerUrl {
     }
 }
 
-/// Where a `kafka://` URL's comma-separated bootstrap list starts, and the list; `None`
-/// for any other URL or a single host. The list ends at the path, query or fragment.
+/// Where a `kafka://` (or `kafkas://`) URL's comma-separated bootstrap list starts, and
+/// the list; `None` for any other URL or a single host.
 fn bootstrap_list(url: &str) -> Option<(usize, &str)> {
-    let start = "kafka://".len();
-    if !url.get(..start)?.eq_ignore_ascii_case("kafka://") {
-        return None;
-    }
-    let rest = &url[start..];
-    let list = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    (list.contains(',') && !list.contains('@')).then_some((start, list))
+    kafka_hosts(url).filter(|(_, list)| list.contains(','))
+}
+
+/// Where a `kafka://` (or `kafkas://`) URL's hosts start, after any `user:password@`,
+/// and the hosts, up to the path, query or fragment; `None` for any other URL.
+fn kafka_hosts(url: &str) -> Option<(usize, &str)> {
+    let scheme = ["kafka://", "kafkas://"].into_iter().find(|s| {
+        url.get(..s.len())
+            .is_some_and(|u| u.eq_ignore_ascii_case(s))
+    })?;
+    let rest = &url[scheme.len()..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let start = scheme.len() + authority.rfind('@').map_or(0, |at| at + 1);
+    Some((start, &url[start..scheme.len() + authority.len()]))
 }
 
 /// `scheme`'s broker `kind` is not compiled in.
@@ -373,6 +392,7 @@ mod tests {
             ("rediss", BrokerKind::RedisStreams),
             ("sqs", BrokerKind::Sqs),
             ("kafka", BrokerKind::Kafka),
+            ("kafkas", BrokerKind::Kafka),
         ] {
             assert_eq!(BrokerKind::from_scheme(scheme), Some(kind), "{scheme}");
         }
@@ -448,11 +468,21 @@ mod tests {
             c.brokers,
             "10.0.0.1:9092,10.0.0.2:9092,kafka-3.internal:9093"
         );
+        // after a SASL user:password@, on kafkas:// too, with settings taken out
+        let tls = "kafkas://u:p%40ss@10.0.0.1:9093,kafka-2.internal:9093";
+        let with = BrokerUrl::parse(&format!("{tls}?group=billing&sasl.mechanism=PLAIN")).unwrap();
+        assert_eq!(with.client_url(), tls);
+        assert_eq!(with.param("sasl.mechanism"), Some("PLAIN"));
+        assert!(!with.to_string().contains("p%40ss"), "{with}");
+        let c = crate::kafka::KafkaConfig::from_url(&with, "grants").unwrap();
+        assert_eq!(c.brokers, "10.0.0.1:9093,kafka-2.internal:9093");
+        assert_eq!(c.security.sasl_password.as_deref(), Some("p@ss"));
         // a bad host in the list is still a bad URL
         for bad in [
             "kafka://h1:9092,h2:notaport?group=g",
             "kafka://h1:notaport,h2:9092",
             "kafka://h1:9092,,h2:9092",
+            "kafkas://u:p@h1:9092,h2:notaport",
         ] {
             assert!(
                 matches!(BrokerUrl::parse(bad), Err(BrokerError::InvalidUrl(_))),

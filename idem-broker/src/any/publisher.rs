@@ -156,7 +156,7 @@ pub async fn pending_count(url: &BrokerUrl, name: &str) -> Result<u64, BrokerErr
         #[cfg(feature = "kafka")]
         BrokerKind::Kafka => {
             let c = crate::kafka::KafkaConfig::from_url(url, name)?;
-            crate::kafka::pending_count(&c.brokers, name, &c.group).await
+            crate::kafka::pending_count_with(&c).await
         }
         #[allow(unreachable_patterns)]
         other => Err(not_compiled(other.feature(), other)),

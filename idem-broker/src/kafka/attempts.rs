@@ -21,7 +21,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{base_config, BROKER, REQUEST_TIMEOUT};
+use super::{BROKER, REQUEST_TIMEOUT};
 use crate::BrokerError;
 
 /// The topic that holds the delivery counts of topic `name`'s groups.
@@ -59,7 +59,8 @@ pub(crate) fn decode(value: &[u8]) -> BTreeMap<i64, u32> {
 /// Where a partition's counts go in `NAME.attempts`.
 #[derive(Debug, Clone)]
 pub(crate) struct Store {
-    pub(crate) brokers: String,
+    /// The cluster and how to reach it.
+    pub(crate) kafka: super::KafkaConfig,
     pub(crate) topic: String,
     pub(crate) group: String,
     /// Partitions of `NAME.attempts` (at least 1).
@@ -75,7 +76,9 @@ impl Store {
     /// its partition of `NAME.attempts` to its end. Blocking.
     pub(crate) fn read(&self, partition: i32) -> Result<BTreeMap<i64, u32>, BrokerError> {
         let at = self.partition_of(partition);
-        let consumer: BaseConsumer = base_config(&self.brokers)
+        let consumer: BaseConsumer = self
+            .kafka
+            .client_config()
             // Never joins or commits: the id only satisfies librdkafka.
             .set("group.id", format!("{}.attempts-reader", self.group))
             .set("enable.auto.commit", "false")

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use rdkafka::config::ClientConfig;
+
 use crate::any::{BrokerKind, BrokerUrl};
 use crate::setting::{self, duration_in, number_in};
 use crate::BrokerError;
@@ -47,10 +49,339 @@ impl Assignment {
     }
 }
 
+/// Reads a keyword setting: one of `names` (compared without regard to case), else the
+/// reason naming them all.
+fn keyword<T: Copy>(s: &str, names: &[(&str, T)]) -> Result<T, String> {
+    names
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(s))
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let all: Vec<&str> = names.iter().map(|(n, _)| *n).collect();
+            format!("{s:?} is not {}", all.join(", "))
+        })
+}
+
+/// How the clients talk to the brokers (librdkafka's `security.protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SecurityProtocol {
+    /// `plaintext`: no TLS, no authentication (the default of `kafka://`).
+    #[default]
+    Plaintext,
+    /// `ssl`: TLS (the default of `kafkas://`), with a client certificate if given.
+    Ssl,
+    /// `sasl_plaintext`: SASL authentication over plain TCP: the credentials (and, with
+    /// `PLAIN`, the password itself) cross the network unencrypted.
+    SaslPlaintext,
+    /// `sasl_ssl`: SASL authentication over TLS.
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("plaintext", Self::Plaintext),
+        ("ssl", Self::Ssl),
+        ("sasl_plaintext", Self::SaslPlaintext),
+        ("sasl_ssl", Self::SaslSsl),
+    ];
+
+    /// librdkafka's name of the protocol.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plaintext => "plaintext",
+            Self::Ssl => "ssl",
+            Self::SaslPlaintext => "sasl_plaintext",
+            Self::SaslSsl => "sasl_ssl",
+        }
+    }
+
+    /// Whether the connection is TLS.
+    pub fn is_tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+
+    /// Whether the client authenticates with SASL.
+    pub fn is_sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+}
+
+impl std::str::FromStr for SecurityProtocol {
+    type Err = String;
+
+    /// librdkafka's name of the protocol, in any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        keyword(s, Self::NAMES)
+    }
+}
+
+/// The SASL mechanism (librdkafka's `sasl.mechanism`). GSSAPI (Kerberos) and
+/// OAUTHBEARER are not offered: this build of librdkafka has no Cyrus SASL, and idem
+/// has no token source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SaslMechanism {
+    /// `PLAIN`: the password itself is sent (use it over TLS only).
+    #[default]
+    Plain,
+    /// `SCRAM-SHA-256`.
+    ScramSha256,
+    /// `SCRAM-SHA-512`.
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("PLAIN", Self::Plain),
+        ("SCRAM-SHA-256", Self::ScramSha256),
+        ("SCRAM-SHA-512", Self::ScramSha512),
+    ];
+
+    /// librdkafka's name of the mechanism.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plain => "PLAIN",
+            Self::ScramSha256 => "SCRAM-SHA-256",
+            Self::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+}
+
+impl std::str::FromStr for SaslMechanism {
+    type Err = String;
+
+    /// librdkafka's name of the mechanism, in any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        keyword(s, Self::NAMES)
+    }
+}
+
+/// Whether the client checks that the broker's certificate names the host it dialled
+/// (librdkafka's `ssl.endpoint.identification.algorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EndpointIdentification {
+    /// `https`: the certificate must name the host (librdkafka's default).
+    Https,
+    /// `none`: any certificate the CA signed is taken, whatever host it names.
+    None,
+}
+
+impl EndpointIdentification {
+    const NAMES: &'static [(&'static str, Self)] = &[("https", Self::Https), ("none", Self::None)];
+
+    /// librdkafka's name of the check.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Https => "https",
+            Self::None => "none",
+        }
+    }
+}
+
+impl std::str::FromStr for EndpointIdentification {
+    type Err = String;
+
+    /// `https` or `none`, in any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        keyword(s, Self::NAMES)
+    }
+}
+
+/// How the producer compresses its record batches (librdkafka's `compression.type`).
+/// The consumer reads every one of them whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Compression {
+    /// `none`.
+    None,
+    /// `gzip`.
+    Gzip,
+    /// `lz4`.
+    Lz4,
+    /// `snappy`.
+    Snappy,
+    /// `zstd`.
+    Zstd,
+}
+
+impl Compression {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("none", Self::None),
+        ("gzip", Self::Gzip),
+        ("lz4", Self::Lz4),
+        ("snappy", Self::Snappy),
+        ("zstd", Self::Zstd),
+    ];
+
+    /// librdkafka's name of the codec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Gzip => "gzip",
+            Self::Lz4 => "lz4",
+            Self::Snappy => "snappy",
+            Self::Zstd => "zstd",
+        }
+    }
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+
+    /// librdkafka's name of the codec, in any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        keyword(s, Self::NAMES)
+    }
+}
+
+/// How every client of the adapter (consumer, producers, metadata and admin clients)
+/// reaches the brokers: TLS and SASL. The default is plain TCP without authentication.
+///
+/// `Debug` shows the passwords as `***`.
+#[derive(Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct KafkaSecurity {
+    /// `security.protocol`.
+    pub protocol: SecurityProtocol,
+    /// `sasl.mechanism`, used with a SASL protocol.
+    pub sasl_mechanism: SaslMechanism,
+    /// `sasl.username`.
+    pub sasl_username: Option<String>,
+    /// `sasl.password`.
+    pub sasl_password: Option<String>,
+    /// `ssl.ca.location`: a PEM file (or directory) of the CAs the broker's certificate
+    /// must chain to; without it, the system's.
+    pub ssl_ca_location: Option<String>,
+    /// `ssl.certificate.location`: the client's certificate (PEM), for brokers that
+    /// require one.
+    pub ssl_certificate_location: Option<String>,
+    /// `ssl.key.location`: the client certificate's private key (PEM).
+    pub ssl_key_location: Option<String>,
+    /// `ssl.key.password`: the passphrase of an encrypted `ssl.key.location`.
+    pub ssl_key_password: Option<String>,
+    /// `ssl.endpoint.identification.algorithm` (`None`: librdkafka's default, `https`).
+    pub ssl_endpoint_identification: Option<EndpointIdentification>,
+}
+
+impl std::fmt::Debug for KafkaSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mask = |s: &Option<String>| s.as_ref().map(|_| idem_core::redact::MASK);
+        f.debug_struct("KafkaSecurity")
+            .field("protocol", &self.protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &mask(&self.sasl_password))
+            .field("ssl_ca_location", &self.ssl_ca_location)
+            .field("ssl_certificate_location", &self.ssl_certificate_location)
+            .field("ssl_key_location", &self.ssl_key_location)
+            .field("ssl_key_password", &mask(&self.ssl_key_password))
+            .field(
+                "ssl_endpoint_identification",
+                &self.ssl_endpoint_identification,
+            )
+            .finish()
+    }
+}
+
+impl KafkaSecurity {
+    /// TLS with the system's CAs (`security.protocol=ssl`).
+    pub fn ssl() -> Self {
+        Self {
+            protocol: SecurityProtocol::Ssl,
+            ..Self::default()
+        }
+    }
+
+    /// SASL with `mechanism`, `username` and `password`, over TLS when `tls`
+    /// (`sasl_ssl`), else over plain TCP (`sasl_plaintext`).
+    pub fn sasl(
+        tls: bool,
+        mechanism: SaslMechanism,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        Self {
+            protocol: if tls {
+                SecurityProtocol::SaslSsl
+            } else {
+                SecurityProtocol::SaslPlaintext
+            },
+            sasl_mechanism: mechanism,
+            sasl_username: Some(username.into()),
+            sasl_password: Some(password.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Sets `ssl.ca.location`.
+    #[must_use]
+    pub fn with_ca_location(mut self, path: impl Into<String>) -> Self {
+        self.ssl_ca_location = Some(path.into());
+        self
+    }
+
+    /// Sets the client certificate and its key (`ssl.certificate.location`,
+    /// `ssl.key.location`), and the key's passphrase if it has one.
+    #[must_use]
+    pub fn with_client_certificate(
+        mut self,
+        certificate: impl Into<String>,
+        key: impl Into<String>,
+        key_password: Option<String>,
+    ) -> Self {
+        self.ssl_certificate_location = Some(certificate.into());
+        self.ssl_key_location = Some(key.into());
+        self.ssl_key_password = key_password;
+        self
+    }
+
+    /// Sets `ssl.endpoint.identification.algorithm`.
+    #[must_use]
+    pub fn with_endpoint_identification(mut self, check: EndpointIdentification) -> Self {
+        self.ssl_endpoint_identification = Some(check);
+        self
+    }
+
+    /// Puts these settings into a librdkafka configuration, under librdkafka's names.
+    /// The SASL settings go in only with a SASL protocol, the `ssl.` ones only with TLS.
+    pub fn apply(&self, c: &mut ClientConfig) {
+        c.set("security.protocol", self.protocol.as_str());
+        if self.protocol.is_sasl() {
+            c.set("sasl.mechanism", self.sasl_mechanism.as_str());
+            for (key, value) in [
+                ("sasl.username", &self.sasl_username),
+                ("sasl.password", &self.sasl_password),
+            ] {
+                if let Some(v) = value {
+                    c.set(key, v);
+                }
+            }
+        }
+        if self.protocol.is_tls() {
+            for (key, value) in [
+                ("ssl.ca.location", &self.ssl_ca_location),
+                ("ssl.certificate.location", &self.ssl_certificate_location),
+                ("ssl.key.location", &self.ssl_key_location),
+                ("ssl.key.password", &self.ssl_key_password),
+            ] {
+                if let Some(v) = value {
+                    c.set(key, v);
+                }
+            }
+            if let Some(e) = self.ssl_endpoint_identification {
+                c.set("ssl.endpoint.identification.algorithm", e.as_str());
+            }
+        }
+    }
+}
+
 /// A Kafka topic and how to consume it.
 ///
-/// [`from_url`](Self::from_url) reads a `kafka://` URL: its authority is the bootstrap
-/// list (`kafka://host:port`), and idem's settings ride in its query
+/// [`from_url`](Self::from_url) reads a `kafka://` or `kafkas://` URL: its authority is
+/// the bootstrap list (`kafka://host:port[,host:port…]`), optionally after a SASL
+/// `user:password@`, and idem's settings ride in its query
 /// (`kafka://127.0.0.1:9092?group=billing&partitions=8`); durations are
 /// [durations](crate::parse_duration):
 ///
@@ -64,6 +395,24 @@ impl Assignment {
 /// | `assignment` | `cooperative-sticky` | the rebalance strategy ([`Assignment`]): `cooperative-sticky`, `range` or `roundrobin` |
 /// | `batch_messages` | librdkafka's | the producer's record-batch size, `1` to `1000000` (`1` for brokers that cannot fetch from inside a batch, such as tansu) |
 /// | `queued_kbytes` | `4096` | librdkafka's prefetch bound `queued.max.messages.kbytes`, `1` to `2097151` |
+/// | `compression.type` | `none` | the producer's codec ([`Compression`]): `none`, `gzip`, `lz4`, `snappy` or `zstd` (the consumer reads them all) |
+///
+/// How the clients reach the brokers ([`KafkaSecurity`]; librdkafka's names, each handed
+/// to the consumer, the producers and the metadata and admin clients alike):
+///
+/// | parameter | default | value |
+/// |---|---|---|
+/// | `security.protocol` | `plaintext` on `kafka://`, `ssl` on `kafkas://` (`sasl_ssl` with credentials) | `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl` ([`SecurityProtocol`]); `kafkas://` takes only the last two of TLS |
+/// | `sasl.mechanism` | `PLAIN` | `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` ([`SaslMechanism`]), with a SASL protocol |
+/// | `sasl.username`, `sasl.password` | the URL's `user:password@` | needed by a SASL protocol, refused by the others |
+/// | `ssl.ca.location` | the system's CAs | a PEM file of the CAs that sign the brokers' certificates |
+/// | `ssl.certificate.location`, `ssl.key.location` | none | a client certificate and its key (PEM), given together |
+/// | `ssl.key.password` | none | the passphrase of an encrypted key |
+/// | `ssl.endpoint.identification.algorithm` | `https` | `https` (the certificate must name the host) or `none` |
+///
+/// The `ssl.` settings need a TLS protocol. Credentials on `kafka://` without a
+/// `security.protocol` are refused rather than sent over plain TCP: use `kafkas://`, or
+/// say `sasl_plaintext`. Passwords are shown as `***` in `Debug` and in errors.
 ///
 /// rdkafka reads no query parameters: any other is an error.
 #[derive(Clone, PartialEq, Eq)]
@@ -103,6 +452,10 @@ pub struct KafkaConfig {
     /// librdkafka's `queued.max.messages.kbytes`: the most kilobytes prefetched into
     /// its local queue (default 4096; librdkafka's own default is 64 MiB).
     pub queued_kbytes: u32,
+    /// TLS and SASL, for every client of the adapter (default: plain TCP).
+    pub security: KafkaSecurity,
+    /// The producer's `compression.type` (`None`: librdkafka's default, `none`).
+    pub compression: Option<Compression>,
 }
 
 impl std::fmt::Debug for KafkaConfig {
@@ -121,6 +474,8 @@ impl std::fmt::Debug for KafkaConfig {
             .field("max_poll_interval", &self.max_poll_interval)
             .field("prefetch", &self.prefetch)
             .field("queued_kbytes", &self.queued_kbytes)
+            .field("security", &self.security)
+            .field("compression", &self.compression)
             .finish_non_exhaustive()
     }
 }
@@ -136,6 +491,16 @@ impl KafkaConfig {
         "assignment",
         "batch_messages",
         "queued_kbytes",
+        "compression.type",
+        "security.protocol",
+        "sasl.mechanism",
+        "sasl.username",
+        "sasl.password",
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.key.location",
+        "ssl.key.password",
+        "ssl.endpoint.identification.algorithm",
     ];
 
     /// The configuration of topic `name` at `url`, with the URL's bootstrap list and
@@ -196,6 +561,8 @@ impl KafkaConfig {
         if let Some(n) = url.setting("queued_kbytes", number_in(1..=2_097_151))? {
             c.queued_kbytes = n;
         }
+        c.compression = url.setting("compression.type", str::parse)?;
+        c.security = security_of_url(url)?;
         Ok(c)
     }
 
@@ -214,7 +581,97 @@ impl KafkaConfig {
             max_poll_interval: Duration::from_secs(300),
             prefetch: 100,
             queued_kbytes: 4096,
+            security: KafkaSecurity::default(),
+            compression: None,
         }
+    }
+
+    /// Sets how the clients reach the brokers (TLS, SASL).
+    #[must_use]
+    pub fn with_security(mut self, security: KafkaSecurity) -> Self {
+        self.security = security;
+        self
+    }
+
+    /// Sets the producer's `compression.type`.
+    #[must_use]
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = Some(compression);
+        self
+    }
+
+    /// The librdkafka configuration every client of the adapter starts from: the
+    /// bootstrap list, [`security`](Self::security), the client id and timeouts, and the
+    /// debug contexts of [`DEBUG_ENV`](super::DEBUG_ENV). Metadata and admin clients use
+    /// it as it is.
+    ///
+    /// ```
+    /// use idem_broker::any::BrokerUrl;
+    /// use idem_broker::kafka::KafkaConfig;
+    /// let url = BrokerUrl::parse("kafkas://u:p@h:9093?sasl.mechanism=SCRAM-SHA-512")?;
+    /// let c = KafkaConfig::from_url(&url, "grants")?.client_config();
+    /// assert_eq!(c.get("bootstrap.servers"), Some("h:9093"));
+    /// assert_eq!(c.get("security.protocol"), Some("sasl_ssl"));
+    /// assert_eq!(c.get("sasl.mechanism"), Some("SCRAM-SHA-512"));
+    /// assert_eq!(c.get("sasl.username"), Some("u"));
+    /// # Ok::<(), idem_broker::BrokerError>(())
+    /// ```
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("client.id", "idem")
+            .set("socket.timeout.ms", "10000")
+            .set("log_level", "3");
+        self.security.apply(&mut c);
+        if let Some(d) = super::debug_contexts() {
+            c.set("debug", d)
+                .set("log_level", "7")
+                .set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+        }
+        c
+    }
+
+    /// The producers' configuration (the relay's publisher and the consumer's
+    /// dead-letter producer): [`client_config`](Self::client_config) with the
+    /// idempotent producer (`enable.idempotence`, `acks=all`),
+    /// [`batch_messages`](Self::batch_messages) and [`compression`](Self::compression).
+    pub fn producer_config(&self) -> ClientConfig {
+        let mut c = self.client_config();
+        if let Some(n) = self.batch_messages {
+            c.set("batch.num.messages", n.max(1).to_string());
+        }
+        if let Some(z) = self.compression {
+            c.set("compression.type", z.as_str());
+        }
+        c.set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "2")
+            .set("message.timeout.ms", "30000");
+        c
+    }
+
+    /// The group consumer's configuration: [`client_config`](Self::client_config) with
+    /// the group, manual commits and the settings above.
+    pub fn consumer_config(&self) -> ClientConfig {
+        let session = self.session_timeout.as_millis().max(1_000);
+        let poll_interval = self.max_poll_interval.as_millis().max(session);
+        let mut c = self.client_config();
+        c.set("group.id", &self.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false")
+            .set(
+                "fetch.wait.max.ms",
+                std::env::var("XFW").unwrap_or_else(|_| "500".into()),
+            )
+            .set("session.timeout.ms", session.to_string())
+            .set("heartbeat.interval.ms", (session / 4).max(250).to_string())
+            .set("max.poll.interval.ms", poll_interval.to_string())
+            .set("partition.assignment.strategy", self.assignment.as_str())
+            .set("queued.min.messages", self.prefetch.max(1000).to_string())
+            .set("queued.max.messages.kbytes", self.queued_kbytes.to_string());
+        c
     }
 
     /// Sets the replication factor of created topics (at least 1).
@@ -292,6 +749,213 @@ impl KafkaConfig {
         self.join_timeout = d;
         self
     }
+}
+
+/// A refused setting; a secret's value is never kept, so neither `Display` nor `Debug`
+/// of the error can show it.
+fn refuse(param: &str, value: &str, reason: impl Into<String>) -> BrokerError {
+    BrokerError::InvalidParam {
+        param: param.to_owned(),
+        value: if idem_core::redact::is_secret_param(param) {
+            idem_core::redact::MASK.to_owned()
+        } else {
+            value.to_owned()
+        },
+        reason: reason.into(),
+    }
+}
+
+/// A setting that must not be empty.
+fn not_empty(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err("must not be empty".to_owned())
+    } else {
+        Ok(s.to_owned())
+    }
+}
+
+/// `%XX` escapes decoded (a userinfo's user and password).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| char::from(c).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The user and password of a URL's `user:password@` (decoded; an empty one is none).
+fn userinfo(url: &str) -> (Option<String>, Option<String>) {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let Some((info, _)) = authority.rsplit_once('@') else {
+        return (None, None);
+    };
+    let (user, password) = match info.split_once(':') {
+        Some((u, p)) => (u, Some(p)),
+        None => (info, None),
+    };
+    let some = |s: &str| Some(percent_decode(s)).filter(|s| !s.is_empty());
+    (some(user), password.and_then(some))
+}
+
+/// The TLS and SASL settings of a `kafka://` or `kafkas://` URL (the second table of
+/// [`KafkaConfig`]), checked against each other.
+fn security_of_url(url: &BrokerUrl) -> Result<KafkaSecurity, BrokerError> {
+    let client = url.client_url();
+    let tls_scheme = client
+        .get(.."kafkas://".len())
+        .is_some_and(|s| s.eq_ignore_ascii_case("kafkas://"));
+    let given: Option<SecurityProtocol> = url.setting("security.protocol", str::parse)?;
+    let mechanism: Option<SaslMechanism> = url.setting("sasl.mechanism", str::parse)?;
+    let (info_user, info_password) = userinfo(client);
+    let mut username = url.setting("sasl.username", not_empty)?;
+    let mut password = url.setting("sasl.password", not_empty)?;
+    for (param, from_info, from_query) in [
+        ("sasl.username", info_user, &mut username),
+        ("sasl.password", info_password, &mut password),
+    ] {
+        if let Some(v) = from_info {
+            if let Some(q) = from_query {
+                return Err(refuse(
+                    param,
+                    q,
+                    "given twice: in the URL's user:password@ and as a parameter",
+                ));
+            }
+            *from_query = Some(v);
+        }
+    }
+    let mut s = KafkaSecurity {
+        sasl_mechanism: mechanism.unwrap_or_default(),
+        sasl_username: username,
+        sasl_password: password,
+        ssl_ca_location: url.setting("ssl.ca.location", not_empty)?,
+        ssl_certificate_location: url.setting("ssl.certificate.location", not_empty)?,
+        ssl_key_location: url.setting("ssl.key.location", not_empty)?,
+        ssl_key_password: url.setting("ssl.key.password", not_empty)?,
+        ssl_endpoint_identification: url
+            .setting("ssl.endpoint.identification.algorithm", str::parse)?,
+        ..KafkaSecurity::default()
+    };
+    // The first SASL and the first TLS setting given, by name and value as shown.
+    let sasl_given = [
+        ("sasl.mechanism", mechanism.map(SaslMechanism::as_str)),
+        ("sasl.username", s.sasl_username.as_deref()),
+        ("sasl.password", s.sasl_password.as_deref()),
+    ]
+    .into_iter()
+    .find_map(|(k, v)| v.map(|v| (k, v)));
+    let endpoint = s
+        .ssl_endpoint_identification
+        .map(EndpointIdentification::as_str);
+    let ssl_given = [
+        ("ssl.ca.location", s.ssl_ca_location.as_deref()),
+        (
+            "ssl.certificate.location",
+            s.ssl_certificate_location.as_deref(),
+        ),
+        ("ssl.key.location", s.ssl_key_location.as_deref()),
+        ("ssl.key.password", s.ssl_key_password.as_deref()),
+        ("ssl.endpoint.identification.algorithm", endpoint),
+    ]
+    .into_iter()
+    .find_map(|(k, v)| v.map(|v| (k, v)));
+    s.protocol = match given {
+        Some(p) if tls_scheme && !p.is_tls() => {
+            return Err(refuse(
+                "security.protocol",
+                p.as_str(),
+                "kafkas:// is TLS: ssl or sasl_ssl (or a kafka:// URL)",
+            ))
+        }
+        Some(p) => p,
+        None if tls_scheme && sasl_given.is_some() => SecurityProtocol::SaslSsl,
+        None if tls_scheme => SecurityProtocol::Ssl,
+        None if sasl_given.is_some() => {
+            return Err(refuse(
+                "security.protocol",
+                "plaintext (the default of kafka://)",
+                "SASL credentials are given: use kafkas:// or security.protocol=sasl_ssl, \
+                 or security.protocol=sasl_plaintext to send them over plain TCP",
+            ))
+        }
+        None => SecurityProtocol::Plaintext,
+    };
+    let p = s.protocol.as_str();
+    if let Some((k, v)) = sasl_given.filter(|_| !s.protocol.is_sasl()) {
+        return Err(refuse(
+            k,
+            v,
+            format!("needs security.protocol sasl_plaintext or sasl_ssl, not {p}"),
+        ));
+    }
+    if let Some((k, v)) = ssl_given.filter(|_| !s.protocol.is_tls()) {
+        return Err(refuse(
+            k,
+            v,
+            format!("needs security.protocol ssl or sasl_ssl (or kafkas://), not {p}"),
+        ));
+    }
+    if s.protocol.is_sasl() {
+        let m = s.sasl_mechanism.as_str();
+        if s.sasl_username.is_none() {
+            return Err(refuse(
+                "sasl.username",
+                "",
+                format!("{p} with {m} needs a user: sasl.username, or user:password@ in the URL"),
+            ));
+        }
+        if s.sasl_password.is_none() {
+            return Err(refuse(
+                "sasl.password",
+                "",
+                format!(
+                    "{p} with {m} needs a password: sasl.password, or user:password@ in the URL"
+                ),
+            ));
+        }
+    }
+    match (&s.ssl_certificate_location, &s.ssl_key_location) {
+        (Some(c), None) => {
+            return Err(refuse(
+                "ssl.certificate.location",
+                c,
+                "a client certificate needs its key: ssl.key.location",
+            ))
+        }
+        (None, Some(k)) => {
+            return Err(refuse(
+                "ssl.key.location",
+                k,
+                "a client key needs its certificate: ssl.certificate.location",
+            ))
+        }
+        _ => {}
+    }
+    if s.ssl_key_password.is_some() && s.ssl_key_location.is_none() {
+        return Err(refuse(
+            "ssl.key.password",
+            "",
+            "a key passphrase needs the key: ssl.key.location",
+        ));
+    }
+    Ok(s)
 }
 
 #[cfg(test)]
@@ -381,5 +1045,282 @@ mod tests {
             KafkaConfig::new("h:9092", "t").with_assignment("sticky"),
             Err(BrokerError::InvalidParam { .. })
         ));
+    }
+
+    /// The configuration of `url` for topic `t`.
+    fn of(url: &str) -> Result<KafkaConfig, BrokerError> {
+        KafkaConfig::from_url(&BrokerUrl::parse(url)?, "t")
+    }
+
+    /// Every client the adapter makes: metadata/admin, producer, consumer.
+    fn every_client(c: &KafkaConfig) -> [(&'static str, ClientConfig); 3] {
+        [
+            ("client", c.client_config()),
+            ("producer", c.producer_config()),
+            ("consumer", c.consumer_config()),
+        ]
+    }
+
+    #[test]
+    fn every_security_setting_reaches_every_client_as_asked() {
+        let c = of("kafka://b1:9093,b2:9093?security.protocol=sasl_ssl\
+                    &sasl.mechanism=SCRAM-SHA-256&sasl.username=idem&sasl.password=s%26cret\
+                    &ssl.ca.location=/etc/idem/ca.pem&ssl.certificate.location=/etc/idem/c.pem\
+                    &ssl.key.location=/etc/idem/c.key&ssl.key.password=k3y\
+                    &ssl.endpoint.identification.algorithm=none&group=g")
+        .unwrap();
+        assert_eq!(c.brokers, "b1:9093,b2:9093");
+        for (what, cc) in every_client(&c) {
+            for (key, value) in [
+                ("bootstrap.servers", "b1:9093,b2:9093"),
+                ("security.protocol", "sasl_ssl"),
+                ("sasl.mechanism", "SCRAM-SHA-256"),
+                ("sasl.username", "idem"),
+                ("sasl.password", "s&cret"),
+                ("ssl.ca.location", "/etc/idem/ca.pem"),
+                ("ssl.certificate.location", "/etc/idem/c.pem"),
+                ("ssl.key.location", "/etc/idem/c.key"),
+                ("ssl.key.password", "k3y"),
+                ("ssl.endpoint.identification.algorithm", "none"),
+            ] {
+                assert_eq!(cc.get(key), Some(value), "{what}: {key}");
+            }
+        }
+        // the consumer keeps its own settings; the producer its own
+        assert_eq!(c.consumer_config().get("group.id"), Some("g"));
+        assert_eq!(c.producer_config().get("acks"), Some("all"));
+        assert_eq!(c.producer_config().get("compression.type"), None);
+        // the librdkafka clients take every one of them (nothing connects here)
+        let producer: Result<rdkafka::producer::BaseProducer, _> =
+            of("kafka://127.0.0.1:1?security.protocol=sasl_plaintext\
+             &sasl.mechanism=SCRAM-SHA-512&sasl.username=u&sasl.password=p")
+            .unwrap()
+            .producer_config()
+            .create();
+        assert!(producer.is_ok(), "{:?}", producer.err());
+    }
+
+    #[test]
+    fn plain_tcp_unless_asked_and_kafkas_is_tls() {
+        let plain = of("kafka://h:9092").unwrap();
+        assert_eq!(plain.security, KafkaSecurity::default());
+        for (_, cc) in every_client(&plain) {
+            assert_eq!(cc.get("security.protocol"), Some("plaintext"));
+            assert_eq!(cc.get("sasl.mechanism"), None);
+            assert_eq!(cc.get("ssl.ca.location"), None);
+        }
+        let tls = of("kafkas://h:9093,h2:9093?ssl.ca.location=/ca.pem").unwrap();
+        assert_eq!(tls.brokers, "h:9093,h2:9093");
+        assert_eq!(tls.security.protocol, SecurityProtocol::Ssl);
+        assert_eq!(tls.client_config().get("ssl.ca.location"), Some("/ca.pem"));
+        // credentials in the userinfo (percent-decoded), SASL over TLS, PLAIN by default
+        let sasl = of("kafkas://alice:p%40ss%3Aw0rd@h1:9093,h2:9093?group=g").unwrap();
+        assert_eq!(sasl.brokers, "h1:9093,h2:9093");
+        assert_eq!(sasl.security.protocol, SecurityProtocol::SaslSsl);
+        assert_eq!(sasl.security.sasl_mechanism, SaslMechanism::Plain);
+        let cc = sasl.client_config();
+        assert_eq!(cc.get("sasl.username"), Some("alice"));
+        assert_eq!(cc.get("sasl.password"), Some("p@ss:w0rd"));
+        assert_eq!(cc.get("sasl.mechanism"), Some("PLAIN"));
+        // SASL over plain TCP only when said so; names in any case
+        let clear = of("kafka://u:p@h:9092?security.protocol=SASL_PLAINTEXT\
+                        &sasl.mechanism=scram-sha-512")
+        .unwrap();
+        assert_eq!(clear.security.protocol, SecurityProtocol::SaslPlaintext);
+        assert_eq!(
+            clear.client_config().get("sasl.mechanism"),
+            Some("SCRAM-SHA-512")
+        );
+        // TLS on kafka:// when said so
+        let ssl = of("kafka://h:9093?security.protocol=ssl").unwrap();
+        assert_eq!(ssl.client_config().get("security.protocol"), Some("ssl"));
+        assert_eq!(
+            KafkaSecurity::sasl(true, SaslMechanism::ScramSha256, "u", "p")
+                .with_ca_location("/ca.pem")
+                .protocol,
+            SecurityProtocol::SaslSsl
+        );
+    }
+
+    #[test]
+    fn compression_reaches_the_producers_only() {
+        for z in ["none", "gzip", "lz4", "snappy", "zstd", "ZSTD"] {
+            let c = of(&format!("kafka://h:9092?compression.type={z}")).unwrap();
+            let want = z.to_ascii_lowercase();
+            assert_eq!(c.producer_config().get("compression.type"), Some(&*want));
+            assert_eq!(c.consumer_config().get("compression.type"), None);
+            let made: Result<rdkafka::producer::BaseProducer, _> = c.producer_config().create();
+            assert!(made.is_ok(), "{z}: {:?}", made.err());
+        }
+        let c = KafkaConfig::new("h:9092", "t").with_compression(Compression::Zstd);
+        assert_eq!(c.producer_config().get("compression.type"), Some("zstd"));
+    }
+
+    #[test]
+    fn bad_or_contradictory_security_is_refused_by_name() {
+        for (query, param, reason) in [
+            (
+                "kafka://h?security.protocol=tls",
+                "security.protocol",
+                "plaintext, ssl, sasl_plaintext, sasl_ssl",
+            ),
+            (
+                "kafka://h?security.protocol=sasl_ssl&sasl.mechanism=GSSAPI&sasl.username=u&sasl.password=p",
+                "sasl.mechanism",
+                "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512",
+            ),
+            (
+                "kafkas://h?ssl.endpoint.identification.algorithm=strict",
+                "ssl.endpoint.identification.algorithm",
+                "https, none",
+            ),
+            (
+                "kafka://h?compression.type=brotli",
+                "compression.type",
+                "none, gzip, lz4, snappy, zstd",
+            ),
+            (
+                "kafkas://h?security.protocol=plaintext",
+                "security.protocol",
+                "kafkas:// is TLS",
+            ),
+            (
+                "kafkas://h?security.protocol=sasl_plaintext",
+                "security.protocol",
+                "kafkas:// is TLS",
+            ),
+            // credentials never go over plain TCP unless said so
+            ("kafka://u:p@h", "security.protocol", "sasl_plaintext to send them"),
+            ("kafka://h?sasl.username=u&sasl.password=p", "security.protocol", "kafkas://"),
+            (
+                "kafka://h?security.protocol=ssl&sasl.mechanism=PLAIN",
+                "sasl.mechanism",
+                "needs security.protocol sasl_plaintext or sasl_ssl, not ssl",
+            ),
+            (
+                "kafkas://h?security.protocol=ssl&sasl.password=p",
+                "sasl.password",
+                "not ssl",
+            ),
+            (
+                "kafka://h?ssl.ca.location=/ca.pem",
+                "ssl.ca.location",
+                "needs security.protocol ssl or sasl_ssl (or kafkas://), not plaintext",
+            ),
+            (
+                "kafka://u:p@h?security.protocol=sasl_plaintext&ssl.key.password=k",
+                "ssl.key.password",
+                "not sasl_plaintext",
+            ),
+            ("kafka://h?security.protocol=sasl_ssl", "sasl.username", "needs a user"),
+            (
+                "kafkas://u@h?sasl.mechanism=SCRAM-SHA-256",
+                "sasl.password",
+                "sasl_ssl with SCRAM-SHA-256 needs a password",
+            ),
+            (
+                "kafkas://u:p@h?sasl.username=v",
+                "sasl.username",
+                "given twice",
+            ),
+            (
+                "kafkas://u:p@h?sasl.password=q",
+                "sasl.password",
+                "given twice",
+            ),
+            ("kafkas://h?sasl.username=&sasl.password=p", "sasl.username", "not be empty"),
+            (
+                "kafkas://h?ssl.certificate.location=/c.pem",
+                "ssl.certificate.location",
+                "needs its key",
+            ),
+            (
+                "kafkas://h?ssl.key.location=/c.key",
+                "ssl.key.location",
+                "needs its certificate",
+            ),
+            (
+                "kafkas://h?ssl.key.password=k",
+                "ssl.key.password",
+                "needs the key",
+            ),
+            ("kafka://h?ssl.cipher.suites=x", "ssl.cipher.suites", "unknown parameter"),
+            ("kafka://h?sasl.jaas.config=x", "sasl.jaas.config", "unknown parameter"),
+        ] {
+            crate::setting::assert_refused(of(query), query, param, reason);
+        }
+    }
+
+    #[test]
+    fn secrets_never_show() {
+        let secrets = ["hunter2", "k3ypass", "s3cret"];
+        let hidden = |what: &str, text: &str| {
+            for s in secrets {
+                assert!(!text.contains(s), "{what} shows {s}: {text}");
+            }
+        };
+        let url = "kafkas://alice:s3cret@h1:9093,h2:9093?sasl.mechanism=SCRAM-SHA-512\
+                   &ssl.certificate.location=/c.pem&ssl.key.location=/c.key\
+                   &ssl.key.password=k3ypass&group=g";
+        let parsed = BrokerUrl::parse(url).unwrap();
+        hidden("BrokerUrl Display", &parsed.to_string());
+        hidden("BrokerUrl Debug", &format!("{parsed:?}"));
+        let c = KafkaConfig::from_url(&parsed, "t").unwrap();
+        let debug = format!("{c:?}");
+        hidden("KafkaConfig Debug", &debug);
+        assert!(debug.contains("sasl_password: Some(\"***\")"), "{debug}");
+        assert!(debug.contains("ssl_key_password: Some(\"***\")"), "{debug}");
+        assert!(debug.contains("alice"), "{debug}");
+        let query = BrokerUrl::parse(
+            "kafka://h:9092?security.protocol=sasl_plaintext&sasl.username=u\
+             &sasl.password=hunter2",
+        )
+        .unwrap();
+        hidden("BrokerUrl Debug", &format!("{query:?}"));
+        hidden(
+            "KafkaConfig Debug",
+            &format!("{:?}", KafkaConfig::from_url(&query, "t").unwrap()),
+        );
+        // refusals: Display and Debug of the error, whichever rule refused it
+        for bad in [
+            "kafka://h?sasl.password=hunter2",
+            "kafka://h?security.protocol=ssl&sasl.password=hunter2",
+            "kafkas://u:s3cret@h?sasl.password=hunter2",
+            "kafka://h?sasl.password=hunter2&sasl.password=hunter2",
+            "kafka://h?ssl.key.password=k3ypass",
+            "kafkas://h?ssl.key.password=k3ypass",
+            "kafka://u:s3cret@h?acks=all",
+            "kafka://u:s3cret@h?security.protocol=bogus",
+            "kafka://u:s3cret@h1:9092,h2:bad",
+        ] {
+            let e = BrokerUrl::parse(bad)
+                .and_then(|u| KafkaConfig::from_url(&u, "t"))
+                .unwrap_err();
+            hidden(bad, &e.to_string());
+            hidden(bad, &format!("{e:?}"));
+        }
+        // librdkafka's own refusal (an unreadable key) names no passphrase
+        let c = KafkaConfig::new("127.0.0.1:1", "t").with_security(
+            KafkaSecurity::ssl().with_client_certificate(
+                "/nonexistent/c.pem",
+                "/nonexistent/c.key",
+                Some("k3ypass".to_owned()),
+            ),
+        );
+        hidden("KafkaSecurity Debug", &format!("{:?}", c.security));
+        let made: Result<rdkafka::producer::BaseProducer, _> = c.producer_config().create();
+        let Err(made) = made else {
+            panic!("a client with an unreadable key")
+        };
+        let e = BrokerError::connect(super::super::BROKER, made);
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain += &format!(": {s}");
+            source = s.source();
+        }
+        assert!(chain.contains("ssl."), "{chain}");
+        hidden("librdkafka's error", &chain);
+        hidden("librdkafka's error", &format!("{e:?}"));
     }
 }

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use super::attempts::{self, attempts_name};
 use super::config::KafkaConfig;
 use super::lwm::LowWaterMark;
-use super::{base_config, blocking, ensure_topic, ensure_topic_with, producer, BROKER};
+use super::{blocking, ensure_topic, ensure_topic_with, producer, BROKER};
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How often a failed dead-letter produce is tried before the delivery is handed back.
@@ -778,33 +778,14 @@ impl KafkaConsumer {
     /// nothing in time; an invalid name.
     pub async fn connect(config: &KafkaConfig) -> Result<Self, BrokerError> {
         let dead_letter = dead_letter_name(&config.name);
-        ensure_topic(
-            &config.brokers,
-            &config.name,
-            config.partitions,
-            config.replication,
-        )
-        .await?;
-        ensure_topic(
-            &config.brokers,
-            &dead_letter,
-            config.partitions,
-            config.replication,
-        )
-        .await?;
+        ensure_topic(config, &config.name).await?;
+        ensure_topic(config, &dead_letter).await?;
         let attempts_topic = attempts_name(&config.name);
-        ensure_topic_with(
-            &config.brokers,
-            &attempts_topic,
-            config.partitions,
-            config.replication,
-            &[("cleanup.policy", "compact")],
-        )
-        .await?;
+        ensure_topic_with(config, &attempts_topic, &[("cleanup.policy", "compact")]).await?;
         let attempts_partitions = {
-            let (brokers, topic) = (config.brokers.clone(), attempts_topic.clone());
+            let (meta_config, topic) = (config.client_config(), attempts_topic.clone());
             blocking(move || {
-                let meta: BaseConsumer = base_config(&brokers)
+                let meta: BaseConsumer = meta_config
                     .create()
                     .map_err(|e| BrokerError::connect(BROKER, e))?;
                 super::partition_count(&meta, &topic)
@@ -819,28 +800,9 @@ impl KafkaConsumer {
             own: Arc::clone(&own),
             assigned: Arc::clone(&assigned),
         };
-        let session = config.session_timeout.as_millis().max(1_000);
-        let poll_interval = config.max_poll_interval.as_millis().max(session);
         let prefetch = config.prefetch.max(1);
-        let consumer: Inner = base_config(&config.brokers)
-            .set("group.id", &config.group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("enable.partition.eof", "false")
-            .set(
-                "fetch.wait.max.ms",
-                std::env::var("XFW").unwrap_or_else(|_| "500".into()),
-            )
-            .set("session.timeout.ms", session.to_string())
-            .set("heartbeat.interval.ms", (session / 4).max(250).to_string())
-            .set("max.poll.interval.ms", poll_interval.to_string())
-            .set("partition.assignment.strategy", config.assignment.as_str())
-            .set("queued.min.messages", prefetch.max(1000).to_string())
-            .set(
-                "queued.max.messages.kbytes",
-                config.queued_kbytes.to_string(),
-            )
+        let consumer: Inner = config
+            .consumer_config()
             .create_with_context(context)
             .map_err(|e| BrokerError::connect(BROKER, e))?;
         consumer
@@ -853,14 +815,14 @@ impl KafkaConsumer {
             topic: config.name.clone(),
             dead_letter,
             attempts: attempts::Store {
-                brokers: config.brokers.clone(),
+                kafka: config.clone(),
                 topic: attempts_topic,
                 group: config.group.clone(),
                 partitions: i32::try_from(attempts_partitions).unwrap_or(1).max(1),
             },
             settle: settle_tx,
             retry: retry_tx,
-            producer: producer(&config.brokers, config.batch_messages)?,
+            producer: producer(config)?,
         });
         tokio::spawn(committer(
             Arc::clone(&consumer),

@@ -95,16 +95,18 @@ mod consumer;
 mod lwm;
 mod publisher;
 
-pub use config::{Assignment, KafkaConfig};
+pub use config::{
+    Assignment, Compression, EndpointIdentification, KafkaConfig, KafkaSecurity, SaslMechanism,
+    SecurityProtocol,
+};
 pub use consumer::{KafkaAcker, KafkaConsumer, KEY_HEADER};
 pub use lwm::LowWaterMark;
-pub use publisher::{pending_count, publish_raw, KafkaPublisher};
+pub use publisher::{pending_count, pending_count_with, publish_raw, KafkaPublisher};
 
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureProducer;
 use rdkafka::types::RDKafkaErrorCode;
@@ -116,21 +118,24 @@ pub(crate) const BROKER: &str = "kafka";
 /// How long one metadata or admin request may take.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The bootstrap servers of a `kafka://host:port[,host:port]` URL.
+/// The bootstrap servers of a `kafka://[user:password@]host:port[,host:port]` URL (or
+/// `kafkas://`).
 ///
 /// ```
 /// use idem_broker::kafka::brokers_of_url;
 /// assert_eq!(brokers_of_url("kafka://127.0.0.1:9092").unwrap(), "127.0.0.1:9092");
 /// assert_eq!(brokers_of_url("kafka://a:1,b:2/?x=1").unwrap(), "a:1,b:2");
+/// assert_eq!(brokers_of_url("kafkas://u:p@a:1,b:2").unwrap(), "a:1,b:2");
 /// assert!(brokers_of_url("kafka://").is_err());
 /// ```
 ///
 /// # Errors
 /// [`BrokerError::InvalidUrl`] without a host.
 pub fn brokers_of_url(url: &str) -> Result<String, BrokerError> {
-    let rest = url.strip_prefix("kafka://").unwrap_or(url);
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let hosts = &rest[..end];
+    let authority = &rest[..end];
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     if hosts.is_empty() {
         return Err(BrokerError::InvalidUrl(
             "kafka:// needs host:port of a broker".to_owned(),
@@ -174,32 +179,10 @@ pub(crate) fn debug_contexts() -> Option<String> {
         .filter(|d| !d.trim().is_empty())
 }
 
-pub(crate) fn base_config(brokers: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers)
-        .set("client.id", "idem")
-        .set("socket.timeout.ms", "10000")
-        .set("log_level", "3");
-    if let Some(d) = debug_contexts() {
-        c.set("debug", d)
-            .set("log_level", "7")
-            .set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
-    }
-    c
-}
-
-pub(crate) fn producer(
-    brokers: &str,
-    batch_messages: Option<usize>,
-) -> Result<FutureProducer, BrokerError> {
-    let mut c = base_config(brokers);
-    if let Some(n) = batch_messages {
-        c.set("batch.num.messages", n.max(1).to_string());
-    }
-    c.set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "2")
-        .set("message.timeout.ms", "30000")
+/// The producer of [`KafkaConfig::producer_config`].
+pub(crate) fn producer(config: &KafkaConfig) -> Result<FutureProducer, BrokerError> {
+    config
+        .producer_config()
         .create()
         .map_err(|e| BrokerError::connect(BROKER, e))
 }
@@ -216,29 +199,25 @@ pub(crate) fn partition_count(consumer: &BaseConsumer, topic: &str) -> Result<us
         .map_or(0, |t| t.partitions().len()))
 }
 
-/// Creates `topic` with `partitions` partitions and `replication` replicas (`None`:
-/// `min(3, brokers in the cluster)`) unless it exists, and waits until the cluster
-/// reports it. An existing topic is used as it is.
-pub(crate) async fn ensure_topic(
-    brokers: &str,
-    topic: &str,
-    partitions: i32,
-    replication: Option<i32>,
-) -> Result<(), BrokerError> {
-    ensure_topic_with(brokers, topic, partitions, replication, &[]).await
+/// Creates `topic` on `config`'s cluster with its [`partitions`](KafkaConfig::partitions)
+/// and [`replication`](KafkaConfig::replication) (`None`: `min(3, brokers in the
+/// cluster)`) unless it exists, and waits until the cluster reports it. An existing
+/// topic is used as it is.
+pub(crate) async fn ensure_topic(config: &KafkaConfig, topic: &str) -> Result<(), BrokerError> {
+    ensure_topic_with(config, topic, &[]).await
 }
 
 /// [`ensure_topic`] with topic `configs` (e.g. `cleanup.policy=compact`) for a topic
 /// created here.
 pub(crate) async fn ensure_topic_with(
-    brokers: &str,
+    config: &KafkaConfig,
     topic: &str,
-    partitions: i32,
-    replication: Option<i32>,
     configs: &[(&str, &str)],
 ) -> Result<(), BrokerError> {
     check_name(topic)?;
-    let meta: BaseConsumer = base_config(brokers)
+    let (partitions, replication) = (config.partitions, config.replication);
+    let meta: BaseConsumer = config
+        .client_config()
         .set("allow.auto.create.topics", "false")
         .create()
         .map_err(|e| BrokerError::connect(BROKER, e))?;
@@ -261,7 +240,8 @@ pub(crate) async fn ensure_topic_with(
         Some(r) => r.max(1),
         None => default_replication(cluster.map_err(|e| BrokerError::connect(BROKER, e))?),
     };
-    let admin: AdminClient<DefaultClientContext> = base_config(brokers)
+    let admin: AdminClient<DefaultClientContext> = config
+        .client_config()
         .create()
         .map_err(|e| BrokerError::connect(BROKER, e))?;
     let mut new = NewTopic::new(

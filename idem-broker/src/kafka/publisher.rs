@@ -12,7 +12,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{
-    base_config, blocking, ensure_topic, partition_count, producer, BROKER, REQUEST_TIMEOUT,
+    blocking, ensure_topic, partition_count, producer, KafkaConfig, BROKER, REQUEST_TIMEOUT,
 };
 use crate::BrokerError;
 
@@ -43,8 +43,9 @@ struct Outgoing<'a> {
 }
 
 impl KafkaPublisher {
-    /// Connects to `brokers` for producing to `topic` (created with 4 partitions if
-    /// missing).
+    /// Connects to `brokers` over plain TCP for producing to `topic` (created with 4
+    /// partitions if missing); [`connect_config`](Self::connect_config) takes TLS, SASL
+    /// and compression.
     ///
     /// # Errors
     /// The cluster cannot be reached; an invalid name.
@@ -61,28 +62,19 @@ impl KafkaPublisher {
         topic: &str,
         partitions: i32,
     ) -> Result<Self, BrokerError> {
-        ensure_topic(brokers, topic, partitions, None).await?;
-        Ok(Self {
-            producer: producer(brokers, None)?,
-            topic: topic.to_owned(),
-        })
+        Self::connect_config(&KafkaConfig::new(brokers, topic).with_partitions(partitions)).await
     }
 
-    /// Connects with `config`'s brokers, partitions (of a created topic) and producer
-    /// batch size, for producing to `config.name`.
+    /// Connects with `config`'s brokers, [security](KafkaConfig::security), partitions
+    /// (of a created topic), producer batch size and compression, for producing to
+    /// `config.name` ([`KafkaConfig::producer_config`]).
     ///
     /// # Errors
     /// As [`connect`](Self::connect).
-    pub async fn connect_config(config: &super::KafkaConfig) -> Result<Self, BrokerError> {
-        ensure_topic(
-            &config.brokers,
-            &config.name,
-            config.partitions,
-            config.replication,
-        )
-        .await?;
+    pub async fn connect_config(config: &KafkaConfig) -> Result<Self, BrokerError> {
+        ensure_topic(config, &config.name).await?;
         Ok(Self {
-            producer: producer(&config.brokers, config.batch_messages)?,
+            producer: producer(config)?,
             topic: config.name.clone(),
         })
     }
@@ -238,21 +230,34 @@ pub async fn publish_raw(
         .await
 }
 
-/// What group `group` has not settled in `topic`: per partition, the high watermark
-/// minus the group's committed offset (the low watermark when it committed nothing).
-/// The topic is created if missing.
+/// What group `group` has not settled in `topic` at `brokers` (plain TCP): per
+/// partition, the high watermark minus the group's committed offset (the low watermark
+/// when it committed nothing). The topic is created if missing.
 ///
 /// # Errors
 /// The cluster cannot be reached.
 pub async fn pending_count(brokers: &str, topic: &str, group: &str) -> Result<u64, BrokerError> {
-    ensure_topic(brokers, topic, DEFAULT_PARTITIONS, None).await?;
-    let consumer: BaseConsumer = base_config(brokers)
-        .set("group.id", group)
+    let config = KafkaConfig::new(brokers, topic)
+        .with_group(group)
+        .with_partitions(DEFAULT_PARTITIONS);
+    pending_count_with(&config).await
+}
+
+/// As [`pending_count`], for group `config.group` in topic `config.name`, reaching the
+/// cluster as `config` says ([`KafkaConfig::security`]).
+///
+/// # Errors
+/// The cluster cannot be reached.
+pub async fn pending_count_with(config: &KafkaConfig) -> Result<u64, BrokerError> {
+    ensure_topic(config, &config.name).await?;
+    let consumer: BaseConsumer = config
+        .client_config()
+        .set("group.id", &config.group)
         .set("enable.auto.commit", "false")
         .create()
         .map_err(|e| BrokerError::connect(BROKER, e))?;
-    let topic = topic.to_owned();
-    let brokers = brokers.to_owned();
+    let topic = config.name.clone();
+    let config = config.clone();
     blocking(move || {
         let n = partition_count(&consumer, &topic)?;
         let mut tpl = TopicPartitionList::new();
@@ -271,7 +276,7 @@ pub async fn pending_count(brokers: &str, topic: &str, group: &str) -> Result<u6
                 Offset::Offset(o) => o.max(low),
                 _ => low,
             };
-            let end = true_end(&brokers, &topic, e.partition(), high)?;
+            let end = true_end(&config, &topic, e.partition(), high)?;
             pending += u64::try_from(end.saturating_sub(from)).unwrap_or(0);
         }
         Ok(pending)
@@ -283,8 +288,14 @@ pub async fn pending_count(brokers: &str, topic: &str, group: &str) -> Result<u6
 /// message at or after it can be read. Some brokers (tansu 0.6) report the start of the
 /// last record batch plus one as the high watermark; reading from just below it finds the
 /// real end.
-fn true_end(brokers: &str, topic: &str, partition: i32, high: i64) -> Result<i64, BrokerError> {
-    let reader: BaseConsumer = base_config(brokers)
+fn true_end(
+    config: &KafkaConfig,
+    topic: &str,
+    partition: i32,
+    high: i64,
+) -> Result<i64, BrokerError> {
+    let reader: BaseConsumer = config
+        .client_config()
         .set("group.id", "idem-pending-probe")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
