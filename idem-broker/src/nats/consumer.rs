@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, Notify};
 
 use super::config::NatsConfig;
 use super::publisher::publish_confirmed;
-use super::{check_name, connect, ensure_stream, stream_name, BROKER};
+use super::{check_name, connect_client, ensure_stream, stream_name, BROKER};
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How long a settlement waits for the server's confirmation.
@@ -480,7 +480,46 @@ impl NatsConsumer {
     /// settings.
     pub async fn connect(config: &NatsConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
-        let js = connect(&config.url).await?;
+        let client = connect_client(&config.url).await?;
+        Self::from_client(client, config).await
+    }
+
+    /// As [`connect`](Self::connect), through `client`: a client the application
+    /// connected itself, with its own credentials, TLS settings, name and callbacks.
+    /// `config.url` is not used; everything else in `config` is.
+    ///
+    /// The consumer uses `client`'s connection (a clone of the handle: the connection is
+    /// shared with the application's other uses of it). [`close`](Self::close) drains
+    /// that connection, so with a shared client drop the consumer instead.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use futures::StreamExt;
+    /// use idem_broker::nats::{NatsConfig, NatsConsumer};
+    ///
+    /// let client = async_nats::ConnectOptions::new()
+    ///     .name("billing-consumer")
+    ///     .connect("nats://127.0.0.1:4222")
+    ///     .await?;
+    /// let config = NatsConfig::new("nats://127.0.0.1:4222", "grants").with_durable("billing");
+    /// let mut deliveries = NatsConsumer::from_client(client, &config).await?;
+    /// while let Some(delivery) = deliveries.next().await {
+    ///     let delivery = delivery?;
+    ///     // hand it to an `idem_core::Gate`, which acks only after the commit
+    /// #   drop(delivery);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// An invalid name; a server without JetStream, or a refused stream or consumer
+    /// request; [`BrokerError::Config`] when the durable exists with other settings.
+    pub async fn from_client(
+        client: async_nats::Client,
+        config: &NatsConfig,
+    ) -> Result<Self, BrokerError> {
+        check_name(&config.name)?;
+        let js = jetstream::new(client);
         let stream = ensure_stream(&js, &config.name, config.duplicate_window).await?;
         let dead_letter_subject = dead_letter_name(&config.name);
         ensure_stream(&js, &dead_letter_subject, config.duplicate_window).await?;

@@ -45,6 +45,10 @@
 //!   `Nats-Msg-Id` (the stream's duplicate window drops a republish) and in the
 //!   [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header; `publish` waits for
 //!   every JetStream publish ack.
+//! - **Your own client**: [`NatsConsumer::from_client`] and [`NatsPublisher::from_client`]
+//!   take an `async_nats::Client` the application connected as it likes (credentials,
+//!   TLS, name, event callbacks); [`NatsConsumer::connect`] and
+//!   [`NatsPublisher::connect`] connect to the URL and call them.
 //! - **Counting** ([`pending_count`]): the durable consumer's pending (not yet delivered)
 //!   plus ack-pending (delivered, not acked) messages; the stream's messages when the
 //!   durable does not exist yet (it is not created here).
@@ -100,14 +104,19 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
     Ok(())
 }
 
-pub(crate) async fn connect(url: &str) -> Result<jetstream::Context, BrokerError> {
+/// Connects to `url` (what the URL constructors hand to `from_client`).
+pub(crate) async fn connect_client(url: &str) -> Result<async_nats::Client, BrokerError> {
     // async-nats builds its TLS configuration (`tls://`, or a server that requires TLS)
     // from rustls's process default.
     crate::tls::install_default_provider();
-    let client = async_nats::connect(url)
+    async_nats::connect(url)
         .await
-        .map_err(|e| BrokerError::connect(BROKER, e))?;
-    Ok(jetstream::new(client))
+        .map_err(|e| BrokerError::connect(BROKER, e))
+}
+
+/// Connects to `url`, for JetStream.
+pub(crate) async fn connect(url: &str) -> Result<jetstream::Context, BrokerError> {
+    Ok(jetstream::new(connect_client(url).await?))
 }
 
 /// Gets or creates the file-backed stream for subject `name`.

@@ -6,7 +6,7 @@ use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use async_trait::async_trait;
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
-use super::{check_name, connect, ensure_stream, NatsConfig, BROKER};
+use super::{check_name, connect, connect_client, ensure_stream, NatsConfig, BROKER};
 use crate::BrokerError;
 
 /// How many publishes are in flight before waiting for their acks.
@@ -105,11 +105,39 @@ impl NatsPublisher {
     /// The server cannot be reached, or the name is refused.
     pub async fn connect(url: &str, name: &str) -> Result<Self, BrokerError> {
         check_name(name)?;
-        let js = connect(url).await?;
-        ensure_stream(&js, name, NatsConfig::new(url, name).duplicate_window).await?;
+        let client = connect_client(url).await?;
+        Self::from_client(client, &NatsConfig::new(url, name)).await
+    }
+
+    /// As [`connect`](Self::connect), through `client`: a client the application
+    /// connected itself (credentials, TLS, name, callbacks), shared with its other uses.
+    /// Publishes go to subject `config.name`, whose stream is created if missing with
+    /// `config.duplicate_window`; `config.url` is not used.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_broker::nats::{NatsConfig, NatsPublisher};
+    ///
+    /// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+    /// let publisher =
+    ///     NatsPublisher::from_client(client, &NatsConfig::new("nats://127.0.0.1:4222", "grants"))
+    ///         .await?;
+    /// publisher.publish_raw(&[b"{}".to_vec()]).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The name is refused, or the stream cannot be created.
+    pub async fn from_client(
+        client: async_nats::Client,
+        config: &NatsConfig,
+    ) -> Result<Self, BrokerError> {
+        check_name(&config.name)?;
+        let js = jetstream::new(client);
+        ensure_stream(&js, &config.name, config.duplicate_window).await?;
         Ok(Self {
             js,
-            subject: name.to_owned(),
+            subject: config.name.clone(),
         })
     }
 
