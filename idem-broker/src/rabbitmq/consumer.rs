@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 
 use super::config::{QueueType, RabbitConfig};
 use super::publisher::{confirmed_publish, OutMessage};
-use super::{check_name, confirm_channel, connect, declare, BROKER};
+use super::{check_name, confirm_channel, connect, declare, open, watch_blocking, BROKER};
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// The longest one hold (a delayed failure, a deferral) keeps its delivery.
@@ -145,53 +145,81 @@ fn plan(settle: Settle, room: Room) -> Plan {
 /// The dead-letter queue, published to on a connection of its own: a publishing
 /// connection is what RabbitMQ blocks in a resource alarm (and lapin then writes nothing
 /// on it), so the consumer's connection, which only consumes and settles, never is: acks
-/// keep flowing while dead letters wait. Reopened when it was lost.
+/// keep flowing while dead letters wait. A connection opened from the URL is reopened
+/// when it was lost; one handed to [`RabbitConsumer::from_connection`] is not (only its
+/// channel is).
 struct DeadLetters {
     config: RabbitConfig,
     queue: String,
     link: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+    /// The connection came from `config.url` and may be opened again from it.
+    reopen: bool,
 }
 
 impl DeadLetters {
-    /// Connects and declares the dead-letter queue.
-    async fn open(
+    /// Opens a confirm channel on `connection` and declares the dead-letter queue.
+    async fn link(
+        connection: Connection,
         config: &RabbitConfig,
         queue: &str,
     ) -> Result<(Connection, Channel), BrokerError> {
-        let connection = connect(&config.url).await?;
         let channel = confirm_channel(&connection).await?;
         declare(&channel, queue, config).await?;
         Ok((connection, channel))
     }
 
-    /// The confirm channel, reopened if its connection was lost (within the confirm
+    /// A confirm channel, reopened if it or its connection was lost (within the confirm
     /// timeout).
     async fn channel(&self) -> Result<Channel, BrokerError> {
         let mut link = self.link.lock().await;
-        if let Some((connection, channel)) = &*link {
-            if connection.status().connected() && channel.status().connected() {
+        if let Some((connection, channel)) = &mut *link {
+            if connection.status().connected() {
+                if channel.status().connected() {
+                    return Ok(channel.clone());
+                }
+                *channel = self.within_timeout(confirm_channel(connection)).await?;
                 return Ok(channel.clone());
             }
         }
-        *link = None;
-        let opened = tokio::time::timeout(
-            self.config.confirm_timeout,
-            Self::open(&self.config, &self.queue),
-        )
-        .await
-        .map_err(|_| {
-            BrokerError::op(
+        if !self.reopen {
+            return Err(BrokerError::op(
                 BROKER,
                 "dead-letter connection",
-                std::io::Error::other(format!(
-                    "not open within the confirm timeout ({})",
-                    humantime::format_duration(self.config.confirm_timeout)
-                )),
-            )
-        })??;
+                std::io::Error::other(
+                    "the connection given for dead letters is closed (idem does not reopen a \
+                     connection it was given)",
+                ),
+            ));
+        }
+        *link = None;
+        let opened = self
+            .within_timeout(async {
+                let connection = connect(&self.config.url).await?;
+                Self::link(connection, &self.config, &self.queue).await
+            })
+            .await?;
         let channel = opened.1.clone();
         *link = Some(opened);
         Ok(channel)
+    }
+
+    /// `step`, failed when it takes longer than the confirm timeout.
+    async fn within_timeout<T>(
+        &self,
+        step: impl std::future::Future<Output = Result<T, BrokerError>>,
+    ) -> Result<T, BrokerError> {
+        tokio::time::timeout(self.config.confirm_timeout, step)
+            .await
+            .map_err(|_| {
+                BrokerError::op(
+                    BROKER,
+                    "dead-letter connection",
+                    std::io::Error::other(format!(
+                        "not open within the confirm timeout ({})",
+                        humantime::format_duration(self.config.confirm_timeout)
+                    )),
+                )
+            })?
     }
 
     /// Publishes `msg` to the dead-letter queue and waits (up to the confirm timeout)
@@ -428,9 +456,68 @@ impl RabbitConsumer {
     pub async fn connect(config: &RabbitConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
         config.check()?;
+        let dead_letters = open(&config.url).await?;
+        let connection = open(&config.url).await?;
+        Self::start(connection, dead_letters, true, config).await
+    }
+
+    /// As [`connect`](Self::connect), on connections the application opened itself
+    /// (its TLS settings, credentials, connection properties): the consumer consumes and
+    /// settles on `connection` and publishes dead letters on `dead_letters`, a second
+    /// connection (RabbitMQ blocks a publishing connection in a resource alarm, and acks
+    /// must not wait for that). Both are the consumer's from now on and closed by
+    /// [`close`](Self::close). `config.url` is not used; everything else in `config` is.
+    ///
+    /// A lost `connection` ends the consumer's stream, as with [`connect`](Self::connect);
+    /// a lost `dead_letters` is not reopened (its channel is): each dead letter fails
+    /// until the connection is back (lapin's own recovery, if the application enabled
+    /// it), and the delivery is rejected for another attempt.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use futures::StreamExt;
+    /// use idem_broker::rabbitmq::{RabbitConfig, RabbitConsumer};
+    /// use lapin::{Connection, ConnectionProperties};
+    ///
+    /// let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+    /// let open = || Connection::connect(url, ConnectionProperties::default());
+    /// let config = RabbitConfig::new(url, "grants").with_prefetch(64);
+    /// let mut deliveries =
+    ///     RabbitConsumer::from_connection(open().await?, open().await?, &config).await?;
+    /// while let Some(delivery) = deliveries.next().await {
+    ///     let delivery = delivery?;
+    ///     // hand it to an `idem_core::Gate`, which acks only after the commit
+    /// #   drop(delivery);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// An invalid name; [`BrokerError::InvalidParam`] for a quorum `delivery_limit` of
+    /// 0; [`BrokerError::Config`] when a queue exists with other arguments; a closed
+    /// connection or a refused declaration.
+    pub async fn from_connection(
+        connection: Connection,
+        dead_letters: Connection,
+        config: &RabbitConfig,
+    ) -> Result<Self, BrokerError> {
+        Self::start(connection, dead_letters, false, config).await
+    }
+
+    /// Declares the queues and starts consuming on `connection`; `reopen`: the
+    /// dead-letter connection came from the URL and may be opened again from it.
+    async fn start(
+        connection: Connection,
+        dead_letters: Connection,
+        reopen: bool,
+        config: &RabbitConfig,
+    ) -> Result<Self, BrokerError> {
+        check_name(&config.name)?;
+        config.check()?;
+        watch_blocking(&connection);
+        watch_blocking(&dead_letters);
         let dead_letter_queue = dead_letter_name(&config.name);
-        let dead_letter_link = DeadLetters::open(config, &dead_letter_queue).await?;
-        let connection = connect(&config.url).await?;
+        let dead_letter_link = DeadLetters::link(dead_letters, config, &dead_letter_queue).await?;
         let channel = connection
             .create_channel()
             .await
@@ -459,6 +546,7 @@ impl RabbitConsumer {
                     config: config.clone(),
                     queue: dead_letter_queue,
                     link: tokio::sync::Mutex::new(Some(dead_letter_link)),
+                    reopen,
                 },
                 settle: tokio::sync::Mutex::new(()),
                 outstanding: Mutex::new(BTreeSet::new()),

@@ -49,6 +49,11 @@
 //! - **Publishing** ([`RabbitPublisher`]): each outbox event with its id in the
 //!   [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header and as the AMQP
 //!   `message_id`, `mandatory`, confirmed within the confirm timeout.
+//! - **Your own connection**: [`RabbitConsumer::from_connection`] and
+//!   [`RabbitPublisher::from_connection`] take `lapin::Connection`s the application
+//!   opened as it likes (TLS, credentials, connection properties, its runtime); the
+//!   consumer takes two, the second for its dead letters. [`RabbitConsumer::connect`]
+//!   and [`RabbitPublisher::connect_with`] open them from the URL and call them.
 //! - **Counting** ([`pending_count`]): the queue's ready messages (a passive declare).
 //!   AMQP does not report unacked ones; they count again once their channel closes.
 //! - **URL parameters** (`amqp://guest:guest@127.0.0.1:5672/%2f?queue_type=classic`,
@@ -78,19 +83,32 @@ use crate::BrokerError;
 
 pub(crate) const BROKER: &str = "rabbitmq";
 
-/// Connects to `url`: with TLS for `amqps://` (its `cacertfile`, `certfile` and `keyfile`
-/// read here), refused without the `tls` feature.
+/// Connects to `url` as [`open`] does and reports the connection's blocking
+/// ([`watch_blocking`]).
 pub(crate) async fn connect(url: &str) -> Result<Connection, BrokerError> {
+    let connection = open(url).await?;
+    watch_blocking(&connection);
+    Ok(connection)
+}
+
+/// Connects to `url`: with TLS for `amqps://` (its `cacertfile`, `certfile` and `keyfile`
+/// read here), refused without the `tls` feature. What the URL constructors hand to
+/// `from_connection`.
+pub(crate) async fn open(url: &str) -> Result<Connection, BrokerError> {
     crate::tls::check_compiled(url)?;
     let (url, files) = config::split_tls(url)?;
     let tls = read_tls_files(&files)?;
     #[cfg(feature = "tls")]
     crate::tls::install_default_provider();
     let runtime = lapin::runtime::default_runtime().map_err(|e| BrokerError::connect(BROKER, e))?;
-    let connection =
-        Connection::connect_with_config(&url, ConnectionProperties::default(), tls, runtime)
-            .await
-            .map_err(|e| BrokerError::connect(BROKER, e))?;
+    Connection::connect_with_config(&url, ConnectionProperties::default(), tls, runtime)
+        .await
+        .map_err(|e| BrokerError::connect(BROKER, e))
+}
+
+/// Logs the broker's blocking and unblocking of `connection` ([`report_blocking`]) for
+/// as long as it lives.
+pub(crate) fn watch_blocking(connection: &Connection) {
     let events = connection.events_listener();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
@@ -98,7 +116,6 @@ pub(crate) async fn connect(url: &str) -> Result<Connection, BrokerError> {
             report_blocking(&event);
         }
     });
-    Ok(connection)
 }
 
 /// The TLS files' contents, for lapin.

@@ -9,7 +9,9 @@ use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
 
-use super::{check_name, confirm_channel, connect, declare, RabbitConfig, BROKER};
+use super::{
+    check_name, confirm_channel, connect, declare, open, watch_blocking, RabbitConfig, BROKER,
+};
 use crate::BrokerError;
 
 /// How many publishes are in flight before waiting for their confirms.
@@ -165,7 +167,39 @@ impl RabbitPublisher {
     pub async fn connect_with(config: &RabbitConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
         config.check()?;
-        let connection = connect(&config.url).await?;
+        let connection = open(&config.url).await?;
+        Self::from_connection(connection, config).await
+    }
+
+    /// As [`connect_with`](Self::connect_with), on a connection the application opened
+    /// itself (its TLS settings, credentials, connection properties), which is the
+    /// publisher's from now on (a channel of its own, in confirm mode). `config.url` is
+    /// not used; everything else in `config` is.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_broker::rabbitmq::{RabbitConfig, RabbitPublisher};
+    /// use lapin::{Connection, ConnectionProperties};
+    ///
+    /// let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+    /// let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+    /// let publisher =
+    ///     RabbitPublisher::from_connection(connection, &RabbitConfig::new(url, "grants")).await?;
+    /// publisher.publish_raw(&[b"{}".to_vec()]).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The name is refused, a quorum `delivery_limit` of 0
+    /// ([`BrokerError::InvalidParam`]), the queue exists with other arguments
+    /// ([`BrokerError::Config`]), or the connection is closed.
+    pub async fn from_connection(
+        connection: Connection,
+        config: &RabbitConfig,
+    ) -> Result<Self, BrokerError> {
+        check_name(&config.name)?;
+        config.check()?;
+        watch_blocking(&connection);
         let channel = confirm_channel(&connection).await?;
         declare(&channel, &config.name, config).await?;
         Ok(Self {
