@@ -23,7 +23,7 @@ use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
 use tokio::time::Instant;
 
 use super::config::RedisStreamsConfig;
-use super::{check_name, connect_with, ensure_group, redis_err, BROKER, PAYLOAD_FIELD};
+use super::{check_name, client_for, connect_like, ensure_group, redis_err, BROKER, PAYLOAD_FIELD};
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How often pending entries of silent consumers are looked for.
@@ -343,8 +343,47 @@ impl RedisStreamsConsumer {
     /// [`BrokerError::Connect`] when the server cannot be reached; an invalid URL or name.
     pub async fn connect(config: &RedisStreamsConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
-        let writer = connect_with(&config.url, config.command_timeout).await?;
-        let reader = connect_with(&config.url, config.command_timeout).await?;
+        let client = client_for(&config.url, config.command_timeout)?;
+        Self::from_client(client, config).await
+    }
+
+    /// As [`connect`](Self::connect), with the configuration of `client`, a client the
+    /// application built itself: its servers (centralized, cluster or sentinel), TLS
+    /// settings, credentials or credential provider, connection settings and reconnect
+    /// policy. The consumer opens two connections of its own with that configuration
+    /// (one blocks in `XREADGROUP`, one settles), each command timed out after
+    /// `config.command_timeout`; `client` itself is not used and need not be connected.
+    /// `config.url` is not used; everything else in `config` is.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fred::prelude::{Builder, Config};
+    /// use futures::StreamExt;
+    /// use idem_broker::redis_streams::{RedisStreamsConfig, RedisStreamsConsumer};
+    ///
+    /// let client = Builder::from_config(Config::from_url("redis://127.0.0.1:6379/0")?)
+    ///     .with_connection_config(|c| c.connection_timeout = std::time::Duration::from_secs(2))
+    ///     .build()?;
+    /// let config =
+    ///     RedisStreamsConfig::new("redis://127.0.0.1:6379/0", "grants").with_group("billing");
+    /// let mut deliveries = RedisStreamsConsumer::from_client(client, &config).await?;
+    /// while let Some(delivery) = deliveries.next().await {
+    ///     let delivery = delivery?;
+    ///     // hand it to an `idem_core::Gate`, which acks only after the commit
+    /// #   drop(delivery);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`BrokerError::Connect`] when the server cannot be reached; an invalid name.
+    pub async fn from_client(
+        client: Client,
+        config: &RedisStreamsConfig,
+    ) -> Result<Self, BrokerError> {
+        check_name(&config.name)?;
+        let writer = connect_like(&client, config.command_timeout).await?;
+        let reader = connect_like(&client, config.command_timeout).await?;
         ensure_group(&writer, &config.name, &config.group).await?;
         let removed: Vec<String> = writer
             .eval(

@@ -24,6 +24,13 @@
 //! - **Publishing** ([`RedisStreamsPublisher`]): `XADD` with the payload, the event id in
 //!   the [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) field and the event type
 //!   (pipelined, then every reply awaited).
+//! - **Your own client**: [`RedisStreamsConsumer::from_client`] and
+//!   [`RedisStreamsPublisher::from_client`] take a `fred::clients::Client` the
+//!   application configured as it likes (TLS, credentials or a credential provider,
+//!   cluster or sentinel servers, reconnect policy, tracing). The publisher sends through
+//!   that client; the consumer opens two connections of its own with its configuration
+//!   (one blocks reading). [`RedisStreamsConsumer::connect`] and
+//!   [`RedisStreamsPublisher::connect`] build the client from the URL and call them.
 //! - **Counting** ([`pending_count`]): the group's lag (entries not yet delivered) plus
 //!   its pending entries list (delivered, not acked).
 //! - **URL parameters** (`redis://127.0.0.1:6379/0?min_idle=5s`, read by
@@ -89,24 +96,25 @@ pub(crate) fn redis_err(action: &'static str, after: Duration, e: Error) -> Brok
     }
 }
 
-/// Connects to `url` as [`connect_with`] does, with [`DEFAULT_COMMAND_TIMEOUT`].
+/// Connects to `url` as [`client_for`] configures it, with [`DEFAULT_COMMAND_TIMEOUT`].
 pub(crate) async fn connect(url: &str) -> Result<Client, BrokerError> {
-    connect_with(url, DEFAULT_COMMAND_TIMEOUT).await
+    let client = client_for(url, DEFAULT_COMMAND_TIMEOUT)?;
+    init(&client).await?;
+    Ok(client)
 }
 
-/// Connects to `url`: with TLS for `rediss://`, refused without the `tls` feature (fred
-/// itself would connect in plain TCP). Every command times out after `command_timeout`
-/// unless it sets its own timeout.
-pub(crate) async fn connect_with(
-    url: &str,
-    command_timeout: Duration,
-) -> Result<Client, BrokerError> {
+/// A client for `url`, not connected yet (what the URL constructors hand to
+/// `from_client`): with TLS for `rediss://`, refused without the `tls` feature (fred
+/// itself would connect in plain TCP); a 5 s connection timeout, reconnection with
+/// backoff, and every command timed out after `command_timeout` unless it sets its own
+/// timeout.
+pub(crate) fn client_for(url: &str, command_timeout: Duration) -> Result<Client, BrokerError> {
     crate::tls::check_compiled(url)?;
     // fred builds its TLS configuration while reading the URL.
     #[cfg(feature = "tls")]
     crate::tls::install_default_provider();
     let config = Config::from_url(url).map_err(|e| BrokerError::InvalidUrl(e.to_string()))?;
-    let client = Builder::from_config(config)
+    Builder::from_config(config)
         .with_connection_config(|c| {
             c.connection_timeout = Duration::from_secs(5);
         })
@@ -115,12 +123,30 @@ pub(crate) async fn connect_with(
         })
         .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
         .build()
-        .map_err(|e| BrokerError::InvalidUrl(e.to_string()))?;
+        .map_err(|e| BrokerError::InvalidUrl(e.to_string()))
+}
+
+/// A new client with `template`'s configuration (server, TLS, credentials, connection
+/// settings, reconnect policy) and `command_timeout` for every command, connected.
+pub(crate) async fn connect_like(
+    template: &Client,
+    command_timeout: Duration,
+) -> Result<Client, BrokerError> {
+    let client = template.clone_new();
+    let mut perf = client.perf_config();
+    perf.default_command_timeout = command_timeout;
+    client.update_perf_config(perf);
+    init(&client).await?;
+    Ok(client)
+}
+
+/// Connects `client` (fred's `init`).
+async fn init(client: &Client) -> Result<(), BrokerError> {
     client
         .init()
         .await
-        .map_err(|e| BrokerError::connect(BROKER, e))?;
-    Ok(client)
+        .map(drop)
+        .map_err(|e| BrokerError::connect(BROKER, e))
 }
 
 /// Creates the group at the stream's start (and the stream), unless it exists.

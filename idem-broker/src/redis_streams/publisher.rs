@@ -8,7 +8,7 @@ use fred::bytes::Bytes;
 use fred::prelude::*;
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
-use super::config::DEFAULT_COMMAND_TIMEOUT;
+use super::config::RedisStreamsConfig;
 use super::{check_name, connect, ensure_group, redis_err, BROKER, PAYLOAD_FIELD};
 use crate::BrokerError;
 
@@ -20,6 +20,8 @@ const PIPELINE: usize = 1_000;
 pub struct RedisStreamsPublisher {
     client: Client,
     name: String,
+    /// How long each `XADD` may go unanswered.
+    command_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for RedisStreamsPublisher {
@@ -37,25 +39,61 @@ impl RedisStreamsPublisher {
     /// The server cannot be reached; an invalid URL or name.
     pub async fn connect(url: &str, name: &str) -> Result<Self, BrokerError> {
         check_name(name)?;
+        let client = connect(url).await?;
+        Self::from_client(client, &RedisStreamsConfig::new(url, name)).await
+    }
+
+    /// As [`connect`](Self::connect), through `client`: a client the application built
+    /// and connected (`init`) itself, with its own servers, TLS settings, credentials
+    /// and reconnect policy, shared with its other uses. Entries go to stream
+    /// `config.name`; each `XADD` is timed out after `config.command_timeout`.
+    /// `config.url` and the consumer settings of `config` are not used.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fred::prelude::{Builder, ClientLike, Config};
+    /// use idem_broker::redis_streams::{RedisStreamsConfig, RedisStreamsPublisher};
+    ///
+    /// let client = Builder::from_config(Config::from_url("redis://127.0.0.1:6379/0")?).build()?;
+    /// client.init().await?;
+    /// let config = RedisStreamsConfig::new("redis://127.0.0.1:6379/0", "grants");
+    /// let publisher = RedisStreamsPublisher::from_client(client, &config).await?;
+    /// publisher.publish_raw(&[b"{}".to_vec()]).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// An invalid name.
+    pub async fn from_client(
+        client: Client,
+        config: &RedisStreamsConfig,
+    ) -> Result<Self, BrokerError> {
+        check_name(&config.name)?;
         Ok(Self {
-            client: connect(url).await?,
-            name: name.to_owned(),
+            client,
+            name: config.name.clone(),
+            command_timeout: config.command_timeout,
         })
     }
 
     async fn add_all(&self, entries: Vec<Vec<(String, Value)>>) -> Result<(), BrokerError> {
+        let timeout = self.command_timeout;
+        let options = Options {
+            timeout: Some(timeout),
+            ..Options::default()
+        };
         let mut entries = entries.into_iter().peekable();
         while entries.peek().is_some() {
-            let pipeline = self.client.pipeline();
+            let pipeline = self.client.pipeline().with_options(&options);
             for fields in entries.by_ref().take(PIPELINE) {
                 let _: () = pipeline
                     .xadd(self.name.as_str(), false, None::<()>, "*", fields)
                     .await
-                    .map_err(|e| redis_err("XADD", DEFAULT_COMMAND_TIMEOUT, e))?;
+                    .map_err(|e| redis_err("XADD", timeout, e))?;
             }
             let results: Vec<Result<Value, Error>> = pipeline.try_all().await;
             for r in results {
-                r.map_err(|e| redis_err("XADD", DEFAULT_COMMAND_TIMEOUT, e))?;
+                r.map_err(|e| redis_err("XADD", timeout, e))?;
             }
         }
         Ok(())
