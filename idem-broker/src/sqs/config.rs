@@ -32,12 +32,13 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 ///
 /// [`from_url`](Self::from_url) reads an `sqs://` URL: its authority is the endpoint
 /// (`sqs://127.0.0.1:5000` is `http://127.0.0.1:5000`, such as moto; `sqs://` takes the
-/// usual AWS variables), and idem's settings ride in its query
-/// (`sqs://127.0.0.1:5000?visibility_timeout=10s`). Each duration is a
+/// AWS configuration: `AWS_ENDPOINT_URL`, or AWS itself), and idem's settings ride in its
+/// query (`sqs://127.0.0.1:5000?visibility_timeout=10s`). Each duration is a
 /// [duration](crate::parse_duration); those SQS itself counts are whole seconds:
 ///
 /// | parameter | default | value |
 /// |---|---|---|
+/// | `region` | the AWS configuration's (`AWS_REGION`, the profile's, the instance's) | an AWS region such as `eu-west-1` |
 /// | `visibility_timeout` | `30s` | `1s` to `12h`; kept extended while a delivery is unsettled |
 /// | `wait` | `1s` | the long poll, `0s` to `20s` |
 /// | `retention` | SQS's 4 days | `60s` to `14d` (`1209600`): the `MessageRetentionPeriod` of a source queue created here |
@@ -46,7 +47,8 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 /// | `request_timeout` | `10s` ([`DEFAULT_REQUEST_TIMEOUT`]) | `1ms` to `5m`: the longest wait for an answer to one attempt of a request, beyond the long poll (`wait`) for `ReceiveMessage` |
 ///
 /// Any other query parameter, a path, a user or a password is an error (credentials
-/// come from the AWS variables).
+/// come from the AWS configuration; see [the module docs](super) for how the endpoint
+/// decides).
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SqsConfig {
@@ -55,6 +57,9 @@ pub struct SqsConfig {
     pub endpoint: Option<String>,
     /// The logical name `NAME` (see [`queue_name`](super::queue_name) for the SQS name).
     pub name: String,
+    /// The AWS region (URL option `region=`); `None` takes the AWS configuration's
+    /// (`AWS_REGION`, the profile's `region`, the instance's).
+    pub region: Option<String>,
     /// How long a received message stays invisible to other consumers before SQS
     /// delivers it again (default 30 s). Sent with every receive; while a delivery is
     /// unsettled (in the consumer's buffer or being worked on) the consumer extends it
@@ -94,6 +99,7 @@ impl std::fmt::Debug for SqsConfig {
                 &self.endpoint.as_deref().map(idem_core::Redacted),
             )
             .field("name", &self.name)
+            .field("region", &self.region)
             .field("visibility_timeout", &self.visibility_timeout)
             .field("wait", &self.wait)
             .field("prefetch", &self.prefetch)
@@ -108,6 +114,7 @@ impl std::fmt::Debug for SqsConfig {
 impl SqsConfig {
     /// idem's settings in the URL query (the table above).
     pub(crate) const URL_SETTINGS: &'static [&'static str] = &[
+        "region",
         "visibility_timeout",
         "wait",
         "retention",
@@ -137,6 +144,9 @@ impl SqsConfig {
     pub fn from_url(url: &BrokerUrl, name: impl Into<String>) -> Result<Self, BrokerError> {
         url.expect_kind(BrokerKind::Sqs)?;
         let mut c = Self::new(endpoint_of(url)?, name);
+        if let Some(r) = url.setting("region", region_name)? {
+            c.region = Some(r);
+        }
         let secs = Duration::from_secs;
         if let Some(d) = url.setting(
             "visibility_timeout",
@@ -171,6 +181,7 @@ impl SqsConfig {
         Self {
             endpoint,
             name: name.into(),
+            region: None,
             visibility_timeout: Duration::from_secs(30),
             wait: Duration::from_secs(1),
             prefetch: 20,
@@ -179,6 +190,13 @@ impl SqsConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
+    }
+
+    /// Sets the AWS region (over the AWS configuration's).
+    #[must_use]
+    pub fn with_region(mut self, region: impl Into<String>) -> Self {
+        self.region = Some(region.into());
+        self
     }
 
     /// Sets the visibility timeout (whole seconds, at least 1).
@@ -237,6 +255,25 @@ impl SqsConfig {
     }
 }
 
+/// An AWS region name as the URL gives it: lower-case letters, digits and `-`.
+fn region_name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    let ok = s.len() <= 64
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(
+            "must be an AWS region name such as eu-west-1 (lower-case letters, digits, '-')"
+                .to_owned(),
+        )
+    }
+}
+
 /// The endpoint of an `sqs://HOST[:PORT]` URL (`http://HOST[:PORT]`), or `None` for the
 /// environment's (`sqs://`).
 fn endpoint_of(url: &BrokerUrl) -> Result<Option<String>, BrokerError> {
@@ -273,6 +310,7 @@ mod tests {
         let d = read("sqs://127.0.0.1:5000").unwrap();
         assert_eq!(d.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
         assert_eq!(d.name, "q");
+        assert_eq!(d.region, None);
         assert_eq!(d.visibility_timeout, Duration::from_secs(30));
         assert_eq!(d.wait, Duration::from_secs(1));
         assert_eq!(d.retention, None);
@@ -292,6 +330,10 @@ mod tests {
         assert_eq!(c.wait, Duration::ZERO);
         assert_eq!(c.retention, Some(Duration::from_secs(48 * 3_600)));
         assert_eq!(c.max_receive_count, 3);
+        assert_eq!(
+            read("sqs://?region=eu-west-1").unwrap().region.as_deref(),
+            Some("eu-west-1")
+        );
         let t = read("sqs://h:1?connect_timeout=250ms&request_timeout=2s&wait=20s").unwrap();
         assert_eq!(t.connect_timeout, Duration::from_millis(250));
         assert_eq!(t.request_timeout, Duration::from_secs(2));
@@ -349,7 +391,11 @@ mod tests {
             ),
             ("request_timeout=0", "request_timeout", "from 1ms to 5m"),
             ("wait=1&wait=2", "wait", "more than once"),
-            ("region=eu-west-1", "region", "unknown parameter"),
+            ("region=", "region", "empty"),
+            ("region=EU-WEST-1", "region", "AWS region name"),
+            ("region=eu_west_1", "region", "AWS region name"),
+            ("region=a&region=b", "region", "more than once"),
+            ("queue=q", "queue", "unknown parameter"),
         ] {
             crate::setting::assert_refused(
                 read(&format!("sqs://h:1?{query}")),

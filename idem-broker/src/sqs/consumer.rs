@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use aws_config::SdkConfig;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
     MessageSystemAttributeName,
@@ -20,7 +21,10 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 
 use super::config::SqsConfig;
-use super::{attributes, body_text, client_for, ensure_queues, receive_client, sdk_err, BROKER};
+use super::{
+    attributes, body_text, client_of, ensure_queues, receive_client, sdk_config_for, sdk_err,
+    with_timeouts, BROKER,
+};
 use crate::idle::IdleLink;
 use crate::{BrokerError, DEAD_LETTER_REASON_HEADER};
 
@@ -541,7 +545,69 @@ impl SqsConsumer {
     /// [`BrokerError::Config`] when an existing queue is set up differently in a way that
     /// matters.
     pub async fn connect(config: &SqsConfig) -> Result<Self, BrokerError> {
-        let client = client_for(config).await;
+        let sdk = sdk_config_for(config).await?;
+        Self::from_sdk_config(&sdk, config).await
+    }
+
+    /// As [`connect`](Self::connect), with an AWS configuration the application loaded
+    /// itself (its credentials provider, region, endpoint, HTTP client, retries,
+    /// interceptors). `config.endpoint` and `config.region` are not used (`sdk`'s are);
+    /// its timeouts apply to idem's requests, everything else in `config` is used too.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    ///
+    /// use aws_config::BehaviorVersion;
+    /// use futures::StreamExt;
+    /// use idem_broker::sqs::{SqsConfig, SqsConsumer};
+    ///
+    /// let sdk = aws_config::defaults(BehaviorVersion::latest())
+    ///     .profile_name("billing")
+    ///     .load()
+    ///     .await;
+    /// let config = SqsConfig::new(None, "grants").with_visibility_timeout(Duration::from_secs(60));
+    /// let mut deliveries = SqsConsumer::from_sdk_config(&sdk, &config).await?;
+    /// while let Some(delivery) = deliveries.next().await {
+    ///     let delivery = delivery?;
+    ///     // hand it to an `idem_core::Gate`, which acks only after the commit
+    /// #   drop(delivery);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); [`BrokerError::Config`] for an `sdk` without a
+    /// behavior version.
+    pub async fn from_sdk_config(sdk: &SdkConfig, config: &SqsConfig) -> Result<Self, BrokerError> {
+        Self::from_client(client_of(sdk)?, config).await
+    }
+
+    /// As [`connect`](Self::connect), through an SQS client the application built
+    /// itself. idem's requests go through a copy of it with `config`'s connect and request
+    /// timeouts (sharing its credentials, region, endpoint, HTTP client and
+    /// interceptors); `config.endpoint` and `config.region` are not used.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use aws_config::BehaviorVersion;
+    /// use idem_broker::sqs::{SqsConfig, SqsConsumer};
+    ///
+    /// let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
+    /// let client = aws_sdk_sqs::Client::from_conf(
+    ///     aws_sdk_sqs::config::Builder::from(&sdk)
+    ///         .endpoint_url("https://sqs.eu-west-1.amazonaws.com")
+    ///         .build(),
+    /// );
+    /// let deliveries = SqsConsumer::from_client(client, &SqsConfig::new(None, "grants")).await?;
+    /// # drop(deliveries);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn from_client(client: Client, config: &SqsConfig) -> Result<Self, BrokerError> {
+        let client = with_timeouts(&client, config);
         let (queue_url, dead_letter_url) = ensure_queues(&client, config).await?;
         let receiver = receive_client(&client, config);
         let (back, handed_back) = mpsc::unbounded_channel();

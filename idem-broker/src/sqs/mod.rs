@@ -54,11 +54,21 @@
 //!   consumer's stream (a supervisor reconnects) and fails an ack, instead of hanging
 //!   them.
 //!
-//! The endpoint, region and credentials come from the usual AWS variables
-//! (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, …); an `sqs://HOST:PORT` URL
-//! names a local endpoint (`http://HOST:PORT`, such as moto). With an explicit endpoint
-//! and no key in the environment, dummy static credentials are used; the region defaults
-//! to `us-east-1`.
+//! **Credentials and region** are aws-config's, as for any AWS tool: `sqs://` (and
+//! `sqs://HOST` for a HOST that is not a loopback address) loads
+//! `aws_config::defaults(BehaviorVersion::latest())` untouched: the standard credential
+//! chain (environment, profile, SSO, `credential_process`, web identity / IRSA, ECS,
+//! IMDS) and region chain (`AWS_REGION`, the profile's `region`, IMDS); `AWS_ENDPOINT_URL`
+//! and `AWS_ENDPOINT_URL_SQS` are read by aws-config as well. A URL's `region=` wins over
+//! the region chain; no region anywhere is a [`BrokerError::Config`]. Only a URL that
+//! names a loopback host (`sqs://127.0.0.1:5000`, `sqs://localhost:4566`, `sqs://[::1]`:
+//! moto, LocalStack, ElasticMQ) gets static test credentials, and a region from `region=`,
+//! `AWS_REGION` or the profile, else `us-east-1` (no instance metadata is asked).
+//! [`SqsConsumer::from_client`], [`SqsConsumer::from_sdk_config`] and their
+//! [`SqsPublisher`] twins take an `aws_sdk_sqs::Client` or an `aws_config::SdkConfig` the
+//! application made itself (its credentials, region, endpoint, HTTP client, interceptors);
+//! the URL constructors load the configuration as above and call them. Either way the
+//! connect and request timeouts of the [`SqsConfig`] apply to idem's requests.
 //!
 //! Message bodies are text on SQS: a body that is not UTF-8 cannot be published.
 
@@ -75,6 +85,8 @@ pub use publisher::{pending_count, publish_raw, SqsPublisher};
 
 use std::collections::HashMap;
 
+use aws_config::meta::region::RegionProviderChain;
+use aws_config::SdkConfig;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
@@ -196,31 +208,123 @@ pub(crate) fn receive_client(client: &Client, config: &SqsConfig) -> Client {
     )
 }
 
-/// A client for `endpoint` (or the environment's, see the module docs), with the
-/// default timeouts.
-pub(crate) async fn client(endpoint: Option<&str>) -> Client {
-    client_for(&SqsConfig::new(endpoint.map(str::to_owned), "")).await
+/// `client` with the connect and request timeouts of `config`; everything else
+/// (credentials, region, endpoint, HTTP client, interceptors, retries) as it is.
+pub(crate) fn with_timeouts(client: &Client, config: &SqsConfig) -> Client {
+    Client::from_conf(
+        client
+            .config()
+            .to_builder()
+            .timeout_config(timeouts(config, config.request_timeout))
+            .build(),
+    )
 }
 
-/// A client for `config`'s endpoint (or the environment's, see the module docs), with
-/// its connect and request timeouts.
-pub(crate) async fn client_for(config: &SqsConfig) -> Client {
-    let endpoint = config.endpoint.as_deref();
-    let env_endpoint = std::env::var("AWS_ENDPOINT_URL_SQS")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .ok();
-    let mut loader = aws_config::defaults(BehaviorVersion::latest());
-    let region = std::env::var("AWS_REGION")
-        .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
-        .unwrap_or_else(|_| "us-east-1".to_owned());
-    loader = loader
-        .region(Region::new(region))
+/// The region of a loopback endpoint when neither the URL nor `AWS_REGION` nor the
+/// profile names one.
+pub(crate) const LOCAL_REGION: &str = "us-east-1";
+
+/// Where the credentials of a client built from an [`SqsConfig`] come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CredentialSource {
+    /// aws-config's standard chain: environment, profile, SSO, `credential_process`,
+    /// web identity, ECS, IMDS.
+    Chain,
+    /// Static test credentials (`idem-local`), for a loopback endpoint.
+    LocalTest,
+}
+
+/// Where the region of a client built from an [`SqsConfig`] comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RegionSource {
+    /// The URL's `region=`.
+    Url(String),
+    /// aws-config's standard chain: `AWS_REGION`, the profile's `region`, IMDS.
+    Chain,
+    /// For a loopback endpoint: `AWS_REGION`, the profile's `region`, else
+    /// [`LOCAL_REGION`] (no instance metadata).
+    Local,
+}
+
+/// The credential and region sources of a client for `endpoint` (an `SqsConfig`'s, not
+/// the environment's) with the URL's `region`: the one decision, from the URL alone.
+///
+/// - a loopback endpoint (`127.0.0.0/8`, `::1`, `localhost`): static test credentials,
+///   the URL's region, else [`RegionSource::Local`];
+/// - any other endpoint, or none (`AWS_ENDPOINT_URL`, or AWS): the standard credential
+///   chain, the URL's region, else the standard region chain.
+pub(crate) fn sources(
+    endpoint: Option<&str>,
+    region: Option<&str>,
+) -> (CredentialSource, RegionSource) {
+    let local = endpoint.is_some_and(is_loopback);
+    let credentials = if local {
+        CredentialSource::LocalTest
+    } else {
+        CredentialSource::Chain
+    };
+    let region = match region {
+        Some(r) => RegionSource::Url(r.to_owned()),
+        None if local => RegionSource::Local,
+        None => RegionSource::Chain,
+    };
+    (credentials, region)
+}
+
+/// Whether `endpoint` (`http://HOST[:PORT]`) names a loopback host.
+pub(crate) fn is_loopback(endpoint: &str) -> bool {
+    match url::Url::parse(endpoint)
+        .ok()
+        .and_then(|u| u.host().map(|h| h.to_owned()))
+    {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+        None => false,
+    }
+}
+
+/// The AWS configuration of `config`, as [`load`] makes it.
+///
+/// # Errors
+/// [`BrokerError::Config`] when no region is named anywhere.
+pub(crate) async fn sdk_config_for(config: &SqsConfig) -> Result<SdkConfig, BrokerError> {
+    let sdk = load(config).await;
+    if sdk.region().is_none() {
+        return Err(config_error(
+            "no AWS region: name one with region= in the URL, AWS_REGION, or the profile's \
+             region"
+                .to_owned(),
+        ));
+    }
+    Ok(sdk)
+}
+
+/// The AWS configuration of `config` (see the module docs): aws-config's defaults, with
+/// the URL's endpoint and region if it names them, static test credentials only for a
+/// loopback endpoint ([`sources`]), and the config's timeouts.
+async fn load(config: &SqsConfig) -> SdkConfig {
+    let (credentials, region) = sources(config.endpoint.as_deref(), config.region.as_deref());
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
         .timeout_config(timeouts(config, config.request_timeout));
-    if let Some(e) = endpoint {
+    if let Some(e) = &config.endpoint {
         loader = loader.endpoint_url(e);
     }
-    let local = endpoint.is_some() || env_endpoint.is_some();
-    if local && std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+    loader = match region {
+        RegionSource::Url(r) => loader.region(Region::new(r)),
+        RegionSource::Chain => loader,
+        RegionSource::Local => loader.region(
+            RegionProviderChain::first_try(
+                aws_config::environment::EnvironmentVariableRegionProvider::new(),
+            )
+            .or_else(aws_config::profile::ProfileFileRegionProvider::new())
+            .or_else(Region::from_static(LOCAL_REGION)),
+        ),
+    };
+    if credentials == CredentialSource::LocalTest {
         loader = loader.credentials_provider(Credentials::new(
             "idem-local",
             "idem-local",
@@ -229,8 +333,28 @@ pub(crate) async fn client_for(config: &SqsConfig) -> Client {
             "idem-static",
         ));
     }
-    let shared = loader.load().await;
-    Client::new(&shared)
+    loader.load().await
+}
+
+/// An SQS client of `sdk`.
+///
+/// # Errors
+/// [`BrokerError::Config`] when `sdk` has no behavior version (the SDK would panic).
+pub(crate) fn client_of(sdk: &SdkConfig) -> Result<Client, BrokerError> {
+    if sdk.behavior_version().is_none() {
+        return Err(config_error(
+            "the SdkConfig has no behavior version: load it with \
+             aws_config::defaults(BehaviorVersion::latest())"
+                .to_owned(),
+        ));
+    }
+    Ok(Client::new(sdk))
+}
+
+/// A client for `endpoint` (or the AWS configuration's, see the module docs), with the
+/// default timeouts. Without a region anywhere, its requests fail.
+pub(crate) async fn client(endpoint: Option<&str>) -> Client {
+    Client::new(&load(&SqsConfig::new(endpoint.map(str::to_owned), "")).await)
 }
 
 /// Whether `e` says the queue does not exist.
@@ -538,6 +662,56 @@ pub(crate) fn body_text(body: &[u8]) -> Result<String, BrokerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_loopback_endpoint_gets_test_credentials() {
+        use CredentialSource::{Chain, LocalTest};
+        for local in [
+            "http://127.0.0.1:5000",
+            "http://127.1.2.3",
+            "http://localhost:4566",
+            "http://LocalHost.:4566",
+            "http://sqs.localhost",
+            "http://[::1]:9324",
+        ] {
+            assert_eq!(
+                sources(Some(local), None),
+                (LocalTest, RegionSource::Local),
+                "{local}"
+            );
+            assert_eq!(
+                sources(Some(local), Some("eu-west-1")),
+                (LocalTest, RegionSource::Url("eu-west-1".to_owned())),
+                "{local}"
+            );
+        }
+        for remote in [
+            "http://sqs.eu-west-1.amazonaws.com",
+            "https://sqs.internal:9324",
+            "http://10.0.0.5:5000",
+            "http://localhost.example.com",
+            "http://[::2]",
+            "not a url",
+        ] {
+            assert_eq!(
+                sources(Some(remote), None),
+                (Chain, RegionSource::Chain),
+                "{remote}"
+            );
+            assert_eq!(
+                sources(Some(remote), Some("ap-south-1")),
+                (Chain, RegionSource::Url("ap-south-1".to_owned())),
+                "{remote}"
+            );
+        }
+        // No endpoint in the URL (`sqs://`): AWS, or AWS_ENDPOINT_URL, whatever it
+        // names: the chain's credentials, never the test ones.
+        assert_eq!(sources(None, None), (Chain, RegionSource::Chain));
+        assert_eq!(
+            sources(None, Some("us-west-2")),
+            (Chain, RegionSource::Url("us-west-2".to_owned()))
+        );
+    }
 
     #[test]
     fn names_map_to_valid_queue_names() {

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use aws_config::SdkConfig;
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry,
 };
@@ -12,8 +13,8 @@ use futures::{StreamExt, TryStreamExt};
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
 use super::{
-    attributes, body_text, client, client_for, ensure_queues, is_fifo, queue_url, sdk_err,
-    SqsConfig, BROKER,
+    attributes, body_text, client, client_of, ensure_queues, is_fifo, queue_url, sdk_config_for,
+    sdk_err, with_timeouts, SqsConfig, BROKER,
 };
 use crate::BrokerError;
 
@@ -104,7 +105,54 @@ impl SqsPublisher {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn connect_config(config: &SqsConfig) -> Result<Self, BrokerError> {
-        let client = client_for(config).await;
+        let sdk = sdk_config_for(config).await?;
+        Self::from_sdk_config(&sdk, config).await
+    }
+
+    /// As [`connect_config`](Self::connect_config), with an AWS configuration the
+    /// application loaded itself (its credentials provider, region, endpoint, HTTP
+    /// client, retries, interceptors). `config.endpoint` and `config.region` are not used
+    /// (`sdk`'s are); its timeouts apply to idem's requests.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use aws_config::BehaviorVersion;
+    /// use idem_broker::sqs::{SqsConfig, SqsPublisher};
+    ///
+    /// let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
+    /// let publisher = SqsPublisher::from_sdk_config(&sdk, &SqsConfig::new(None, "grants")).await?;
+    /// publisher.publish_raw(&[b"{}".to_vec()]).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); [`BrokerError::Config`] for an `sdk` without a
+    /// behavior version.
+    pub async fn from_sdk_config(sdk: &SdkConfig, config: &SqsConfig) -> Result<Self, BrokerError> {
+        Self::from_client(client_of(sdk)?, config).await
+    }
+
+    /// As [`connect_config`](Self::connect_config), through an SQS client the
+    /// application built itself. idem's requests go through a copy of it with `config`'s
+    /// connect and request timeouts (sharing its credentials, region, endpoint, HTTP
+    /// client and interceptors); `config.endpoint` and `config.region` are not used.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use aws_config::BehaviorVersion;
+    /// use idem_broker::sqs::{SqsConfig, SqsPublisher};
+    ///
+    /// let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
+    /// let client = aws_sdk_sqs::Client::new(&sdk);
+    /// let publisher = SqsPublisher::from_client(client, &SqsConfig::new(None, "grants")).await?;
+    /// publisher.publish_raw(&[b"{}".to_vec()]).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn from_client(client: Client, config: &SqsConfig) -> Result<Self, BrokerError> {
+        let client = with_timeouts(&client, config);
         let (queue_url, _) = ensure_queues(&client, config).await?;
         Ok(Self {
             client,
