@@ -1,7 +1,7 @@
 //! How long a source can still redeliver a message: its **redelivery horizon**.
 //!
 //! A dedup record may only be purged once no broker can redeliver its message any more
-//! (DESIGN.md, "Growing old"). [`redelivery_horizon`] reads, from the broker itself, how
+//! (docs/operations.md). [`redelivery_horizon`] reads, from the broker itself, how
 //! long a source keeps a message:
 //!
 //! | broker | read from | kept until |

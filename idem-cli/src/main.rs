@@ -1,7 +1,7 @@
 //! `idem`: the command for people who run exactly-once consumers.
 //!
 //! Subcommands: `key`, `demo`, `migrate`, `consume`, `relay`, `publish`, `purge`,
-//! `inspect`, `audit export` — see `idem --help` and DESIGN.md's command contract. Bad
+//! `inspect`, `audit export` — see `idem --help` and docs/operations.md. Bad
 //! input gets an error and exit status 2 (a mistake in the arguments: clap's whole
 //! message, naming what is wrong and the usage; any other: one line); a failed run
 //! exits 1. Logs go to stderr, coloured at a terminal unless `NO_COLOR` is set or

@@ -1,6 +1,6 @@
 //! What an operator sees and runs: the `--metrics-addr` endpoints of `idem consume` and
 //! `idem relay` moving during a real run (Redis Streams, a Redis front filter, Postgres),
-//! and both commands under the README's least-privilege roles with `--no-migrate`.
+//! and both commands under the least-privilege roles of docs/operations.md with `--no-migrate`.
 //! Real services at `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL`; a missing one
 //! fails the test.
 
@@ -307,7 +307,7 @@ fn consume_and_relay_metrics_move_during_a_run() {
 
 #[test]
 fn least_privilege_roles_consume_and_relay_with_no_migrate() {
-    // The owner (here the superuser) migrates; the README's GRANTs give the rest.
+    // The owner (here the superuser) migrates; the GRANTs of docs/operations.md give the rest.
     let run = Run::new("roles", 3, 1);
     let Run {
         tag: t,

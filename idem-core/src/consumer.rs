@@ -45,7 +45,7 @@ impl ConsumerConfig {
     /// The default concurrency: four batches in flight, so that while some wait for a
     /// round trip or their commit's WAL flush, others are claimed and written (measured
     /// by `scripts/bench-postgres`: four beat two in every pair of runs; see the
-    /// README's performance table). Each needs a database connection of its own.
+    /// performance table in docs/performance.md). Each needs a database connection of its own.
     pub const DEFAULT_CONCURRENCY: usize = 4;
 
     /// A configuration; zero values are raised to one.

@@ -179,7 +179,7 @@ pub fn map_sqlx(e: sqlx::Error, what: &str) -> StoreError {
                 // deployment mistake that retrying cannot fix.
                 SqlStateClass::Config if code == "42501" => StoreError::Config(format!(
                     "{what}: {} (SQLSTATE {code}); this database role lacks the privilege \
-                     (see the role layout in README: a least-privilege role runs with \
+                     (see the role layout in docs/operations.md: a least-privilege role runs with \
                      --no-migrate after the schema's owner ran `idem migrate`)",
                     db.message()
                 )),

@@ -1,4 +1,4 @@
-//! The least-privilege role layout of README ("Evidence and least privilege"), applied
+//! The least-privilege role layout of docs/operations.md ("Evidence and least privilege"), applied
 //! verbatim to a fresh schema: the consumer claims and writes but cannot delete or
 //! rewrite evidence; the relay may only mark outbox rows published; the auditor reads.
 
@@ -12,7 +12,7 @@ use idem_store_postgres::{error::sqlstate, PgConfig, PgOutboxSource, PgStore};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::Executor;
 
-/// The README's GRANT statements, with the schema and role names substituted.
+/// The GRANT statements of docs/operations.md, with the schema and role names substituted.
 fn grants(schema: &str, consumer: &str, relay: &str, auditor: &str) -> String {
     format!(
         r#"
@@ -83,7 +83,7 @@ async fn the_documented_grants_keep_evidence_safe() {
             &schema, &consumer, &relay, &auditor,
         )))
         .await
-        .expect("the README's GRANTs");
+        .expect("the documented GRANTs");
 
     let result = tokio::spawn({
         let (owner, schema, consumer, relay, auditor) = (

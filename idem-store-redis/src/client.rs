@@ -136,7 +136,7 @@ impl Conn {
         // `EVAL` of `scripts/claim_batch.lua` (one command; the script's loop costs the
         // server more per key than a native SET, but less than fred's per-command work).
         // On a cluster, whose keys live in different slots, fred pipelines native SETs.
-        // (`scripts/bench-redis`; see the README's "Redis claims at depth 100".)
+        // (`scripts/bench-redis`; see "Redis claims at depth 100" in docs/performance.md.)
         #[cfg(feature = "fred")]
         let script = !self.cluster && keys.len() > 1;
         let out = self

@@ -24,7 +24,7 @@
 //! registered — at start, and after any failed heartbeat — the filter answers nothing
 //! (every lookup falls through to the durable store).
 //!
-//! What is automatic and what is not (README, "Front filter: store identity, restores
+//! What is automatic and what is not (docs/stores.md, "Front filter: store identity, restores
 //! and clones"): a restore is caught when any session was registered after the backup's
 //! snapshot (a start, or a heartbeat of a running consumer) — the usual case for a
 //! backup older than one heartbeat. It is not caught, and the runbook's `idem migrate

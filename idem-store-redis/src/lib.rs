@@ -50,7 +50,7 @@
 //! - `redis-rs` (default): the [`redis`](https://docs.rs/redis) crate; standalone servers
 //!   and Redis Cluster (`redis-cluster://host:port,host:port,…`, through its
 //!   `cluster-async` connection). A batch claim is one pipeline of native `SET`s, which is
-//!   the fastest form (see the README's "Redis claims at depth 100").
+//!   the fastest form (see "Redis claims at depth 100" in docs/performance.md).
 //! - `fred`: the [`fred`](https://docs.rs/fred) client instead, for teams that already use
 //!   it; standalone servers and Redis Cluster. With both features on,
 //!   [`RedisConfig::client`] chooses (redis-rs unless told otherwise).

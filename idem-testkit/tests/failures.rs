@@ -1,4 +1,4 @@
-//! The failure table of the README, row by row, on the in-memory store and the simulated
+//! The failure table of docs/operations.md, row by row, on the in-memory store and the simulated
 //! broker: what the gate does when the handler panics, the store is down, refuses a
 //! message or is misconfigured, and when a message keeps failing.
 

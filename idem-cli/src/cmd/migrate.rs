@@ -24,7 +24,7 @@ pub(crate) struct Args {
     append_only: bool,
     /// Give the store a new random identity, so that no front-filter mark written before
     /// applies to it. Run it after restoring the store from a backup, failing over to a
-    /// replica that may have missed commits, or copying it (README, "Front filter: store
+    /// replica that may have missed commits, or copying it (docs/stores.md, "Front filter: store
     /// identity, restores and clones"), before any consumer starts on it.
     #[arg(long)]
     rotate_store_identity: bool,

@@ -262,7 +262,7 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// The default configuration the README and CI run: 2 workers, 2 keys (the first
+    /// The default configuration docs/testing.md and CI run: 2 workers, 2 keys (the first
     /// delivered twice), batches of up to 2, budgets of 2 crashes, 1 error of each class,
     /// 1 lost ack, 1 visibility expiry, 1 filter outage, 1 restore, 1 lock timeout, 1
     /// void commit — and at most one fault of any kind per run (`total`), which keeps the
