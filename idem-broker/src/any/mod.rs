@@ -14,6 +14,8 @@
 //! dispatch, in files `consumer` and `publisher` as in each broker's module).
 //!
 //! ```
+//! # #[cfg(feature = "nats")]
+//! # fn main() -> Result<(), idem_broker::BrokerError> {
 //! use idem_broker::any::{BrokerKind, BrokerUrl};
 //! use idem_broker::BrokerError;
 //! let url = BrokerUrl::parse("nats://127.0.0.1:4222?ack_wait=5s")?;
@@ -25,7 +27,10 @@
 //!     BrokerUrl::parse("nats://127.0.0.1:4222?ack_wiat=5s"),
 //!     Err(BrokerError::InvalidParam { .. })
 //! ));
-//! # Ok::<(), BrokerError>(())
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "nats"))]
+//! # fn main() {}
 //! ```
 
 use std::collections::BTreeMap;
