@@ -669,9 +669,9 @@ pub async fn first_delivered_wins_across_batches<S: TestStore>(store: S) {
     assert_eq!(effects.len(), 3, "A-held, Z-first and B-other each once");
 }
 
-/// The record of reruns ([`ClaimStore::note_run`]): each `Started` adds one and answers
-/// the count, `NotRun` takes one back (never below zero), `Settled` forgets the key;
-/// keys are counted apart. Through the gate, on a broker that counts runs: a rerun whose
+/// The record of reruns ([`ClaimStore::note_run`](idem_core::ClaimStore::note_run)):
+/// each `Started` adds one and answers the count, `NotRun` takes one back (never below
+/// zero), `Settled` forgets the key; keys are counted apart. Through the gate, on a broker that counts runs: a rerun whose
 /// recorded runs reach `max_attempts` claims its key and is dead-lettered unrun, and its
 /// record is forgotten; a rerun below the limit runs and commits. A store that keeps no
 /// record answers `None` and skips this check, saying so.
