@@ -7,11 +7,12 @@
 //! tansu 0.6 as installed here cannot accept a SASL client: it offers `SCRAM-SHA-256`,
 //! `SCRAM-SHA-512` and `OAUTHBEARER` but not `PLAIN`, and its memory and S3 storage keep
 //! no SCRAM users (`tansu user create` answers success, and the SCRAM exchange then ends
-//! in `e=unknown-user`). It has no TLS listener either (`--cert` and `--key` are read,
-//! the listener stays plain TCP). So what is tested here is the refusal: the adapter's
-//! SCRAM exchange with the broker fails, and so does a client without credentials,
-//! each as an error within a bounded time that never shows the password. Settings that
-//! reach librdkafka are tested by the unit tests of `kafka::config`.
+//! in `e=unknown-user`). It has no TLS listener either: `tansu broker` refuses `--cert`
+//! and `--key` together, and its listener serves plain TCP whatever it is given. So what
+//! is tested here is the refusal: the adapter's SCRAM exchange with the broker fails, and
+//! so does a client without credentials, each as an error within a bounded time that
+//! never shows the password. Settings that reach librdkafka are tested by the unit tests
+//! of `kafka::config`.
 
 #![cfg(feature = "kafka")]
 

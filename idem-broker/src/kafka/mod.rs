@@ -67,8 +67,20 @@
 //!   (default `idem`), `partitions` (default 4) and `replication` (default
 //!   `min(3, brokers)`) of a topic created here, `session_timeout` (default `10s`),
 //!   `max_poll_interval` (default `5m`), `assignment` (default `cooperative-sticky`),
-//!   `batch_messages` (the producer's record-batch size) and `queued_kbytes` (default
-//!   4096). The URL's authority is the bootstrap list; any other parameter is an error.
+//!   `batch_messages` (the producer's record-batch size), `queued_kbytes` (default
+//!   4096) and `compression.type` (the producer's codec: `none`, `gzip`, `lz4`, `snappy`
+//!   or `zstd`; the consumer reads them all). The URL's authority is the bootstrap list;
+//!   any other parameter is an error.
+//! - **TLS and SASL** ([`KafkaSecurity`], the second table of [`KafkaConfig`]):
+//!   `kafkas://` is TLS (`security.protocol=ssl`, or `sasl_ssl` with credentials);
+//!   `security.protocol`, `sasl.mechanism` (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`),
+//!   `sasl.username` and `sasl.password` (or `user:password@` before the hosts),
+//!   `ssl.ca.location`, `ssl.certificate.location`, `ssl.key.location`,
+//!   `ssl.key.password` and `ssl.endpoint.identification.algorithm` go to every client
+//!   the adapter makes ([`KafkaConfig::client_config`]): the consumer, the producers,
+//!   the metadata and admin clients. librdkafka does TLS with the system's OpenSSL.
+//!   Credentials on `kafka://` without a `security.protocol` are refused rather than
+//!   sent over plain TCP, as is an `ssl.` setting without TLS; passwords show as `***`.
 //! - **tansu 0.6** (the test broker) differs from Kafka in ways that matter here:
 //!   its fetch starts at the first record batch whose base offset is at or after the
 //!   requested offset, skipping the rest of a batch a committed offset points into
