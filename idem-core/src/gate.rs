@@ -1097,7 +1097,9 @@ where
             ClaimOutcome::Claimed if self.overrun(reruns) => {
                 let _ = tx.rollback().await;
                 self.forget_attempts(&key);
-                self.note(&key, reruns, RunNote::Settled).await;
+                // The record stays: a copy of this delivery still in flight elsewhere (a
+                // visibility timeout, an ack wait that ran out) is dead-lettered unrun too,
+                // not counted from zero and run again.
                 let reason = overrun_reason(
                     &delivery,
                     reruns.unwrap_or_default(),

@@ -241,9 +241,11 @@ pub trait ClaimStore: Send + Sync {
     ///   a claim transaction of the calling task (the gate calls it with none open).
     /// - [`RunNote::NotRun`] takes back one count whose handler did not run (the claim
     ///   found a duplicate, a conflict or a key in progress); never below zero.
-    /// - [`RunNote::Settled`] forgets the key's count (its delivery committed or was
-    ///   dead-lettered). Best effort: a count left behind only matters for a key that is
-    ///   claimed again, which a committed key never is.
+    /// - [`RunNote::Settled`] forgets the key's count (its delivery committed, or its
+    ///   handler rejected it). Best effort: a count left behind only matters for a key
+    ///   that is claimed again, which a committed key never is. A key dead-lettered unrun
+    ///   keeps its count, so a copy of its message still in flight elsewhere is
+    ///   dead-lettered unrun too.
     /// - A store that keeps no such count returns `Ok(None)` for every note (the
     ///   default): the gate then runs every rerun, and only the failures it sees count.
     ///

@@ -56,6 +56,11 @@ fn parse() -> Result<Args, String> {
             flags.push(flag);
             continue;
         }
+        if flag == "--check-before-handler" {
+            config.check_before_handler = true;
+            flags.push(flag);
+            continue;
+        }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let num = || -> Result<u32, String> {
             value

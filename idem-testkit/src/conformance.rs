@@ -671,10 +671,11 @@ pub async fn first_delivered_wins_across_batches<S: TestStore>(store: S) {
 
 /// The record of reruns ([`ClaimStore::note_run`](idem_core::ClaimStore::note_run)):
 /// each `Started` adds one and answers the count, `NotRun` takes one back (never below
-/// zero), `Settled` forgets the key; keys are counted apart. Through the gate, on a broker that counts runs: a rerun whose
-/// recorded runs reach `max_attempts` claims its key and is dead-lettered unrun, and its
-/// record is forgotten; a rerun below the limit runs and commits. A store that keeps no
-/// record answers `None` and skips this check, saying so.
+/// zero), `Settled` forgets the key; keys are counted apart. Through the gate, on a
+/// broker that counts runs: a rerun whose recorded runs reach `max_attempts` claims its
+/// key and is dead-lettered unrun, and its record stays (a copy in flight elsewhere is
+/// dead-lettered unrun too); a rerun below the limit runs and commits. A store that keeps
+/// no record answers `None` and skips this check, saying so.
 pub async fn reruns_are_recorded<S: TestStore>(store: S) {
     let k = key("reruns-one");
     let note = |n| {
@@ -744,8 +745,8 @@ pub async fn reruns_are_recorded<S: TestStore>(store: S) {
             .note_run(&killer_key, RunNote::Started)
             .await
             .expect("note_run"),
-        Some(1),
-        "the dead-lettered key's record was forgotten"
+        Some(3),
+        "the dead-lettered key's record stays: a copy still in flight is dead-lettered too"
     );
 }
 

@@ -665,6 +665,10 @@ impl Run {
                         let identity = w.durable.identity + 1;
                         w.durable = snap;
                         w.durable.identity = identity;
+                        // The restored store lacks the runs recorded since its backup
+                        // (ClaimStore::note_run): a killer's bound of max_attempts runs
+                        // starts again from here, as it does for a real restore.
+                        w.killer_runs.clear();
                         let line = format!(
                             "store restored to {:?}; identity rotated to {identity}",
                             w.durable.committed

@@ -342,9 +342,12 @@ impl Config {
     }
 
     /// A message that kills its process on every run, beside one valid key delivered
-    /// once, in `base`'s mode, workers, batch and budgets.
+    /// once, in `base`'s mode, workers, batch and budgets — without restores: the runs a
+    /// store records (`ClaimStore::note_run`) are lost with the rest of what its backup
+    /// lacks, so after a restore a killer may run `max_attempts` times more, and reach a
+    /// broker's own delivery limit (docs/operations.md says so).
     pub fn killer(base: &Config) -> Self {
-        Self {
+        let mut c = Self {
             keys: 1,
             copies: 1,
             conflicts: 0,
@@ -352,7 +355,9 @@ impl Config {
             recurring: 0,
             check_before_handler: true,
             ..base.clone()
-        }
+        };
+        c.budgets.restores = 0;
+        c
     }
 
     /// A message whose handler fails transiently on every attempt, beside one valid key
