@@ -1,5 +1,5 @@
 //! Deliveries held by a consumer and handed back into its own stream after a delay,
-//! without a round trip through the broker (NATS JetStream, SQS).
+//! without a round trip through the broker (NATS JetStream, SQS, Redis Streams).
 //!
 //! A broker that counts every redelivery against a limit (JetStream's `max_deliver`, an
 //! SQS redrive policy's `maxReceiveCount`) would end a message that the gate only

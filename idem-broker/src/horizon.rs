@@ -296,8 +296,9 @@ fn age_of_unix_millis(ms: i128) -> Duration {
 async fn sqs(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerError> {
     use aws_sdk_sqs::types::QueueAttributeName;
     crate::sqs::check_name(name)?;
-    let endpoint = crate::sqs::SqsConfig::from_url(url, name)?.endpoint;
-    let client = crate::sqs::client(endpoint.as_deref()).await;
+    // The adapter's own client: the URL's endpoint and region, the standard chains.
+    let config = crate::sqs::SqsConfig::from_url(url, name)?;
+    let client = crate::sqs::client_of(&crate::sqs::sdk_config_for(&config).await?)?;
     let q = crate::sqs::queue_name(name);
     let queue_url = match client.get_queue_url().queue_name(&q).send().await {
         Ok(out) => out.queue_url.ok_or_else(|| missing(name, "SQS queue"))?,

@@ -104,6 +104,48 @@ pub(crate) fn name(s: &str) -> Result<String, String> {
     }
 }
 
+/// `url` without the query parameters named in `names` (client settings that the
+/// broker's own client library must not see: TLS files, credential files), and their
+/// values, percent-decoded, in the order of `names` (`None`: not given). Every other
+/// parameter stays in the URL, in its order.
+///
+/// # Errors
+/// [`BrokerError::InvalidParam`] for one given twice.
+pub(crate) fn take_params<const N: usize>(
+    url: &str,
+    names: [&str; N],
+) -> Result<(String, [Option<String>; N]), BrokerError> {
+    let mut found: [Option<String>; N] = std::array::from_fn(|_| None);
+    let Some((head, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), found));
+    };
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let Some(i) = names.iter().position(|n| *n == k) else {
+            rest.push(pair);
+            continue;
+        };
+        let value = url::form_urlencoded::parse(format!("v={v}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        if found[i].replace(value).is_some() {
+            return Err(BrokerError::InvalidParam {
+                param: k.to_owned(),
+                value: v.to_owned(),
+                reason: "given more than once".to_owned(),
+            });
+        }
+    }
+    let url = if rest.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head}?{}", rest.join("&"))
+    };
+    Ok((url, found))
+}
+
 fn show(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }

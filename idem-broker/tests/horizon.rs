@@ -84,6 +84,39 @@ async fn sqs_horizon_is_the_queue_message_retention_period() {
         .is_err());
 }
 
+/// The horizon of a queue in another region is read in the URL's `region=` (moto keeps
+/// each region's queues apart): before, the horizon's client ignored it and found no queue.
+#[tokio::test]
+async fn sqs_horizon_reads_the_queue_in_the_url_s_region() {
+    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let endpoint = env("IDEM_TEST_SQS_ENDPOINT", "http://127.0.0.1:5000");
+    let client = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("eu-west-3"))
+            .endpoint_url(&endpoint)
+            .credentials_provider(Credentials::new("t", "t", None, None, "test"))
+            .build(),
+    );
+    let name = format!("horizon-region-{}", tag());
+    client
+        .create_queue()
+        .queue_name(&name)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "3600")
+        .send()
+        .await
+        .expect("create the queue on moto (scripts/ensure-sqs)");
+    let host = endpoint.trim_start_matches("http://");
+    let url = BrokerUrl::parse(&format!("sqs://{host}?region=eu-west-3")).expect("url");
+    let h = redelivery_horizon(&url, &name).await.expect("horizon");
+    assert_eq!(h.horizon(), Some(HOUR), "{h}");
+    // Another region holds no such queue.
+    let other = BrokerUrl::parse(&format!("sqs://{host}?region=ap-south-1")).expect("url");
+    let e = redelivery_horizon(&other, &name).await.unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidName { .. }), "{e}");
+}
+
 #[tokio::test]
 async fn nats_horizon_is_max_age_or_the_oldest_message() {
     use async_nats::jetstream::stream;

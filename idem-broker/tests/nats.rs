@@ -25,30 +25,7 @@ fn broker() -> Broker {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_after_commit_before_ack_is_redelivered_and_skipped() {
-    common::within(common::crash_after_commit_before_ack(broker())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_goes_to_the_dead_letter_stream_with_its_reason() {
-    common::within(common::poison_is_dead_lettered(broker())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reason_on_several_lines_is_dead_lettered() {
-    common::within(common::a_reason_on_several_lines_is_dead_lettered(broker())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relay_delivers_each_event_once_downstream() {
-    common::within(common::relay_delivers_each_event_once(broker())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_traceparent_crosses_the_broker_both_ways() {
-    common::within(common::traceparent_crosses_the_broker(broker())).await;
-}
+common::conformance!(broker, lease = Duration::from_secs(1));
 
 mod lease {
     use std::time::Duration;
@@ -65,25 +42,6 @@ mod lease {
         NatsConfig::new(url(), name)
             .with_ack_wait(Duration::from_secs(1))
             .with_prefetch(8)
-    }
-
-    /// Ack wait 1 s; the handler takes 3.5 s on the first delivery while three more wait
-    /// in the consumer's hands: `+WPI` keeps all four alive, nothing is redelivered.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_handler_slower_than_ack_wait_causes_no_redelivery() {
-        common::within(async {
-            let name = fresh_name("nats-slow");
-            publish_raw(&url(), &name, &plain_bodies(&name, 4))
-                .await
-                .expect("publish");
-            let mut stream = NatsConsumer::connect(&config(&name))
-                .await
-                .expect("connect");
-            let taken = take(&mut stream, 4).await;
-            common::slow_handler_causes_no_redelivery(stream, taken, Duration::from_millis(3_500))
-                .await;
-        })
-        .await;
     }
 
     /// The attempt is the server's delivery count; `max_deliver` stops a message that

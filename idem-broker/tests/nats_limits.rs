@@ -24,7 +24,7 @@ use idem_core::{
     ConsumerStats, Gate, GateConfig, IdempotencyKey, OutcomeKind, StoreError,
 };
 use idem_grant::GrantDb;
-use idem_store_postgres::{PgConfig, PgStore};
+use idem_store_postgres::PgStore;
 use idem_testkit::MemoryStore;
 
 use common::{effects, fresh_name, plain_bodies, submissions, take, Plain};
@@ -59,23 +59,7 @@ fn past_the_limit() -> Duration {
 /// A migrated grant store on a new schema whose claims give up on a held key after
 /// 200 ms (`InProgress`: the gate defers the delivery).
 async fn fresh_pg() -> PgStore {
-    let schema = format!("idem_lim_{:08x}", rand::random::<u32>());
-    let store = PgStore::connect(
-        &common::pg_url(),
-        PgConfig::new(schema)
-            .expect("schema name")
-            .with_max_connections(6)
-            .with_lock_timeout(Some(Duration::from_millis(200))),
-    )
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "cannot reach Postgres at {} (IDEM_TEST_POSTGRES_URL): {e}",
-            common::pg_url()
-        )
-    });
-    store.migrate_grants().await.expect("migrate");
-    store
+    common::fresh_pg_with(|c| c.with_lock_timeout(Some(Duration::from_millis(200)))).await
 }
 
 /// How often the server has redelivered a message of `name` (the durable `idem`).

@@ -25,30 +25,7 @@ fn broker() -> Broker {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_after_commit_before_ack_is_redelivered_and_skipped() {
-    common::within(common::crash_after_commit_before_ack(broker())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_goes_to_the_dead_letter_queue_with_its_reason() {
-    common::within(common::poison_is_dead_lettered(broker())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reason_on_several_lines_is_dead_lettered() {
-    common::within(common::a_reason_on_several_lines_is_dead_lettered(broker())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relay_delivers_each_event_once_downstream() {
-    common::within(common::relay_delivers_each_event_once(broker())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_traceparent_crosses_the_broker_both_ways() {
-    common::within(common::traceparent_crosses_the_broker(broker())).await;
-}
+common::conformance!(broker);
 
 mod settle {
     use std::sync::Arc;

@@ -1,32 +1,54 @@
-//! RabbitMQ in a resource alarm, on the real server (`IDEM_TEST_AMQP_URL`, default
-//! `amqp://guest:guest@127.0.0.1:5672/%2f`, with `rabbitmqctl` on the same host).
+//! RabbitMQ in a resource alarm, on a real RabbitMQ node of the test's own
+//! (`rabbitmq-server` and `rabbitmqctl` on this host, as for the TLS tests).
 //!
-//! The alarm is raised for the whole node (`rabbitmqctl set_vm_memory_high_watermark 0`
-//! blocks every publishing connection), so this binary holds one test only: nextest runs
-//! each binary's tests beside each other, and no other RabbitMQ test runs in this one.
-//! The watermark is restored by a guard, even when the test panics.
+//! The alarm is raised for a whole node (`rabbitmqctl set_vm_memory_high_watermark 0`
+//! blocks every publishing connection), so it is never raised on the shared node that the
+//! other tests use: nextest runs test binaries beside each other, and an alarm there
+//! blocks their publishers too (it did: every RabbitMQ test running beside this one timed
+//! out). The private node is stopped, its files removed, when the test ends.
 
 #![cfg(feature = "rabbitmq")]
 
 mod common;
 
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{fresh_name, plain_bodies, take, Plain};
 use idem_broker::dead_letter_name;
 use idem_broker::rabbitmq::{publish_raw, RabbitConfig, RabbitConsumer};
 use idem_core::{Acker, Gate, OutcomeKind, RejectReason};
+use idem_testkit::tls::TlsServer;
 use idem_testkit::MemoryStore;
 
-fn url() -> String {
-    std::env::var("IDEM_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+/// The port and node name of the test's own node, which the test holds (and stops when it
+/// ends).
+static NODE: OnceLock<(u16, String)> = OnceLock::new();
+
+/// Starts the test's own node; it stops when the returned server is dropped.
+fn start_node() -> TlsServer {
+    let server = TlsServer::rabbitmq_without_tls();
+    let name = server.node().expect("a RabbitMQ node").to_owned();
+    NODE.set((server.port, name)).expect("one node per process");
+    server
 }
 
-/// `rabbitmqctl ARGS`, its output; a failure fails the test.
+fn node() -> &'static str {
+    &NODE.get().expect("the node is started").1
+}
+
+fn url() -> String {
+    format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f",
+        NODE.get().expect("the node is started").0
+    )
+}
+
+/// `rabbitmqctl -n NODE ARGS` on the test's node, its output; a failure fails the test.
 fn rabbitmqctl(args: &[&str]) -> String {
     let out = Command::new("rabbitmqctl")
+        .args(["-n", node()])
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("rabbitmqctl {args:?}: {e}"));
@@ -72,6 +94,7 @@ impl Drop for MemoryAlarm {
         let mut args = vec!["set_vm_memory_high_watermark"];
         args.extend(self.restore.iter().map(String::as_str));
         let ok = Command::new("rabbitmqctl")
+            .args(["-n", node()])
             .args(&args)
             .status()
             .is_ok_and(|s| s.success());
@@ -120,6 +143,7 @@ async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> boo
 /// acked: it comes back, and is dead-lettered once the alarm is over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_flow_while_dead_letters_wait_for_an_alarm() {
+    let _node = start_node();
     common::within(async {
         let name = fresh_name("rabbit-alarm");
         publish_raw(&url(), &name, &plain_bodies(&name, 3))

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
@@ -12,8 +11,7 @@ use common::Broker;
 use futures::StreamExt;
 use idem_broker::any::{publish_raw, AnyConsumer, AnyPublisher, BrokerUrl};
 use idem_broker::{until_idle, BrokerError};
-use idem_core::{consumer, Acker, ConsumerConfig, Gate};
-use idem_grant::GrantDb;
+use idem_core::Acker;
 
 fn broker() -> Broker {
     let endpoint = std::env::var("IDEM_TEST_SQS_ENDPOINT")
@@ -33,30 +31,7 @@ fn broker() -> Broker {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_after_commit_before_ack_is_redelivered_and_skipped() {
-    common::crash_after_commit_before_ack(broker()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_goes_to_the_dead_letter_queue_with_its_reason() {
-    common::poison_is_dead_lettered(broker()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reason_on_several_lines_is_dead_lettered() {
-    common::a_reason_on_several_lines_is_dead_lettered(broker()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relay_delivers_each_event_once_downstream() {
-    common::relay_delivers_each_event_once(broker()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_traceparent_crosses_the_broker_both_ways() {
-    common::traceparent_crosses_the_broker(broker()).await;
-}
+common::conformance!(broker, lease = Duration::from_secs(2));
 
 /// The test endpoint (`http://HOST:PORT`).
 fn endpoint() -> String {
@@ -104,8 +79,8 @@ async fn attributes(
 }
 
 /// The consumer creates `NAME.dead-letter` keeping messages 14 days, and `NAME` with the
-/// retention asked for and a redrive policy to it with `maxReceiveCount` 10 — read back
-/// from the server.
+/// retention asked for and a redrive policy to it with `maxReceiveCount` 20 (twice the
+/// gate's default `max_attempts`) — read back from the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_are_created_with_dead_letter_retention_and_a_redrive_policy() {
     let name = common::fresh_name("created");
@@ -136,13 +111,7 @@ async fn queues_are_created_with_dead_letter_retention_and_a_redrive_policy() {
         .unwrap_or_else(|| panic!("no redrive policy: {source:?}"));
     let dead_arn = dead.get(&QueueAttributeName::QueueArn).expect("arn");
     assert!(policy.contains(dead_arn.as_str()), "{policy}");
-    assert!(
-        policy.replace(' ', "").contains("\"maxReceiveCount\":10")
-            || policy
-                .replace(' ', "")
-                .contains("\"maxReceiveCount\":\"10\""),
-        "{policy}"
-    );
+    assert_eq!(max_receive_count(policy), Some(20), "{policy}");
 
     // Connecting again reads the queues and accepts them; asking for another retention
     // is a configuration error, and nothing is changed.
@@ -166,6 +135,59 @@ async fn queues_are_created_with_dead_letter_retention_and_a_redrive_policy() {
             .map(String::as_str),
         Some("172800")
     );
+}
+
+/// The `maxReceiveCount` of a redrive policy as the server gives it back (a number or a
+/// numeric string).
+fn max_receive_count(policy: &str) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_str(policy).ok()?;
+    match &v["maxReceiveCount"] {
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        serde_json::Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// A source queue made with `maxReceiveCount` 10 (an earlier version's default, the
+/// gate's default `max_attempts`) is used under the defaults, which give a new queue 20,
+/// and left as it is; asking for 20 is a configuration error (a count asked for is
+/// held), and a count below 10 is refused under the defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_queue_with_the_earlier_receive_count_is_used_unless_more_is_asked() {
+    let host = endpoint().trim_start_matches("http://").to_owned();
+    let url = |query: &str| BrokerUrl::parse(&format!("sqs://{host}{query}")).expect("url");
+    let name = common::fresh_name("old-redrive");
+    AnyConsumer::connect(&url("?max_receive_count=10"), &name, 4)
+        .await
+        .expect("a queue as an earlier version made it");
+    AnyConsumer::connect(&url(""), &name, 4)
+        .await
+        .expect("used under the defaults");
+    let sqs = sdk().await;
+    let policy = attributes(&sqs, &name)
+        .await
+        .get(&QueueAttributeName::RedrivePolicy)
+        .cloned()
+        .expect("a redrive policy");
+    assert_eq!(
+        max_receive_count(&policy),
+        Some(10),
+        "left as it is: {policy}"
+    );
+    let err = AnyConsumer::connect(&url("?max_receive_count=20"), &name, 4)
+        .await
+        .expect_err("20 asked for");
+    assert!(matches!(err, BrokerError::Config { .. }), "{err}");
+    assert!(err.to_string().contains("after 10 receives"), "{err}");
+
+    let low = common::fresh_name("low-redrive");
+    AnyConsumer::connect(&url("?max_receive_count=5"), &low, 4)
+        .await
+        .expect("a queue with 5");
+    let err = AnyConsumer::connect(&url(""), &low, 4)
+        .await
+        .expect_err("5 is below the gate's default attempts");
+    assert!(matches!(err, BrokerError::Config { .. }), "{err}");
 }
 
 /// A dead-letter queue that already exists and keeps messages 4 days (SQS's default) is
@@ -211,75 +233,6 @@ async fn attempts_come_from_the_receive_count() {
     let again = c.next().await.expect("redelivered").expect("ok");
     assert_eq!(again.payload, b"one");
     assert_eq!(again.attempt, Some(2));
-}
-
-/// A handler slower than the visibility timeout (2 s): each delivery is held 2.5 s, and
-/// the buffered ones wait up to 10 s, while a second consumer polls the same queue the
-/// whole time: it must receive nothing (the first consumer keeps every unsettled
-/// delivery invisible), and each submission has exactly one effect, each delivered once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handler_slower_than_the_visibility_timeout_causes_no_redelivery() {
-    const N: usize = 4;
-    let b = broker();
-    let name = common::fresh_name("slow");
-    let store = common::fresh_pg().await;
-    let (bodies, ledger) = common::submissions(&name, N);
-    publish_raw(&b.url, &name, &bodies).await.expect("publish");
-
-    let deliveries = AnyConsumer::connect(&b.url, &name, 20)
-        .await
-        .expect("connect");
-    let attempts = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&attempts);
-    let slow = Box::pin(deliveries.then(move |d| {
-        let seen = Arc::clone(&seen);
-        async move {
-            if let Ok(d) = &d {
-                seen.lock().expect("lock").push(d.attempt);
-            }
-            tokio::time::sleep(Duration::from_millis(2_500)).await;
-            d
-        }
-    }));
-    // The watcher: whatever it receives during the run is a redelivery.
-    let watch_name = name.clone();
-    let watch_url = b.url.clone();
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = Arc::clone(&stop);
-    let watcher = tokio::spawn(async move {
-        let mut w = AnyConsumer::connect(&watch_url, &watch_name, 10)
-            .await
-            .expect("watcher");
-        let mut stolen = 0;
-        loop {
-            tokio::select! {
-                () = stopped.notified() => return stolen,
-                d = w.next() => if d.is_some() { stolen += 1 },
-            }
-        }
-    });
-    let gate = Gate::new(store.clone(), store.grant_handler());
-    let stats = consumer::run(
-        &gate,
-        until_idle(slow, Duration::from_secs(3)),
-        ConsumerConfig::new(1, 1),
-        std::future::pending::<()>(),
-        |_| {},
-    )
-    .await
-    .expect("consume");
-    stop.notify_one();
-    let stolen = watcher.await.expect("watcher");
-    assert_eq!(stolen, 0, "the second consumer received a redelivery");
-    assert_eq!(stats.processed, N as u64, "{stats:?}");
-    assert_eq!(stats.duplicates, 0, "{stats:?}");
-    assert_eq!(
-        *attempts.lock().expect("lock"),
-        vec![Some(1); N],
-        "each delivered once"
-    );
-    ledger.assert_exactly_once(&common::effects(&store).await);
-    assert_eq!(common::wait_pending(&b.url, &name, 0).await, 0);
 }
 
 /// `--exit-when-idle` does not count a receive still outstanding as idleness: with

@@ -25,7 +25,7 @@ use idem_core::{
     Outcome, OutcomeKind,
 };
 use idem_grant::GrantDb;
-use idem_store_postgres::{PgConfig, PgStore};
+use idem_store_postgres::PgStore;
 use idem_testkit::MemoryStore;
 
 use common::{effects, fresh_name, plain_bodies, submissions, take, Plain};
@@ -49,23 +49,7 @@ const MAX_RECEIVE_COUNT: u32 = 2;
 /// A migrated grant store on a new schema whose claims give up on a held key after
 /// 200 ms (`InProgress`: the gate defers the delivery).
 async fn fresh_pg() -> PgStore {
-    let schema = format!("idem_sqsl_{:08x}", rand::random::<u32>());
-    let store = PgStore::connect(
-        &common::pg_url(),
-        PgConfig::new(schema)
-            .expect("schema name")
-            .with_max_connections(6)
-            .with_lock_timeout(Some(Duration::from_millis(200))),
-    )
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "cannot reach Postgres at {} (IDEM_TEST_POSTGRES_URL): {e}",
-            common::pg_url()
-        )
-    });
-    store.migrate_grants().await.expect("migrate");
-    store
+    common::fresh_pg_with(|c| c.with_lock_timeout(Some(Duration::from_millis(200)))).await
 }
 
 /// A key held by another transaction while the gate defers its delivery more often than

@@ -5,8 +5,9 @@
 //!   handshake fails, without it the URL is refused naming the feature. It never connects
 //!   in plain TCP.
 //! - Against servers with a TLS listener that these tests start (Redis, NATS with
-//!   JetStream, certificates from a throwaway CA), a client that trusts the CA publishes and
-//!   consumes; one that trusts another CA is refused. The trusted roots come from
+//!   JetStream, a RabbitMQ node with only a TLS listener; certificates from a throwaway
+//!   CA), a client that trusts the CA publishes and consumes; one that trusts another CA
+//!   is refused. The trusted roots come from
 //!   `SSL_CERT_FILE`, which each test sets for its own process (nextest runs every test in
 //!   a process of its own).
 
@@ -160,4 +161,140 @@ async fn nats_over_tls_with_the_right_ca_and_not_another() {
         .await
         .expect_err("tls:// trusting another CA connected");
     eprintln!("another CA: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqps_with_the_right_ca_and_not_another() {
+    let pki = Pki::new();
+    let server = TlsServer::rabbitmq(&pki);
+    // The system's roots hold neither CA: only the URL's `cacertfile` can make it trusted.
+    trust_only(&pki.other_ca);
+    let url = |ca: &std::path::Path| {
+        format!(
+            "amqps://guest:guest@127.0.0.1:{}/%2f?cacertfile={}",
+            server.port,
+            ca.display()
+        )
+    };
+    let result = round_trip(&url(&pki.ca), &name("amqpstls")).await;
+    if cfg!(feature = "tls") {
+        result.unwrap_or_else(|e| panic!("amqps:// with the server's CA: {e}"));
+    } else {
+        let err = result.expect_err("no TLS compiled in: refused");
+        assert!(err.contains("\"tls\" feature"), "{err}");
+    }
+    let err = round_trip(&url(&pki.other_ca), &name("amqpstls"))
+        .await
+        .expect_err("amqps:// trusting another CA connected");
+    eprintln!("another CA: {err}");
+    // The node has no plaintext listener: `amqp://` at its TLS port never connects.
+    let plain = format!("amqp://guest:guest@127.0.0.1:{}/%2f", server.port);
+    let err = round_trip(&plain, &name("amqpstls"))
+        .await
+        .expect_err("amqp:// at a TLS-only port connected");
+    eprintln!("plaintext at the TLS port: {err}");
+}
+
+/// NATS with a token, then with a user and password: the right ones in the URL's user
+/// part publish and consume; wrong ones and none are refused. (async-nats 0.51 ignores a
+/// URL's user part: idem sends it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_with_a_token() {
+    let server = TlsServer::nats_with_config("authorization { token: \"s3cr3t-t0ken\" }");
+    let at = |auth: &str| format!("nats://{auth}127.0.0.1:{}", server.port);
+    round_trip(&at("s3cr3t-t0ken@"), &name("natstoken"))
+        .await
+        .unwrap_or_else(|e| panic!("the right token: {e}"));
+    for wrong in ["other@", ""] {
+        let err = round_trip(&at(wrong), &name("natstoken"))
+            .await
+            .expect_err("a wrong token or none connected");
+        assert!(
+            !err.contains("s3cr3t-t0ken"),
+            "the token is never shown: {err}"
+        );
+    }
+    let server =
+        TlsServer::nats_with_config("authorization { user: \"idem\", password: \"p@ss w0rd\" }");
+    let at = |auth: &str| format!("nats://{auth}127.0.0.1:{}", server.port);
+    round_trip(&at("idem:p%40ss%20w0rd@"), &name("natsuser"))
+        .await
+        .unwrap_or_else(|e| panic!("the right user and password: {e}"));
+    for wrong in ["idem:other@", "idem@", ""] {
+        round_trip(&at(wrong), &name("natsuser"))
+            .await
+            .expect_err("a wrong password or none connected");
+    }
+}
+
+/// NATS with nkeys: a URL whose `nkey` file holds the user's seed publishes and
+/// consumes; another user's seed and no seed are refused; an unreadable or seedless file
+/// is the caller's mistake, named before any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_with_an_nkey_seed_file() {
+    let user = nkeys::KeyPair::new_user();
+    let other = nkeys::KeyPair::new_user();
+    let server = TlsServer::nats_with_config(&format!(
+        "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}",
+        user.public_key()
+    ));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seed_file = |kp: &nkeys::KeyPair, file: &str| {
+        let path = dir.path().join(file);
+        std::fs::write(&path, format!("{}\n", kp.seed().expect("a seed"))).expect("write seed");
+        path
+    };
+    let (right, wrong) = (seed_file(&user, "user.nk"), seed_file(&other, "other.nk"));
+    let url = |q: &str| format!("nats://127.0.0.1:{}{q}", server.port);
+    round_trip(
+        &url(&format!("?nkey={}", right.display())),
+        &name("natsnkey"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the user's seed: {e}"));
+    for q in [format!("?nkey={}", wrong.display()), String::new()] {
+        round_trip(&url(&q), &name("natsnkey"))
+            .await
+            .expect_err("another seed, or none, connected");
+    }
+    let seedless = dir.path().join("empty.nk");
+    std::fs::write(&seedless, "no seed here\n").expect("write");
+    for (q, says) in [
+        (format!("?nkey={}", seedless.display()), "no user nkey seed"),
+        (
+            format!("?nkey={}", dir.path().join("missing.nk").display()),
+            "cannot read",
+        ),
+        (
+            format!("?creds={}", seedless.display()),
+            "not a credentials file",
+        ),
+    ] {
+        let err = round_trip(&url(&q), &name("natsnkey"))
+            .await
+            .expect_err("a bad file connected");
+        assert!(err.contains(says), "{q}: {err}");
+    }
+}
+
+/// NATS over TLS with the CA named in the URL (`cacertfile`) rather than the process's
+/// roots: trusted; `cacertfile` naming another CA: refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_over_tls_with_the_ca_in_the_url() {
+    let pki = Pki::new();
+    let server = TlsServer::nats(&pki);
+    trust_only(&pki.other_ca);
+    let url = |ca: &std::path::Path| {
+        format!(
+            "tls://127.0.0.1:{}?cacertfile={}",
+            server.port,
+            ca.display()
+        )
+    };
+    round_trip(&url(&pki.ca), &name("natsca"))
+        .await
+        .unwrap_or_else(|e| panic!("cacertfile with the server's CA: {e}"));
+    round_trip(&url(&pki.other_ca), &name("natsca"))
+        .await
+        .expect_err("cacertfile naming another CA connected");
 }

@@ -1,7 +1,10 @@
 //! `idem`: the command for people who run exactly-once consumers.
 //!
 //! Subcommands: `key`, `demo`, `migrate`, `consume`, `relay`, `publish`, `purge`,
-//! `inspect`, `audit export` — see `idem --help` and docs/operations.md. Bad
+//! `inspect`, `audit export`, and `completions SHELL` and `man [COMMAND]` for the shell
+//! and the manual — see `idem --help` and docs/operations.md. With `--json`, a command's
+//! results (`consume`, `relay`, `purge`, `inspect`, `audit report`) are one JSON object on
+//! stdout instead of `name: value` lines. Bad
 //! input gets an error and exit status 2 (a mistake in the arguments: clap's whole
 //! message, naming what is wrong and the usage; any other: one line); a failed run
 //! exits 1. Logs go to stderr, coloured at a terminal unless `NO_COLOR` is set or
@@ -48,6 +51,7 @@ mod cmd;
 mod error;
 mod horizon;
 mod metrics;
+mod out;
 mod report;
 mod stores;
 
@@ -65,6 +69,10 @@ struct Cli {
     /// When to colour logs and errors: `auto` at a terminal unless NO_COLOR is set.
     #[arg(long, global = true, value_enum, value_name = "WHEN", default_value_t = cmd::Color::Auto)]
     color: cmd::Color,
+    /// Print the results (consume, relay, purge, inspect, audit report) as one JSON
+    /// object instead of `name: value` lines.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -89,6 +97,61 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Exports the audit trail (dedup records and their outbox events) as JSON lines.
     Audit(cmd::audit::Args),
+    /// Prints a completion script for SHELL: `idem completions bash > /etc/bash_completion.d/idem`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Prints the manual page (roff) of idem, or of one of its commands: `idem man | man -l -`.
+    Man {
+        /// A command (`consume`, `purge`, …); none: idem's own page.
+        command: Option<String>,
+    },
+}
+
+/// The manual page of `command` (`None`: idem's own page), as roff.
+fn man_page(command: Option<&str>) -> Result<Vec<u8>, CliError> {
+    let mut idem = Cli::command();
+    idem.build();
+    let man = match command {
+        None => clap_mangen::Man::new(idem),
+        Some(name) => {
+            let sub = idem.find_subcommand(name).cloned().ok_or_else(|| {
+                CliError::usage(format!("man: no command {name:?} (see idem --help)"))
+            })?;
+            clap_mangen::Man::new(sub).title(format!("idem-{name}"))
+        }
+    };
+    let mut roff = Vec::new();
+    man.render(&mut roff)
+        .map_err(|e| CliError::failed(format!("man: {e}")))?;
+    Ok(roff)
+}
+
+/// Runs the commands that need no runtime (`completions`, `man`); `true` when `command`
+/// was one of them.
+fn offline(command: &Command) -> bool {
+    use std::io::Write as _;
+    match command {
+        Command::Completions { shell } => {
+            clap_complete::generate(*shell, &mut Cli::command(), "idem", &mut std::io::stdout());
+            true
+        }
+        Command::Man { command } => {
+            match man_page(command.as_deref()) {
+                Ok(roff) => {
+                    let _ = std::io::stdout().write_all(&roff);
+                }
+                Err(e) => {
+                    eprintln!("idem: {e}");
+                    std::process::exit(e.exit_code());
+                }
+            }
+            true
+        }
+        _ => false,
+    }
 }
 
 /// `DATABASE_URL` stands for `--store` where `IDEM_STORE` is unset (each command's
@@ -147,6 +210,10 @@ fn main() {
     if std::env::var_os("IDEM_PARSE_ONLY").is_some() {
         return;
     }
+    out::set_json(cli.json);
+    if offline(&cli.command) {
+        return;
+    }
     let verbose = matches!(&cli.command, Command::Demo(a) if a.verbose());
     let demo = matches!(&cli.command, Command::Demo(_));
     cmd::init_logging(cli.log_format, cli.color, demo && !verbose);
@@ -171,6 +238,7 @@ fn main() {
             Command::Purge(a) => cmd::purge::run(a).await,
             Command::Inspect(a) => cmd::inspect::run(a).await,
             Command::Audit(a) => cmd::audit::run(a).await,
+            Command::Completions { .. } | Command::Man { .. } => Ok(()),
         }
     });
     if let Err(e) = result {

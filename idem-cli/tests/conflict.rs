@@ -13,7 +13,7 @@ use idem_broker::any::{pending_count, BrokerUrl};
 use idem_core::IdempotencyKey;
 
 mod common;
-use common::{amqp_url, idem, ok, pg_url, psql, read_queue, rt, tag, text};
+use common::{amqp_url, idem, ok, pg_url, psql, read_queue, report_value, rt, tag, text};
 
 /// What one run left: the disbursed amounts (sorted), the dead letters, consume's report.
 struct Run {
@@ -120,16 +120,6 @@ fn run(extra: &[&str]) -> Run {
         audit,
         bodies,
     }
-}
-
-fn report_value(stdout: &str, name: &str) -> u64 {
-    stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(&format!("{name}:")))
-        .unwrap_or_else(|| panic!("no {name} in {stdout}"))
-        .trim()
-        .parse()
-        .expect("a number")
 }
 
 #[test]

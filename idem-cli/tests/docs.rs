@@ -244,9 +244,6 @@ fn check_link(doc: &Path, doc_text: &str, target: &str) -> Option<String> {
         Some((p, a)) => (p, Some(a)),
         None => (target, None),
     };
-    if path.starts_with("../shared") || path.contains("/../shared") {
-        return Some(format!("{target}: a path outside the repository"));
-    }
     let resolved = if path.is_empty() {
         doc.to_path_buf()
     } else if let Some(from_root) = path.strip_prefix('/') {

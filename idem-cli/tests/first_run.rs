@@ -308,3 +308,110 @@ fn a_url_not_built_in_names_the_feature_that_brings_it() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
 }
+
+#[test]
+fn completions_and_man_pages_are_generated_for_every_command() {
+    for (shell, mark) in [
+        ("bash", "_idem()"),
+        ("zsh", "#compdef idem"),
+        ("fish", "complete -c idem"),
+        ("elvish", "edit:completion:arg-completer[idem]"),
+        ("powershell", "Register-ArgumentCompleter"),
+    ] {
+        let o = idem_with(&["completions", shell], &[]);
+        let out = text(&o.stdout);
+        assert!(o.status.success(), "{shell}: {}", text(&o.stderr));
+        assert!(out.contains(mark), "{shell}: no {mark:?} in\n{out}");
+        for sub in ["consume", "purge", "audit"] {
+            assert!(out.contains(sub), "{shell} completes no {sub}");
+        }
+    }
+    let o = idem_with(&["completions", "tcsh"], &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+
+    let o = idem_with(&["man"], &[]);
+    let page = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        page.starts_with(".ie \\n(.g .ds Aq") || page.contains(".TH idem"),
+        "{page}"
+    );
+    assert!(page.contains(".TH idem"), "{page}");
+    assert!(page.contains("consume"), "{page}");
+    let o = idem_with(&["man", "consume"], &[]);
+    let page = text(&o.stdout);
+    assert!(page.contains(".TH idem-consume"), "{page}");
+    assert!(page.contains("\\-\\-broker"), "{page}");
+    let o = idem_with(&["man", "nothing"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("no command \"nothing\""));
+}
+
+/// `--json` gives the same results as one JSON object: `inspect` and `purge` over the
+/// demo's store, with the values their lines show.
+#[test]
+fn json_results_carry_what_the_lines_show() {
+    let (o, dir) = demo(&[], &[]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let store = format!("sqlite://{}", dir.path().join("demo.db").display());
+    let err = text(&o.stderr);
+    let award = err
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("idem inspect "))
+        .and_then(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == "--award-id")?;
+            words.next().map(str::to_owned)
+        })
+        .unwrap_or_else(|| panic!("no inspect line with --award-id in\n{err}"));
+    let lines = idem_with(&["inspect", "--store", &store, "--award-id", &award], &[]);
+    let json = idem_with(
+        &["inspect", "--store", &store, "--award-id", &award, "--json"],
+        &[],
+    );
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let v: serde_json::Value = serde_json::from_str(text(&json.stdout).trim()).expect("one object");
+    assert_eq!(v["processed"], true);
+    let claims = v["claims"].as_array().expect("claims");
+    assert_eq!(
+        claims.len() as u64,
+        report_value(&text(&lines.stdout), "claims")
+    );
+    assert_eq!(claims[0]["award_id"], award.as_str());
+    assert_eq!(claims[0]["key"].as_str().map(str::len), Some(64));
+    assert!(claims[0]["events"]
+        .as_array()
+        .is_some_and(|e| !e.is_empty()));
+
+    // Every claim older than the cutoff before either run: both count the same rows.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let purge = |extra: &[&str]| {
+        let mut args = vec![
+            "purge",
+            "--store",
+            &store,
+            "--older-than",
+            "1s",
+            "--allow-below-floor",
+            "--dry-run",
+        ];
+        args.extend_from_slice(extra);
+        idem_with(&args, &[])
+    };
+    let lines = purge(&[]);
+    let json = purge(&["--json"]);
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let v: serde_json::Value = serde_json::from_str(text(&json.stdout).trim()).expect("one object");
+    assert_eq!(v["dry_run"], true);
+    for name in ["dedup_records", "outbox_events", "batches"] {
+        assert_eq!(
+            v[name].as_u64(),
+            Some(report_value(&text(&lines.stdout), name)),
+            "{name}"
+        );
+    }
+}

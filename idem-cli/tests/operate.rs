@@ -13,6 +13,8 @@ use idem_store_postgres::{PgConfig, PgStore};
 
 mod common;
 
+use common::report_value;
+
 fn idem<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     common::idem(args)
 }
@@ -39,16 +41,6 @@ fn ok(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-fn report(stdout: &str, name: &str) -> u64 {
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-        .unwrap_or_else(|| panic!("no {name} in {stdout}"))
-        .trim()
-        .parse()
-        .expect("a number")
 }
 
 fn pg_url() -> String {
@@ -85,6 +77,18 @@ fn scrape(addr: &str) -> Option<String> {
         "{text}"
     );
     Some(text.split_once("\r\n\r\n").expect("a body").1.to_owned())
+}
+
+/// `GET path` at `addr`: the status code and the body (`None` while nothing listens).
+fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: idem\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    Some((status, text.split_once("\r\n\r\n")?.1.to_owned()))
 }
 
 /// The value of the sample line `name` (with its labels, if any).
@@ -278,9 +282,13 @@ fn consume_and_relay_metrics_move_during_a_run() {
         Some(20.0),
         "one commit per processed delivery (duplicates roll back): {text}"
     );
+    // Alive, and ready: the store answers and the delivery stream is connected.
+    assert_eq!(get(&addr, "/healthz"), Some((200, "ok\n".to_owned())));
+    assert_eq!(get(&addr, "/readyz"), Some((200, "ready\n".to_owned())));
+    assert_eq!(get(&addr, "/nowhere").map(|r| r.0), Some(404));
     let consumed = ok(&finish(consume));
-    assert_eq!(report(&consumed, "processed"), 20);
-    assert_eq!(report(&consumed, "duplicates"), 5);
+    assert_eq!(report_value(&consumed, "processed"), 20);
+    assert_eq!(report_value(&consumed, "duplicates"), 5);
 
     let addr = free_addr();
     let relay = spawn(&relay_args(
@@ -300,9 +308,46 @@ fn consume_and_relay_metrics_move_during_a_run() {
         sample(&text, "idem_relay_batches_total").is_some_and(|b| b >= 1.0),
         "{text}"
     );
+    assert_eq!(get(&addr, "/readyz"), Some((200, "ready\n".to_owned())));
     let relayed = ok(&finish(relay));
-    assert_eq!(report(&relayed, "published"), 20);
+    assert_eq!(report_value(&relayed, "published"), 20);
     sql(&[format!("DROP SCHEMA \"{schema}\" CASCADE")]);
+}
+
+/// `/readyz` answers 503 and names what is not ready while `idem consume` waits for a
+/// broker that does not answer; `/healthz` answers 200 all along (the process is alive).
+#[test]
+fn readyz_names_a_broker_that_is_not_connected() {
+    let run = Run::new("ready", 1, 0);
+    let addr = free_addr();
+    let consume = spawn(&consume_args(
+        // Nothing listens on port 1.
+        "redis://127.0.0.1:1",
+        &run.stream,
+        &run.pg,
+        &run.schema,
+        &["--metrics-addr", &addr, "--reconnect-timeout", "8"],
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = None;
+    while Instant::now() < deadline {
+        last = get(&addr, "/readyz");
+        if last
+            .as_ref()
+            .is_some_and(|(_, body)| body.contains("store: ok"))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, body) = last.expect("the endpoint answered");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("store: ok\n"), "{body}");
+    assert!(body.contains("broker: not connected\n"), "{body}");
+    assert_eq!(get(&addr, "/healthz"), Some((200, "ok\n".to_owned())));
+    let out = finish(consume);
+    assert!(!out.status.success(), "gave up on the broker");
+    sql(&[format!("DROP SCHEMA \"{}\" CASCADE", run.schema)]);
 }
 
 #[test]
@@ -356,8 +401,8 @@ fn least_privilege_roles_consume_and_relay_with_no_migrate() {
     );
 
     let consumed = ok(&consume_as(&consumer, &["--no-migrate"]));
-    assert_eq!(report(&consumed, "processed"), 3, "{consumed}");
-    assert_eq!(report(&consumed, "duplicates"), 1, "{consumed}");
+    assert_eq!(report_value(&consumed, "processed"), 3, "{consumed}");
+    assert_eq!(report_value(&consumed, "duplicates"), 1, "{consumed}");
 
     let relayed = ok(&idem(&relay_args(
         &as_role(&relay),
@@ -366,7 +411,7 @@ fn least_privilege_roles_consume_and_relay_with_no_migrate() {
         out,
         &["--no-migrate", "--exit-when-idle", "2"],
     )));
-    assert_eq!(report(&relayed, "published"), 3, "{relayed}");
+    assert_eq!(report_value(&relayed, "published"), 3, "{relayed}");
 
     // --no-migrate on a schema nobody migrated: the missing table, named, exit 2.
     let missing = format!("cli_roles_missing_{t}");

@@ -20,7 +20,7 @@ use idem_broker::until_idle;
 use idem_core::TraceParent;
 
 mod common;
-use common::{amqp_url, idem, ok, pg_url, psql, rt, text};
+use common::{amqp_url, idem, ok, pg_url, psql, report_value, rt, text};
 
 /// The W3C example trace, as a sender would put it on the submission.
 const TRACED: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -29,16 +29,6 @@ const MALFORMED: &str = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01
 
 fn nats_url() -> String {
     std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
-
-fn report_value(stdout: &str, name: &str) -> u64 {
-    stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(&format!("{name}:")))
-        .unwrap_or_else(|| panic!("no {name} in {stdout}"))
-        .trim()
-        .parse()
-        .expect("a number")
 }
 
 /// The messages in `name` by award id, each with its `traceparent` header if any; read

@@ -16,7 +16,10 @@
 //!   handler that never returns cannot hold its delivery for ever;
 //! - [`tally`]: the outcome tally (per day: processed, duplicates, conflicts, dead letters
 //!   by reason) written to the store's `idem_outcome_counts` every second, off the
-//!   delivery path.
+//!   delivery path;
+//! - [`metrics`] (feature `metrics`): the Prometheus collectors of the gate, the relay, the
+//!   front filter and the outbox backlog, with `/metrics`, `/healthz` and `/readyz`, for a
+//!   service that embeds them.
 //!
 //! A relay from an outbox (here the testkit's in-memory one) to a broker (here its
 //! simulated one), exiting once idle:
@@ -51,6 +54,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod deadline;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 mod publisher;
 mod retry;
 pub mod supervise;

@@ -32,7 +32,7 @@
 //! claimed_at)`, `outbox(event_type, payload, created_at, …)`), in a configurable
 //! schema; a `processed_messages` created by another program with only those three
 //! columns is used unchanged (without conflict detection). `migrate` adds one nullable
-//! column, `submission_timestamp`, and a unique partial index on `(award_id,
+//! column, `submission_timestamp`, and a unique index on `(award_id,
 //! submission_timestamp)` (`migrations/0006_claim_identity.sql`): a second payload of one
 //! submission is then [`idem_core::ClaimOutcome::Conflict`], and the other program,
 //! which never fills the column, still shares the table.

@@ -42,7 +42,7 @@ const DISTRIBUTED: &str = include_str!("../migrations/0009_distributed.sql");
 /// The distributed layout's audit indexes, run instead of [`AUDIT_INDEXES`].
 const DISTRIBUTED_AUDIT_INDEXES: &str =
     include_str!("../migrations/0009_distributed_audit_indexes.sql");
-/// The identity column and its unique partial index (conflict detection), every layout.
+/// The identity column and its unique index (conflict detection, award lookups), every layout.
 const CLAIM_IDENTITY: &str = include_str!("../migrations/0006_claim_identity.sql");
 /// The outcome tally (`idem_outcome_counts`, [`crate::audit`]).
 const OUTCOME_COUNTS: &str = include_str!("../migrations/0008_outcome_counts.sql");
@@ -103,12 +103,17 @@ const COLUMNS: &[(&str, &str)] = &[
 ];
 /// Triggers the scripts create.
 const TRIGGERS: &[(&str, &str)] = &[("outbox", "idem_outbox_pending")];
+/// Relations whose presence asks for the script to run: an index an operator built
+/// beforehand for the script to swap in (0006_claim_identity.sql).
+const TO_SWAP_IN: &[&str] = &["processed_messages_identity_full"];
 
 /// What the catalog must hold for [`PgStore::migrate`] to run no DDL.
 struct Expected {
     relations: Vec<&'static str>,
     columns: Vec<(&'static str, &'static str)>,
     triggers: Vec<(&'static str, &'static str)>,
+    /// Relations that must not be there ([`TO_SWAP_IN`]).
+    absent: Vec<&'static str>,
 }
 
 impl Expected {
@@ -122,19 +127,21 @@ impl Expected {
             }
         }
         if audit_indexes {
+            // `processed_messages_award_id_idx` only where the identity index is still
+            // partial (0002_audit_indexes.sql): not a relation every schema has.
             relations.extend([
                 "processed_messages_claimed_at_idx",
                 "outbox_idempotency_key_idx",
-                match layout {
-                    PgLayout::Plain | PgLayout::Partitioned => "processed_messages_award_id_idx",
-                    PgLayout::Distributed => "processed_messages_idempotency_key_idx",
-                },
             ]);
+            if layout == PgLayout::Distributed {
+                relations.push("processed_messages_idempotency_key_idx");
+            }
         }
         Self {
             relations,
             columns: COLUMNS.to_vec(),
             triggers: TRIGGERS.to_vec(),
+            absent: TO_SWAP_IN.to_vec(),
         }
     }
 }
@@ -447,7 +454,10 @@ impl PgStore {
              UNION ALL \
              SELECT t || ' trigger ' || g FROM unnest($5::text[], $6::text[]) AS v(t, g), s \
                WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tr \
-                 WHERE tr.tgrelid = to_regclass(s.q || quote_ident(t)) AND tr.tgname = g)",
+                 WHERE tr.tgrelid = to_regclass(s.q || quote_ident(t)) AND tr.tgname = g) \
+             UNION ALL \
+             SELECT r || ' (to swap in)' FROM unnest($7::text[]) AS r, s \
+               WHERE to_regclass(s.q || quote_ident(r)) IS NOT NULL",
         )
         .bind(self.schema())
         .bind(&expected.relations)
@@ -455,6 +465,7 @@ impl PgStore {
         .bind(&col_names)
         .bind(&trig_tables)
         .bind(&trig_names)
+        .bind(&expected.absent)
         .fetch_all(self.pool())
         .await;
         match missing {

@@ -389,9 +389,10 @@ fn table_in(schema: &Ident, name: &'static str) -> SqlText {
 ///   the unique index until the first transaction commits (`Duplicate`) or rolls back
 ///   (`Claimed`), or answers `InProgress` after [`PgConfig::lock_timeout`].
 /// - Conflicts: [`migrate`](PgStore::migrate) adds a nullable `submission_timestamp`
-///   column and a unique partial index on `(award_id, submission_timestamp)` where both
-///   are set (`migrations/0006_claim_identity.sql`; on the partitioned layout the index
-///   also holds `submission_month`, a function of the timestamp). A claim then records
+///   column and a unique index on `(award_id, submission_timestamp)`, where a row
+///   without a timestamp conflicts with none (`migrations/0006_claim_identity.sql`; on
+///   the partitioned layout the index also holds `submission_month`, a function of the
+///   timestamp). A claim then records
 ///   [`ClaimMeta::identity`] and its conflict target is any unique index: a new key of an
 ///   identity already claimed inserts nothing, and a second statement finds the row that
 ///   refused it — the key's (`Duplicate`) or the identity's ([`ClaimOutcome::Conflict`]).

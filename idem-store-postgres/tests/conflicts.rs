@@ -314,3 +314,122 @@ async fn a_key_committed_while_the_batch_waited_is_a_duplicate_before_an_older_c
     assert_eq!(out, [ClaimOutcome::Duplicate]);
     common::drop_schema(&store).await;
 }
+
+/// The identity index's shape: (award_id, submission_timestamp), unique, whole or partial.
+async fn identity_index(store: &idem_store_postgres::PgStore) -> (bool, bool) {
+    sqlx::query_as(
+        "SELECT i.indpred IS NOT NULL, \
+                to_regclass(quote_ident($1) || '.processed_messages_award_id_idx') IS NOT NULL \
+         FROM pg_index i WHERE i.indexrelid = to_regclass(quote_ident($1) || '.processed_messages_identity_key')",
+    )
+    .bind(store.schema())
+    .fetch_one(store.pool())
+    .await
+    .expect("the identity index")
+}
+
+/// Runs `sql`, statements separated by `; `, one at a time.
+async fn exec(store: &idem_store_postgres::PgStore, sql: String) {
+    for statement in sql.split("; ") {
+        sqlx::query(sqlx::AssertSqlSafe(statement.to_owned()))
+            .execute(store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+}
+
+/// A schema made by an earlier version (partial identity index, an index of its own on
+/// award_id) keeps both through `migrate` until a whole index built beside it
+/// (`CREATE UNIQUE INDEX CONCURRENTLY processed_messages_identity_full`) is there; the next
+/// `migrate` then swaps it in and drops the award_id index. Conflicts are detected on every
+/// shape, and the reference consumer's rows (no timestamp) never conflict on the whole one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partial_identity_index_of_an_earlier_version_is_swapped_for_a_whole_one() {
+    let store = common::fresh_pg().await;
+    assert_eq!(
+        identity_index(&store).await,
+        (false, false),
+        "a new schema: a whole identity index and no award_id index"
+    );
+    let pm = store.table("processed_messages");
+    // The shape of an earlier version, and its record of an earlier script.
+    exec(&store, format!(
+        "DROP INDEX {s}.processed_messages_identity_key; \
+         CREATE UNIQUE INDEX processed_messages_identity_key ON {pm} (award_id, submission_timestamp) \
+           WHERE award_id IS NOT NULL AND submission_timestamp IS NOT NULL; \
+         CREATE INDEX processed_messages_award_id_idx ON {pm} (award_id); \
+         UPDATE {t} SET script_md5 = 'an earlier version'",
+        s = format_args!("\"{}\"", store.schema()),
+        t = store.table("idem_migrations"),
+    ))
+    .await;
+    store.migrate().await.expect("migrate");
+    assert_eq!(
+        identity_index(&store).await,
+        (true, true),
+        "migrate rebuilt the identity index of an existing schema"
+    );
+    let (a, b) = (key("S-1", "1"), key("S-1", "2"));
+    assert_eq!(
+        common::claim_one(&store, &a, &meta("S-1")).await,
+        ClaimOutcome::Claimed
+    );
+    assert_eq!(
+        common::claim_one(&store, &b, &meta("S-1")).await,
+        ClaimOutcome::Conflict { existing: a }
+    );
+
+    // Built beside it without blocking claims, then swapped in by the next migrate: the
+    // catalog already matched this version's script, the index to swap in is the work.
+    exec(
+        &store,
+        format!(
+            "CREATE UNIQUE INDEX CONCURRENTLY processed_messages_identity_full \
+           ON {pm} (award_id, submission_timestamp)"
+        ),
+    )
+    .await;
+    store.migrate().await.expect("migrate");
+    assert_eq!(identity_index(&store).await, (false, false));
+    assert_eq!(
+        common::claim_one(&store, &b, &meta("S-1")).await,
+        ClaimOutcome::Conflict { existing: a },
+        "the whole index detects the conflict"
+    );
+    let reference = format!(
+        "INSERT INTO {pm} (idempotency_key, award_id) VALUES ($1, 'S-1') \
+         ON CONFLICT (idempotency_key) DO NOTHING"
+    );
+    for k in [key("S-1", "ref-1"), key("S-1", "ref-2")] {
+        let r = sqlx::query(sqlx::AssertSqlSafe(reference.as_str()))
+            .bind(k.to_hex())
+            .execute(store.pool())
+            .await
+            .expect("the reference claim");
+        assert_eq!(
+            r.rows_affected(),
+            1,
+            "rows without an identity never conflict"
+        );
+    }
+    let subject = store.inspect_subject("S-1").await.expect("inspect");
+    assert_eq!(subject.len(), 3, "{subject:?}");
+
+    // A leftover that cannot replace anything is dropped, not swapped in.
+    exec(
+        &store,
+        format!("CREATE INDEX processed_messages_identity_full ON {pm} (award_id)"),
+    )
+    .await;
+    store.migrate().await.expect("migrate");
+    assert_eq!(identity_index(&store).await, (false, false));
+    let leftover: Option<String> = sqlx::query_scalar(
+        "SELECT to_regclass(quote_ident($1) || '.processed_messages_identity_full')::text",
+    )
+    .bind(store.schema())
+    .fetch_one(store.pool())
+    .await
+    .expect("regclass");
+    assert_eq!(leftover, None);
+    common::drop_schema(&store).await;
+}

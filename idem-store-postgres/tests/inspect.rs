@@ -15,9 +15,28 @@ async fn inspect_shows_claims_and_their_events() {
     let store = common::fresh_pg().await;
     assert_eq!(
         audit_index_count(&store).await,
-        3,
-        "the default migration creates the audit indexes"
+        2,
+        "the default migration creates the audit indexes, and no index of its own on award_id"
     );
+    // The lookup by award id goes through the identity index (which leads with award_id).
+    let mut tx = store.pool().begin().await.expect("begin");
+    sqlx::query("SET LOCAL enable_seqscan = off")
+        .execute(&mut *tx)
+        .await
+        .expect("set");
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN SELECT idempotency_key FROM {} WHERE award_id = 'A-7'",
+        store.table("processed_messages")
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .expect("explain");
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("processed_messages_identity_key")),
+        "{plan:#?}"
+    );
+    drop(tx);
     inspect_on(store).await;
 }
 

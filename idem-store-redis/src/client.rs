@@ -86,6 +86,57 @@ impl Conn {
         Ok(conn)
     }
 
+    /// A handle over `client`, a client the application built itself; its settings other
+    /// than the URL (prefix, timeouts) from `config`. With `wait`, the server must answer
+    /// a PING within the timeout.
+    pub(crate) async fn from_client(
+        client: crate::RedisClient,
+        config: &RedisConfig,
+        wait: bool,
+    ) -> Result<Self, RedisError> {
+        config.validate_settings()?;
+        // The client may speak TLS: both clients build their TLS configurations from
+        // rustls's process default.
+        #[cfg(feature = "tls")]
+        crate::tls::install_default_provider();
+        let timeout = config.timeout;
+        let (inner, cluster) = match client {
+            #[cfg(feature = "fred")]
+            crate::RedisClient::Fred(c) => {
+                use fred::interfaces::ClientLike as _;
+                if !c.is_connected() {
+                    if wait {
+                        c.init()
+                            .await
+                            .map_err(|e| fred_impl::map_err("connect", e))?;
+                    } else {
+                        drop(c.connect());
+                    }
+                }
+                let cluster = c.is_clustered();
+                (Inner::Fred(c), cluster)
+            }
+            #[cfg(feature = "redis-rs")]
+            crate::RedisClient::RedisRs(c) => {
+                (Inner::RedisRs(rs::Lazy::from_client(c, timeout)), false)
+            }
+            #[cfg(feature = "redis-rs")]
+            crate::RedisClient::RedisRsCluster(c) => (
+                Inner::RedisRs(rs::Lazy::from_cluster_client(c, timeout)),
+                true,
+            ),
+        };
+        let conn = Self {
+            inner,
+            timeout,
+            cluster,
+        };
+        if wait {
+            conn.ping().await?;
+        }
+        Ok(conn)
+    }
+
     async fn bounded<T, F>(&self, action: &'static str, f: F) -> Result<T, RedisError>
     where
         F: Future<Output = Result<T, RedisError>>,
@@ -253,7 +304,7 @@ mod fred_impl {
 
     use crate::error::RedisError;
 
-    fn map_err(action: &'static str, e: Error) -> RedisError {
+    pub(super) fn map_err(action: &'static str, e: Error) -> RedisError {
         match e.kind() {
             ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Timeout | ErrorKind::Routing => {
                 RedisError::Unavailable {
@@ -608,6 +659,16 @@ mod rs {
                 Target::Cluster(Box::new(client)),
                 timeout,
             ))
+        }
+
+        /// Over a client the application built.
+        pub(super) fn from_client(client: redis::Client, timeout: Duration) -> Self {
+            Self::with_target(Target::Single(Box::new(client)), timeout)
+        }
+
+        /// Over a cluster client the application built.
+        pub(super) fn from_cluster_client(client: ClusterClient, timeout: Duration) -> Self {
+            Self::with_target(Target::Cluster(Box::new(client)), timeout)
         }
 
         fn with_target(target: Target, timeout: Duration) -> Self {

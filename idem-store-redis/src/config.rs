@@ -200,6 +200,14 @@ impl RedisConfig {
     /// # Errors
     /// [`RedisError::Config`] naming the problem.
     pub fn validate(&self) -> Result<(), RedisError> {
+        self.validate_settings()?;
+        tls::check_compiled(&self.url)?;
+        self.normalized_url().map(|_| ())
+    }
+
+    /// [`validate`](Self::validate) without the URL: for a client the application built
+    /// itself, whose own configuration says where and how to connect.
+    pub(crate) fn validate_settings(&self) -> Result<(), RedisError> {
         validate_prefix(&self.key_prefix)?;
         for (name, d) in [
             ("lease", self.lease),
@@ -214,8 +222,7 @@ impl RedisConfig {
                 return Err(RedisError::Config(format!("{name} is too long")));
             }
         }
-        tls::check_compiled(&self.url)?;
-        self.normalized_url().map(|_| ())
+        Ok(())
     }
 
     /// The URL in the form the client libraries parse: a comma-separated cluster node

@@ -135,6 +135,20 @@ impl RedisFilter {
         Ok(Self::private(conn, config))
     }
 
+    /// As [`connect`](Self::connect), over `client`, a client the application built
+    /// itself; `config.url` is not used, the rest of `config` is.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for invalid settings; [`StoreError::Unavailable`] when the
+    /// server cannot be reached.
+    pub async fn from_client(
+        client: crate::RedisClient,
+        config: RedisConfig,
+    ) -> Result<Self, StoreError> {
+        let conn = Conn::from_client(client, &config, true).await?;
+        Ok(Self::private(conn, config))
+    }
+
     fn private(conn: Conn, config: RedisConfig) -> Self {
         let scope = Scope::default();
         scope.set(Some(marks_prefix(
@@ -217,7 +231,7 @@ impl RedisFilter {
 
     /// How many times this filter has rotated its store's identity.
     pub fn rotations(&self) -> u64 {
-        self.scope.rotations.load(Ordering::Relaxed)
+        self.scope.rotations.load(Ordering::Acquire)
     }
 
     /// A filter that does not wait for the server: it connects (and reconnects) in the
@@ -288,7 +302,11 @@ async fn session(
     identity: &dyn StoreIdentitySource,
 ) -> Result<(), StoreError> {
     let mut s = identity.begin_session().await?;
+    let mut rotated = false;
     if !register(conn, config, s.store_id(), s.session()).await? {
+        // The old identity's marks stop answering now, not once the rotation is done:
+        // until then every lookup falls through to the durable store.
+        scope.set(None);
         let old = short(s.store_id()).to_owned();
         let stale = s.session();
         s.rotate().await?;
@@ -298,7 +316,7 @@ async fn session(
                 false,
             ));
         }
-        scope.rotations.fetch_add(1, Ordering::Relaxed);
+        rotated = true;
         tracing::warn!(
             target: "idem::filter",
             old_store_id = %old,
@@ -312,6 +330,10 @@ async fn session(
     let marks = marks_prefix(&config.key_prefix, s.store_id());
     s.commit().await?;
     scope.set(Some(marks));
+    // Counted once the new identity is in use (`rotations` then `scope` reads the new one).
+    if rotated {
+        scope.rotations.fetch_add(1, Ordering::Release);
+    }
     Ok(())
 }
 

@@ -68,6 +68,56 @@ pub mod store;
 mod tls;
 
 pub use config::{ClientKind, RedisConfig};
+
+/// The Redis client of the `fred` feature, re-exported so that a client built for
+/// [`RedisClient::Fred`] is of the version this crate uses.
+#[cfg(feature = "fred")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fred")))]
+pub use fred;
+/// The Redis client of the `redis-rs` feature, re-exported so that a client built for
+/// [`RedisClient::RedisRs`] is of the version this crate uses.
+#[cfg(feature = "redis-rs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-rs")))]
+pub use redis;
+
+/// A Redis client the application built itself — its servers, TLS settings,
+/// credentials or credential provider, timeouts — for
+/// [`RedisLeaseStore::from_client`] and [`RedisFilter::from_client`]. The store's own
+/// settings (key prefix, lease, retention, its command timeout) still come from a
+/// [`RedisConfig`], whose URL is then not used.
+#[non_exhaustive]
+// Built once per store and moved into it at once: the size of a variant costs nothing,
+// and boxing would make every caller write `Box::new`.
+#[allow(clippy::large_enum_variant)]
+pub enum RedisClient {
+    /// A `redis` crate client for one server (or a sentinel-resolved one).
+    #[cfg(feature = "redis-rs")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-rs")))]
+    RedisRs(redis::Client),
+    /// A `redis` crate client for a Redis Cluster.
+    #[cfg(feature = "redis-rs")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-rs")))]
+    RedisRsCluster(redis::cluster::ClusterClient),
+    /// A `fred` client (a server, a cluster or sentinels, as it was built); connected
+    /// here if it is not yet.
+    #[cfg(feature = "fred")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "fred")))]
+    Fred(fred::prelude::Client),
+}
+
+impl std::fmt::Debug for RedisClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            #[cfg(feature = "redis-rs")]
+            Self::RedisRs(_) => "RedisRs",
+            #[cfg(feature = "redis-rs")]
+            Self::RedisRsCluster(_) => "RedisRsCluster",
+            #[cfg(feature = "fred")]
+            Self::Fred(_) => "Fred",
+        };
+        f.debug_tuple("RedisClient").field(&name).finish()
+    }
+}
 pub use error::RedisError;
 pub use filter::{IdentitySession, RedisFilter, StoreIdentitySource};
 pub use store::{KeyState, RedisLeaseStore, RedisLeaseTx};

@@ -115,6 +115,38 @@ impl RedisLeaseStore {
         })
     }
 
+    /// As [`connect`](Self::connect), over `client`, a client the application built
+    /// itself (TLS, credentials, its own timeouts); `config.url` is not used, the rest of
+    /// `config` is. The server must answer a PING within `config.timeout`.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "redis-rs")]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_store_redis::{redis, RedisClient, RedisConfig, RedisLeaseStore};
+    /// let client = redis::Client::open("rediss://cache.internal:6380/0")?;
+    /// let store = RedisLeaseStore::from_client(
+    ///     RedisClient::RedisRs(client),
+    ///     RedisConfig::new("unused://").with_key_prefix("grants:"),
+    /// )
+    /// .await?;
+    /// # drop(store);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for invalid settings; [`StoreError::Unavailable`] when the
+    /// server cannot be reached.
+    pub async fn from_client(
+        client: crate::RedisClient,
+        config: RedisConfig,
+    ) -> Result<Self, StoreError> {
+        let conn = Conn::from_client(client, &config, true).await?;
+        Ok(Self {
+            conn,
+            config: Arc::new(config),
+        })
+    }
+
     /// The configuration.
     pub fn config(&self) -> &RedisConfig {
         &self.config

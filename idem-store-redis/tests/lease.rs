@@ -346,3 +346,63 @@ per_client!(
     done_marks_expire_after_retention,
     connect_errors_say_what_is_wrong,
 );
+
+/// A store and a filter over a client the application built itself (here with a
+/// connection timeout of its own): claims and marks work as over a URL; a client whose
+/// server does not answer is `Unavailable`, not a configuration error.
+async fn built_from_the_application_s_own_client(
+    client: impl Fn(&str) -> idem_store_redis::RedisClient,
+) {
+    use idem_core::DoneFilter as _;
+    let url = common::redis_url();
+    let settings = config(ClientKind::RedisRs, "own-client");
+    let store = RedisLeaseStore::from_client(client(&url), settings.clone())
+        .await
+        .expect("a store over the application's client");
+    let k = key("own-client-1");
+    let mut tx = store.begin().await.expect("begin");
+    assert_eq!(
+        tx.claim(&k, &ClaimMeta::new("own-client-1"))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!(store.state(&k).await.expect("state"), KeyState::Done);
+
+    let filter = idem_store_redis::RedisFilter::from_client(client(&url), settings.clone())
+        .await
+        .expect("a filter over the application's client");
+    filter.mark_done(&[k]).await.expect("mark");
+    assert_eq!(filter.seen(&[k]).await.expect("seen"), vec![true]);
+
+    let down = RedisLeaseStore::from_client(client("redis://127.0.0.1:1"), settings).await;
+    assert!(
+        matches!(down, Err(StoreError::Unavailable { .. })),
+        "{down:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_store_and_a_filter_over_the_application_s_redis_rs_client() {
+    built_from_the_application_s_own_client(|url| {
+        idem_store_redis::RedisClient::RedisRs(
+            idem_store_redis::redis::Client::open(url).expect("a redis-rs client"),
+        )
+    })
+    .await;
+}
+
+#[cfg(feature = "fred")]
+#[tokio::test]
+async fn a_store_and_a_filter_over_the_application_s_fred_client() {
+    use idem_store_redis::fred::prelude::{Builder, Config};
+    built_from_the_application_s_own_client(|url| {
+        let client = Builder::from_config(Config::from_url(url).expect("a fred config"))
+            .with_connection_config(|c| c.connection_timeout = Duration::from_secs(2))
+            .build()
+            .expect("a fred client");
+        idem_store_redis::RedisClient::Fred(client)
+    })
+    .await;
+}

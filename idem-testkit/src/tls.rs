@@ -1,6 +1,6 @@
 //! TLS servers for tests: a throwaway certificate authority made with the `openssl`
-//! command, and a second instance of Redis, NATS or Postgres with a TLS listener on a
-//! free loopback port, killed (and its files removed) when dropped.
+//! command, and a second instance of Redis, NATS, Postgres or RabbitMQ with a TLS
+//! listener on a free loopback port, killed (and its files removed) when dropped.
 //!
 //! ```no_run
 //! use idem_testkit::tls::{Pki, TlsServer};
@@ -186,7 +186,8 @@ pub fn free_port() -> u16 {
         .expect("bind a free loopback port")
 }
 
-/// A server process with a TLS listener on `127.0.0.1:port`, killed when dropped.
+/// A server process listening on `127.0.0.1:port` (with TLS, unless its constructor says
+/// otherwise), killed when dropped.
 #[derive(Debug)]
 pub struct TlsServer {
     /// The TLS port on 127.0.0.1.
@@ -194,6 +195,8 @@ pub struct TlsServer {
     child: Option<Child>,
     /// A command that stops the server, where killing the child is not enough (Postgres).
     stop: Option<Command>,
+    /// The Erlang node name, for a RabbitMQ node.
+    node: Option<String>,
     _dir: Option<ScratchDir>,
 }
 
@@ -202,7 +205,7 @@ impl TlsServer {
     /// client certificates not required, nothing persisted.
     ///
     /// # Panics
-    /// If `redis-server` is missing, lacks TLS, or does not listen within 30 s.
+    /// If `redis-server` is missing, lacks TLS, or does not listen within 60 s.
     pub fn redis(pki: &Pki) -> Self {
         Self::redis_server(pki, false)
     }
@@ -244,7 +247,7 @@ impl TlsServer {
     /// certificate from `pki`.
     ///
     /// # Panics
-    /// If `nats-server` is missing or does not listen within 30 s.
+    /// If `nats-server` is missing or does not listen within 60 s.
     pub fn nats(pki: &Pki) -> Self {
         let port = free_port();
         let dir = ScratchDir::new("nats");
@@ -264,6 +267,34 @@ impl TlsServer {
         Self::started("nats-server", port, child, None, Some(dir))
     }
 
+    /// `nats-server` with JetStream on a free loopback port, configured by `body` (a
+    /// block of its configuration file: `authorization { … }`, `tls { … }`), in plain
+    /// TCP unless `body` says otherwise: for the tests of tokens, nkeys and credentials.
+    ///
+    /// # Panics
+    /// If `nats-server` is missing or does not listen within 60 s.
+    pub fn nats_with_config(body: &str) -> Self {
+        let port = free_port();
+        let dir = ScratchDir::new("nats-conf");
+        let conf = dir.0.join("nats.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: \"{}\" }}\n{body}\n",
+                dir.0.join("js").display()
+            ),
+        )
+        .expect("write nats.conf");
+        let child = Command::new("nats-server")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("nats-server is needed for the NATS auth tests: {e}"));
+        Self::started("nats-server", port, child, None, Some(dir))
+    }
+
     /// A throwaway Postgres cluster (`initdb`, trust authentication for user `postgres`,
     /// database `postgres`) with `ssl = on`, server certificate from `pki`, listening on
     /// 127.0.0.1 only. Run as the `postgres` system user when this process is root
@@ -271,7 +302,7 @@ impl TlsServer {
     /// --bindir`, else under `/usr/lib/postgresql/*/bin`.
     ///
     /// # Panics
-    /// If Postgres is missing, `initdb` fails, or the server does not listen within 30 s.
+    /// If Postgres is missing, `initdb` fails, or the server does not listen within 60 s.
     pub fn postgres(pki: &Pki) -> Self {
         Self::postgres_cluster(Some(pki))
     }
@@ -298,12 +329,9 @@ impl TlsServer {
             std::fs::copy(&pki.server_cert, &cert).expect("copy the server certificate");
             set_mode(&key, 0o600);
         }
-        let as_root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        let as_root = running_as_root();
         if as_root {
-            chown_postgres(&dir.0);
+            chown(&dir.0, "postgres:");
         }
         let run = |program: &Path| {
             if as_root {
@@ -362,6 +390,91 @@ impl TlsServer {
         Self::started("postgres", port, child, Some(stop), Some(dir))
     }
 
+    /// A second RabbitMQ node (`rabbitmq-server`, its own node name, data directory and
+    /// distribution port, no plugins) whose only listener is AMQP over TLS
+    /// (`listeners.tcp = none`), server certificate from `pki`, client certificates not
+    /// required; user `guest`/`guest` from loopback. Run through the packaged
+    /// `rabbitmq-server` script, which switches to the `rabbitmq` user when this process
+    /// is root: its files are then given to that user.
+    ///
+    /// # Panics
+    /// If `rabbitmq-server` is missing or the node does not listen within 60 s.
+    pub fn rabbitmq(pki: &Pki) -> Self {
+        Self::rabbitmq_node(Some(pki))
+    }
+
+    /// A private RabbitMQ node as [`rabbitmq`](Self::rabbitmq), with a plaintext AMQP
+    /// listener only: for a test that changes the node itself (a memory alarm raised with
+    /// `rabbitmqctl -n` [`node`](Self::node)), which would block every other test's
+    /// publishers on the shared node.
+    ///
+    /// # Panics
+    /// As [`rabbitmq`](Self::rabbitmq).
+    pub fn rabbitmq_without_tls() -> Self {
+        Self::rabbitmq_node(None)
+    }
+
+    /// The Erlang node name of a RabbitMQ node started here (for `rabbitmqctl -n`); `None`
+    /// for the other servers.
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    fn rabbitmq_node(pki: Option<&Pki>) -> Self {
+        let port = free_port();
+        let dist = free_port();
+        let dir = ScratchDir::new("rabbitmq");
+        let file = |name: &str| dir.0.join(name);
+        let conf = match pki {
+            Some(pki) => {
+                for (from, to) in [
+                    (&pki.ca, "ca.pem"),
+                    (&pki.server_cert, "server.pem"),
+                    (&pki.server_key, "server.key"),
+                ] {
+                    std::fs::copy(from, file(to)).unwrap_or_else(|e| panic!("copy {to}: {e}"));
+                }
+                format!(
+                    "listeners.tcp = none\nlisteners.ssl.default = {port}\n\
+                     ssl_options.cacertfile = {}\nssl_options.certfile = {}\n\
+                     ssl_options.keyfile = {}\nssl_options.verify = verify_none\n\
+                     ssl_options.fail_if_no_peer_cert = false\n",
+                    file("ca.pem").display(),
+                    file("server.pem").display(),
+                    file("server.key").display()
+                )
+            }
+            None => format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
+        };
+        std::fs::write(file("rabbitmq.conf"), conf).expect("write rabbitmq.conf");
+        std::fs::write(file("plugins"), "[].\n").expect("write the plugins file");
+        if running_as_root() {
+            chown(&dir.0, "rabbitmq:");
+        }
+        let pid = file("node.pid");
+        let node = format!("idem-test-{port}@localhost");
+        let child = Command::new("rabbitmq-server")
+            .env("RABBITMQ_NODENAME", &node)
+            .env("RABBITMQ_DIST_PORT", dist.to_string())
+            .env("RABBITMQ_CONFIG_FILE", file("rabbitmq"))
+            .env("RABBITMQ_MNESIA_BASE", file("mnesia"))
+            .env("RABBITMQ_LOG_BASE", file("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", file("plugins"))
+            .env("RABBITMQ_PID_FILE", &pid)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("rabbitmq-server is needed for this test: {e}"));
+        // The node runs under the script (and `su` when root): stop it by its pid file.
+        let mut stop = Command::new("sh");
+        stop.arg("-c")
+            .arg(format!("kill -9 $(cat '{}') 2>/dev/null", pid.display()));
+        stop.stdout(Stdio::null()).stderr(Stdio::null());
+        let mut server = Self::started("rabbitmq-server", port, child, Some(stop), Some(dir));
+        server.node = Some(node);
+        server
+    }
+
     fn started(
         what: &str,
         port: u16,
@@ -369,7 +482,7 @@ impl TlsServer {
         stop: Option<Command>,
         dir: Option<ScratchDir>,
     ) -> Self {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         loop {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
@@ -380,7 +493,7 @@ impl TlsServer {
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                panic!("{what} did not listen on port {port} within 30 s");
+                panic!("{what} did not listen on port {port} within 60 s");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -388,6 +501,7 @@ impl TlsServer {
             port,
             child: Some(child),
             stop,
+            node: None,
             _dir: dir,
         }
     }
@@ -432,11 +546,19 @@ fn set_mode(path: &Path, mode: u32) {
         .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
 }
 
-fn chown_postgres(dir: &Path) {
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn chown(dir: &Path, owner: &str) {
     let status = Command::new("chown")
-        .args(["-R", "postgres:"])
+        .arg("-R")
+        .arg(owner)
         .arg(dir)
         .status()
         .expect("chown");
-    assert!(status.success(), "chown postgres {}", dir.display());
+    assert!(status.success(), "chown {owner} {}", dir.display());
 }

@@ -110,16 +110,35 @@ fn the_new_mutants_are_caught_and_their_spaces_pass_without_them() {
     }
 }
 
-/// A message that kills its process costs each message received beside it one broker
-/// delivery at most. Not so: a neighbour held in the killer's batch is delivered again
-/// after each of the killer's runs (`--killers 1 --keys 1 --copies 1 --neighbour-check`).
-/// Those deliveries are not charged as runs (the store records the runs that start), so
-/// no neighbour is dead-lettered for them: the explorer's killer pass checks that.
+/// A message that kills its process costs each message held beside it (received into the
+/// same process, here in its batch) one broker delivery per run of the killer. Those
+/// deliveries are not charged as runs (the store records only the runs that start,
+/// `ClaimStore::note_run`), so no neighbour is dead-lettered for them by the gate; but
+/// the broker's own limit counts them. With the margin that suffices for a killer alone
+/// (`max_attempts + 2`, `Config::default().broker_limit`), a neighbour is ended by the
+/// broker's limit; one delivery more (`max_attempts + 3`) and the space is clean. The
+/// explorer's neighbour check (`--neighbour-check`) names the cost: more than one run lost
+/// per killer.
 #[test]
-#[ignore = "a neighbour held beside a killer loses a broker delivery to each of its runs"]
-fn a_killer_costs_its_neighbours_one_run_at_most() {
+fn a_killer_costs_its_neighbours_broker_deliveries_but_never_runs() {
     let mut c = Config::killer(&base());
     c.batch = 2;
+    assert_eq!(c.broker_limit, c.max_attempts + 2);
+    let (v, _) = run(&c)
+        .violation
+        .expect("a neighbour is ended by the broker's limit");
+    assert!(v.contains("broker's delivery limit"), "{v}");
+    c.broker_limit = c.max_attempts + 3;
+    clean(
+        "killer in batches of two, one delivery of margin more",
+        &run(&c),
+    );
     c.neighbour_check = true;
-    clean("neighbour check", &run(&c));
+    let (v, _) = run(&c)
+        .violation
+        .expect("a neighbour loses a delivery to each of the killer's runs");
+    assert!(
+        v.contains("runs to a message that kills its process"),
+        "{v}"
+    );
 }

@@ -100,7 +100,10 @@ impl BrokerKind {
                 crate::rabbitmq::RabbitConfig::CLIENT_PARAMS,
             ),
             #[cfg(feature = "nats")]
-            Self::Nats => (crate::nats::NatsConfig::URL_SETTINGS, &[]),
+            Self::Nats => (
+                crate::nats::NatsConfig::URL_SETTINGS,
+                crate::nats::NatsConfig::CLIENT_PARAMS,
+            ),
             #[cfg(feature = "redis-streams")]
             Self::RedisStreams => (crate::redis_streams::RedisStreamsConfig::URL_SETTINGS, &[]),
             #[cfg(feature = "sqs")]

@@ -4,10 +4,13 @@
 //! itself; a message that kills the process would come back to the next member as a
 //! first delivery, for ever. The counts a successor needs are therefore written to the
 //! broker before the deliveries they count are handed out: one record per (group,
-//! partition), key `GROUP/PARTITION`, value `OFFSET:COUNT,…`, in the partition of
-//! `NAME.attempts` numbered like the source's (modulo its partition count). The last
-//! record of a key is the one that counts; the topic is created compacted
-//! (`cleanup.policy=compact`), so Kafka keeps one per key.
+//! partition), key `GROUP/PARTITION`, value `OFFSET:COUNT,…,ahead:OFFSET`, in the
+//! partition of `NAME.attempts` numbered like the source's (modulo its partition count).
+//! `ahead` bounds the offsets its writer may have handed out: a successor counts every
+//! offset up to it as delivered once at least, so a delivery fetched ahead of the first
+//! of an ownership, which no count names, is still seen as a rerun if its member died
+//! holding it. The last record of a key is the one that counts; the topic is created
+//! compacted (`cleanup.policy=compact`), so Kafka keeps one per key.
 //!
 //! Not the committed offset's metadata, which is where Kafka itself would keep it: the
 //! test broker (tansu 0.6) stores an offset commit's metadata but answers every
@@ -34,26 +37,48 @@ pub(crate) fn key(group: &str, partition: i32) -> String {
     format!("{group}/{partition}")
 }
 
-/// `OFFSET:COUNT,…`, offsets in order.
-pub(crate) fn encode(counts: &BTreeMap<i64, u32>) -> String {
-    counts
+/// A partition's record in `NAME.attempts`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// Deliveries counted per offset (those a successor must count on).
+    pub(crate) counts: BTreeMap<i64, u32>,
+    /// Every offset up to this one may have been handed out by the record's writer: a
+    /// successor counts each as delivered once at least. `None` in records of versions
+    /// that did not write it.
+    pub(crate) ahead: Option<i64>,
+}
+
+/// The entry name of [`Record::ahead`].
+const AHEAD: &str = "ahead";
+
+/// `OFFSET:COUNT,…` (offsets in order), then `ahead:OFFSET` when set.
+pub(crate) fn encode(record: &Record) -> String {
+    record
+        .counts
         .iter()
         .map(|(o, n)| format!("{o}:{n}"))
+        .chain(record.ahead.map(|a| format!("{AHEAD}:{a}")))
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// The counts of a record; a malformed entry is skipped (a count is advice, never a
-/// reason to stop consuming).
-pub(crate) fn decode(value: &[u8]) -> BTreeMap<i64, u32> {
-    String::from_utf8_lossy(value)
-        .split(',')
-        .filter_map(|e| {
-            let (o, n) = e.trim().split_once(':')?;
-            Some((o.parse().ok()?, n.parse().ok()?))
-        })
-        .filter(|(o, n)| *o >= 0 && *n > 0)
-        .collect()
+/// A record's value; a malformed entry is skipped (a count is advice, never a reason
+/// to stop consuming).
+pub(crate) fn decode(value: &[u8]) -> Record {
+    let mut record = Record::default();
+    for e in String::from_utf8_lossy(value).split(',') {
+        let Some((o, n)) = e.trim().split_once(':') else {
+            continue;
+        };
+        if o == AHEAD {
+            record.ahead = n.parse().ok().filter(|a: &i64| *a >= 0).or(record.ahead);
+        } else if let (Ok(o), Ok(n)) = (o.parse::<i64>(), n.parse::<u32>()) {
+            if o >= 0 && n > 0 {
+                record.counts.insert(o, n);
+            }
+        }
+    }
+    record
 }
 
 /// Where a partition's counts go in `NAME.attempts`.
@@ -72,9 +97,9 @@ impl Store {
         partition.rem_euclid(self.partitions.max(1))
     }
 
-    /// The last counts written for `partition` (empty when none), read from the start of
+    /// The last record written for `partition` (empty when none), read from the start of
     /// its partition of `NAME.attempts` to its end. Blocking.
-    pub(crate) fn read(&self, partition: i32) -> Result<BTreeMap<i64, u32>, BrokerError> {
+    pub(crate) fn read(&self, partition: i32) -> Result<Record, BrokerError> {
         let at = self.partition_of(partition);
         let consumer: BaseConsumer = self
             .kafka
@@ -90,7 +115,7 @@ impl Store {
             .fetch_watermarks(&self.topic, at, REQUEST_TIMEOUT)
             .map_err(|e| BrokerError::op(BROKER, "read attempts", e))?;
         if high <= low {
-            return Ok(BTreeMap::new());
+            return Ok(Record::default());
         }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.topic, at, Offset::Offset(low))
@@ -100,7 +125,7 @@ impl Store {
             .map_err(|e| BrokerError::op(BROKER, "read attempts", e))?;
         let wanted = key(&self.group, partition);
         let deadline = Instant::now() + 3 * REQUEST_TIMEOUT;
-        let mut last = BTreeMap::new();
+        let mut last = Record::default();
         loop {
             match consumer.poll(Duration::from_millis(200)) {
                 Some(Ok(m)) => {
@@ -130,15 +155,15 @@ impl Store {
         }
     }
 
-    /// Writes `counts` as `partition`'s record and waits for the broker's ack.
+    /// Writes `record` as `partition`'s and waits for the broker's ack.
     pub(crate) async fn write(
         &self,
         producer: &FutureProducer,
         partition: i32,
-        counts: &BTreeMap<i64, u32>,
+        record: &Record,
     ) -> Result<(), BrokerError> {
         let key = key(&self.group, partition);
-        let value = encode(counts);
+        let value = encode(record);
         let record: FutureRecord<'_, str, str> = FutureRecord::to(&self.topic)
             .partition(self.partition_of(partition))
             .key(key.as_str())
@@ -158,11 +183,25 @@ mod tests {
     #[test]
     fn counts_read_back_as_written() {
         let counts: BTreeMap<i64, u32> = [(7, 3), (12, 2)].into();
-        assert_eq!(encode(&counts), "7:3,12:2");
-        assert_eq!(decode(b"7:3,12:2"), counts);
-        assert_eq!(decode(b""), BTreeMap::new());
+        let record = Record {
+            counts: counts.clone(),
+            ahead: None,
+        };
+        assert_eq!(encode(&record), "7:3,12:2");
+        assert_eq!(decode(b"7:3,12:2"), record);
+        let ahead = Record {
+            counts: counts.clone(),
+            ahead: Some(140),
+        };
+        assert_eq!(encode(&ahead), "7:3,12:2,ahead:140");
+        assert_eq!(decode(b"7:3,12:2,ahead:140"), ahead);
+        assert_eq!(decode(b""), Record::default());
         // Malformed entries are skipped, the rest is kept.
-        assert_eq!(decode(b"x,7:3,-1:2,5:0,9:y"), [(7, 3)].into());
+        assert_eq!(
+            decode(b"x,7:3,-1:2,5:0,9:y,ahead:-3,ahead:z").counts,
+            BTreeMap::from([(7, 3)])
+        );
+        assert_eq!(decode(b"ahead:-3,ahead:z").ahead, None);
         assert_eq!(key("billing", 2), "billing/2");
         assert_eq!(attempts_name("grants"), "grants.attempts");
     }

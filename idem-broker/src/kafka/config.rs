@@ -456,6 +456,11 @@ pub struct KafkaConfig {
     pub security: KafkaSecurity,
     /// The producer's `compression.type` (`None`: librdkafka's default, `none`).
     pub compression: Option<Compression>,
+    /// librdkafka properties of the application's own, set on every client's base
+    /// configuration ([`with_client_setting`](Self::with_client_setting)): anything the
+    /// URL has no setting for (`sasl.oauthbearer.*`, `ssl.engine.*`, `socket.*`,
+    /// `statistics.interval.ms`). Values of secret-looking names are hidden in `Debug`.
+    pub client_settings: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for KafkaConfig {
@@ -476,6 +481,21 @@ impl std::fmt::Debug for KafkaConfig {
             .field("queued_kbytes", &self.queued_kbytes)
             .field("security", &self.security)
             .field("compression", &self.compression)
+            .field(
+                "client_settings",
+                &self
+                    .client_settings
+                    .iter()
+                    .map(|(k, v)| {
+                        let shown = if idem_core::redact::is_secret_param(k) {
+                            idem_core::redact::MASK
+                        } else {
+                            v.as_str()
+                        };
+                        (k.as_str(), shown)
+                    })
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -583,6 +603,7 @@ impl KafkaConfig {
             queued_kbytes: 4096,
             security: KafkaSecurity::default(),
             compression: None,
+            client_settings: Vec::new(),
         }
     }
 
@@ -600,10 +621,36 @@ impl KafkaConfig {
         self
     }
 
+    /// Sets librdkafka property `key` to `value` on every client of the adapter (the
+    /// consumer, the producers, the metadata and admin clients), over the base that
+    /// [`client_config`](Self::client_config) builds (the client id, timeouts, TLS and
+    /// SASL). The properties that exactly-once rests on are still set by idem after it,
+    /// whatever is given here: the consumer's `group.id`, `enable.auto.commit=false`,
+    /// `enable.auto.offset.store=false`, and the producers' `enable.idempotence` and
+    /// `acks=all`.
+    ///
+    /// ```
+    /// use idem_broker::kafka::KafkaConfig;
+    /// let c = KafkaConfig::new("h:9092", "grants")
+    ///     .with_client_setting("statistics.interval.ms", "60000")
+    ///     .with_client_setting("client.id", "grants-consumer")
+    ///     .with_client_setting("enable.auto.commit", "true");
+    /// assert_eq!(c.client_config().get("client.id"), Some("grants-consumer"));
+    /// assert_eq!(c.producer_config().get("statistics.interval.ms"), Some("60000"));
+    /// // Never before the commit of its effect: idem's setting stays.
+    /// assert_eq!(c.consumer_config().get("enable.auto.commit"), Some("false"));
+    /// ```
+    #[must_use]
+    pub fn with_client_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.client_settings.push((key.into(), value.into()));
+        self
+    }
+
     /// The librdkafka configuration every client of the adapter starts from: the
-    /// bootstrap list, [`security`](Self::security), the client id and timeouts, and the
-    /// debug contexts of [`DEBUG_ENV`](super::DEBUG_ENV). Metadata and admin clients use
-    /// it as it is.
+    /// bootstrap list, [`security`](Self::security), the client id and timeouts, the
+    /// debug contexts of [`DEBUG_ENV`](super::DEBUG_ENV), and last the
+    /// [`client_settings`](Self::client_settings). Metadata and admin clients use it as
+    /// it is.
     ///
     /// ```
     /// use idem_broker::any::BrokerUrl;
@@ -627,6 +674,9 @@ impl KafkaConfig {
             c.set("debug", d)
                 .set("log_level", "7")
                 .set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+        }
+        for (k, v) in &self.client_settings {
+            c.set(k, v);
         }
         c
     }
@@ -661,10 +711,7 @@ impl KafkaConfig {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
-            .set(
-                "fetch.wait.max.ms",
-                std::env::var("XFW").unwrap_or_else(|_| "500".into()),
-            )
+            .set("fetch.wait.max.ms", "500")
             .set("session.timeout.ms", session.to_string())
             .set("heartbeat.interval.ms", (session / 4).max(250).to_string())
             .set("max.poll.interval.ms", poll_interval.to_string())

@@ -30,6 +30,12 @@ use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How often a failed dead-letter produce is tried before the delivery is handed back.
 const DEAD_LETTER_TRIES: u32 = 3;
+/// How far past the delivery being handed out a record's `ahead` reaches: one write to
+/// `NAME.attempts` per this many deliveries (at most), and at most this many offsets
+/// counted once too often by a successor (they run as reruns, which the gate records
+/// in the store rather than charging them).
+const AHEAD_WINDOW: i64 = 256;
+
 /// The first and the longest wait before a failed commit is tried again.
 const COMMIT_RETRY_FIRST: Duration = Duration::from_millis(100);
 const COMMIT_RETRY_MAX: Duration = Duration::from_secs(5);
@@ -43,9 +49,9 @@ struct Part {
     lwm: LowWaterMark,
     /// The first offset this ownership delivered: where a successor would start too.
     first: Option<i64>,
-    /// The partition's counts in `NAME.attempts` as last read or written; `None` until
+    /// The partition's record in `NAME.attempts` as last read or written; `None` until
     /// read (once per ownership, before its first delivery is handed out).
-    durable: Option<BTreeMap<i64, u32>>,
+    durable: Option<attempts::Record>,
 }
 
 #[derive(Debug, Default)]
@@ -55,6 +61,10 @@ struct Owned {
     /// Deliveries of each offset by this member not yet committed past, counted across
     /// its ownerships of the partition and the nacks in between.
     attempts: HashMap<i32, BTreeMap<i64, u32>>,
+    /// Per partition, the highest [`attempts::Record::ahead`] read: every offset up to
+    /// it may have been handed out by an earlier member, so this member counts it as
+    /// delivered once before.
+    inherited: HashMap<i32, i64>,
 }
 
 impl Owned {
@@ -73,12 +83,13 @@ impl Owned {
 
     /// One more delivery of `offset`: its attempt number.
     fn attempt(&mut self, partition: i32, offset: i64) -> u32 {
+        let before = u32::from(self.inherited.get(&partition).is_some_and(|&a| offset <= a));
         let n = self
             .attempts
             .entry(partition)
             .or_default()
             .entry(offset)
-            .or_insert(0);
+            .or_insert(before);
         *n = n.saturating_add(1);
         *n
     }
@@ -93,12 +104,22 @@ impl Owned {
             .max(1)
     }
 
-    /// Takes the counts read from `NAME.attempts` into this member's: an offset
+    /// Takes the record read from `NAME.attempts` into this member's counts: an offset
     /// delivered already (its delivery under way) is at least one past the record, one
-    /// not delivered yet starts from it.
-    fn seed(&mut self, partition: i32, read: &BTreeMap<i64, u32>) {
+    /// not delivered yet starts from it; an offset up to the record's `ahead` that it
+    /// does not count was delivered once.
+    fn seed(&mut self, partition: i32, read: &attempts::Record) {
         let mine = self.attempts.entry(partition).or_default();
-        for (&offset, &n) in read {
+        if let Some(a) = read.ahead {
+            let inherited = self.inherited.entry(partition).or_insert(a);
+            *inherited = (*inherited).max(a);
+            for (offset, m) in mine.range_mut(..=a) {
+                if !read.counts.contains_key(offset) {
+                    *m = (*m).max(2);
+                }
+            }
+        }
+        for (&offset, &n) in &read.counts {
             mine.entry(offset)
                 .and_modify(|m| *m = (*m).max(n.saturating_add(1)))
                 .or_insert(n);
@@ -498,7 +519,7 @@ impl Converter {
                 .and_then(|r| r)
                 .unwrap_or_else(|e| {
                     tracing::warn!(target: "idem::broker", broker = BROKER, partition, error = %e, "delivery counts not read; counting from this member's");
-                    BTreeMap::new()
+                    attempts::Record::default()
                 });
             let mut o = self.own.owned();
             if owned_now(&o) == Some(true) {
@@ -524,12 +545,19 @@ impl Converter {
             let recorded = part
                 .durable
                 .as_ref()
-                .and_then(|c| c.get(&offset))
+                .and_then(|r| r.counts.get(&offset))
                 .copied()
                 .unwrap_or(0);
+            let ahead = part.durable.as_ref().and_then(|r| r.ahead);
             let first = part.first;
-            ((first == Some(offset) || attempt >= 2) && attempt > recorded).then(|| {
-                o.attempts
+            let counted = (first == Some(offset) || attempt >= 2) && attempt > recorded;
+            // Handed out past the record's `ahead`: a successor would not know this
+            // member may have run it. Written ahead by a window, so one write covers the
+            // next AHEAD_WINDOW deliveries.
+            let uncovered = ahead.is_none_or(|a| offset > a);
+            (counted || uncovered).then(|| attempts::Record {
+                counts: o
+                    .attempts
                     .get(&partition)
                     .map(|a| {
                         a.iter()
@@ -537,15 +565,20 @@ impl Converter {
                             .map(|(&off, &n)| (off, n))
                             .collect::<BTreeMap<i64, u32>>()
                     })
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                ahead: Some(
+                    ahead
+                        .filter(|_| !uncovered)
+                        .unwrap_or(offset + AHEAD_WINDOW),
+                ),
             })
         };
-        if let Some(mut counts) = write {
-            counts.insert(offset, d.attempt.unwrap_or(1));
+        if let Some(mut record) = write {
+            record.counts.insert(offset, d.attempt.unwrap_or(1));
             match self
                 .shared
                 .attempts
-                .write(&self.shared.producer, partition, &counts)
+                .write(&self.shared.producer, partition, &record)
                 .await
             {
                 Ok(()) => {
@@ -555,7 +588,7 @@ impl Converter {
                         .get_mut(&partition)
                         .filter(|p| p.generation == generation)
                     {
-                        p.durable = Some(counts);
+                        p.durable = Some(record);
                     }
                 }
                 Err(e) => {

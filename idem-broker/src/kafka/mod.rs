@@ -36,9 +36,15 @@
 //!   possibly one whose earlier run killed its process — or a redelivery (count 2 and
 //!   up). A member reads its partition's counts once per ownership, before its first
 //!   delivery of it. So a message that kills its process counts one more in each next
-//!   member instead of starting from 1 again. A delivery fetched ahead of the first and never redelivered is not written:
-//!   if a member dies holding it, the next member counts it from 1 again, until it is the
-//!   first delivery of an ownership. Not the committed offset's metadata, where Kafka
+//!   member instead of starting from 1 again. The record also says how far its member
+//!   may have handed out deliveries (`ahead`, written 256 offsets ahead, so one write
+//!   covers the next 256 deliveries): a successor counts every offset up to it as
+//!   delivered once at least, so a message fetched behind the first of an ownership —
+//!   whose earlier neighbours' commits never landed before it killed its process — is
+//!   still a rerun to the next member, not a first delivery for ever. Up to 256 offsets
+//!   after a restart or a rebalance may so count one delivery more than they had; the
+//!   gate runs them as reruns (alone, recorded in the store, never charged a run they
+//!   did not start). Not the committed offset's metadata, where Kafka
 //!   itself could keep it: tansu 0.6 stores an offset commit's metadata but answers
 //!   every OffsetFetch with an empty one. A failed read or write is logged, and the
 //!   member's own count used.

@@ -20,7 +20,17 @@ pub const DEFAULT_MAX_DELIVER: i64 = 20;
 /// | `durable` | `idem` | the durable consumer's name: not empty, no whitespace, `.`, `*`, `>`, `/`, `\` or control characters |
 /// | `max_deliver` | `20` ([`DEFAULT_MAX_DELIVER`]) | the durable's redelivery limit: at least 1, or `-1` for none |
 ///
-/// async-nats reads no query parameters: any other is an error.
+/// and the connection's, read when it connects (a path may be percent-encoded):
+///
+/// | parameter | value |
+/// |---|---|
+/// | `creds` | a credentials file (a user JWT and its nkey seed, as `nsc` writes it) |
+/// | `nkey` | a file holding a user nkey seed (a line starting `SU`) |
+/// | `cacertfile` | a PEM file of CA certificates trusted besides the system's roots; TLS is then required |
+/// | `certfile` + `keyfile` | a client certificate and its key (PEM); TLS is then required |
+///
+/// A token (`nats://TOKEN@host`) or a user and password (`nats://USER:PASS@host`) go in
+/// the URL itself. Any other parameter is an error.
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NatsConfig {
@@ -71,6 +81,10 @@ impl NatsConfig {
     /// idem's settings in the URL query (the table above).
     pub(crate) const URL_SETTINGS: &'static [&'static str] =
         &["ack_wait", "durable", "max_deliver"];
+    /// The connection's settings in the URL query, read by the adapter when it connects
+    /// (async-nats reads none from a URL): credentials and TLS files.
+    pub(crate) const CLIENT_PARAMS: &'static [&'static str] =
+        &["creds", "nkey", "cacertfile", "certfile", "keyfile"];
 
     /// The configuration of subject `name` at `url`, with the URL's settings (the table
     /// above) over the defaults of [`new`](Self::new).
@@ -91,6 +105,7 @@ impl NatsConfig {
     /// for another broker's URL.
     pub fn from_url(url: &BrokerUrl, name: impl Into<String>) -> Result<Self, BrokerError> {
         url.expect_kind(BrokerKind::Nats)?;
+        super::split_connect(url.client_url())?;
         let mut c = Self::new(url.client_url(), name);
         if let Some(d) = url.setting(
             "ack_wait",

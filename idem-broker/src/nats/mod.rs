@@ -104,12 +104,133 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
     Ok(())
 }
 
-/// Connects to `url` (what the URL constructors hand to `from_client`).
+/// The connection's files named in a NATS URL ([`NatsConfig`]'s second table), as
+/// written.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct ConnectFiles {
+    creds: Option<String>,
+    nkey: Option<String>,
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+}
+
+fn invalid(param: &str, value: &str, reason: impl Into<String>) -> BrokerError {
+    BrokerError::InvalidParam {
+        param: param.to_owned(),
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// `url` without the connection's parameters, and them.
+///
+/// # Errors
+/// [`BrokerError::InvalidParam`] for one given twice, `creds` with `nkey` (two
+/// identities), or a `certfile` without its `keyfile` (or the reverse).
+pub(crate) fn split_connect(url: &str) -> Result<(String, ConnectFiles), BrokerError> {
+    let (url, [creds, nkey, ca, cert, key]) =
+        crate::setting::take_params(url, ["creds", "nkey", "cacertfile", "certfile", "keyfile"])?;
+    if let (Some(_), Some(n)) = (&creds, &nkey) {
+        return Err(invalid(
+            "nkey",
+            n,
+            "creds already names the identity: give one of them",
+        ));
+    }
+    match (&cert, &key) {
+        (Some(c), None) => return Err(invalid("certfile", c, "needs keyfile, its private key")),
+        (None, Some(k)) => return Err(invalid("keyfile", k, "needs certfile, its certificate")),
+        _ => {}
+    }
+    Ok((
+        url,
+        ConnectFiles {
+            creds,
+            nkey,
+            ca,
+            cert,
+            key,
+        },
+    ))
+}
+
+/// The credentials in `url`'s user part, percent-decoded: a user and a password, or a
+/// user alone, which NATS takes as a token. async-nats parses them out of the URL and
+/// then ignores them (0.51 sends the options' credentials only), so they are read here.
+fn url_credentials(url: &str) -> Option<(String, Option<String>)> {
+    let parsed = url::Url::parse(url).ok()?;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let user = decode(parsed.username());
+    if user.is_empty() {
+        return None;
+    }
+    Some((user, parsed.password().map(decode)))
+}
+
+/// async-nats's options for `url`'s credentials and `files`, each file read now: a
+/// missing or malformed one is the caller's mistake, named, not a connection failure.
+async fn connect_options(
+    url: &str,
+    files: &ConnectFiles,
+) -> Result<async_nats::ConnectOptions, BrokerError> {
+    let mut options = async_nats::ConnectOptions::new();
+    match url_credentials(url) {
+        Some((user, Some(password))) => options = options.user_and_password(user, password),
+        Some((token, None)) => options = options.token(token),
+        None => {}
+    }
+    if let Some(path) = &files.creds {
+        options = options
+            .credentials_file(path)
+            .await
+            .map_err(|e| invalid("creds", path, format!("not a credentials file: {e}")))?;
+    }
+    if let Some(path) = &files.nkey {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid("nkey", path, format!("cannot read the file: {e}")))?;
+        let seed = text
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with("SU"))
+            .ok_or_else(|| invalid("nkey", path, "holds no user nkey seed (a line starting SU)"))?;
+        options = options.nkey(seed.to_owned());
+    }
+    for (param, path) in [
+        ("cacertfile", &files.ca),
+        ("certfile", &files.cert),
+        ("keyfile", &files.key),
+    ] {
+        if let Some(path) = path {
+            std::fs::metadata(path)
+                .map_err(|e| invalid(param, path, format!("cannot read the file: {e}")))?;
+        }
+    }
+    if let Some(ca) = &files.ca {
+        options = options.add_root_certificates(ca.into()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        options = options
+            .add_client_certificate(cert.into(), key.into())
+            .require_tls(true);
+    }
+    Ok(options)
+}
+
+/// Connects to `url` (what the URL constructors hand to `from_client`), with the
+/// credentials and TLS files its query names.
 pub(crate) async fn connect_client(url: &str) -> Result<async_nats::Client, BrokerError> {
     // async-nats builds its TLS configuration (`tls://`, or a server that requires TLS)
     // from rustls's process default.
     crate::tls::install_default_provider();
-    async_nats::connect(url)
+    let (url, files) = split_connect(url)?;
+    connect_options(&url, &files)
+        .await?
+        .connect(url.as_str())
         .await
         .map_err(|e| BrokerError::connect(BROKER, e))
 }
@@ -134,4 +255,39 @@ pub(crate) async fn ensure_stream(
     })
     .await
     .map_err(|e| BrokerError::op(BROKER, "stream create", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_come_from_the_user_part_decoded() {
+        assert_eq!(url_credentials("nats://127.0.0.1:4222"), None);
+        assert_eq!(
+            url_credentials("nats://s3cr%40t@h:4222"),
+            Some(("s3cr@t".to_owned(), None))
+        );
+        assert_eq!(
+            url_credentials("tls://u:p%3Aw@h:4222"),
+            Some(("u".to_owned(), Some("p:w".to_owned())))
+        );
+    }
+
+    #[test]
+    fn connection_files_come_out_of_the_url_and_pair_up() {
+        let (url, files) =
+            split_connect("nats://h:4222?nkey=%2Fetc%2Fidem.nk&cacertfile=/ca.pem").expect("split");
+        assert_eq!(url, "nats://h:4222");
+        assert_eq!(files.nkey.as_deref(), Some("/etc/idem.nk"));
+        assert_eq!(files.ca.as_deref(), Some("/ca.pem"));
+        for bad in [
+            "nats://h?creds=/a&nkey=/b",
+            "nats://h?certfile=/c",
+            "nats://h?keyfile=/k",
+            "nats://h?nkey=/a&nkey=/b",
+        ] {
+            assert!(split_connect(bad).is_err(), "{bad}");
+        }
+    }
 }

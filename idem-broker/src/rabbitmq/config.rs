@@ -290,37 +290,16 @@ pub(crate) struct TlsFiles {
 /// [`BrokerError::InvalidParam`] for one given twice, on an `amqp://` URL, or a
 /// `certfile` without its `keyfile` (or the reverse).
 pub(crate) fn split_tls(url: &str) -> Result<(String, TlsFiles), BrokerError> {
-    let Some((head, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), TlsFiles::default()));
-    };
     let invalid = |param: &str, value: &str, reason: &str| BrokerError::InvalidParam {
         param: param.to_owned(),
         value: value.to_owned(),
         reason: reason.to_owned(),
     };
-    let mut files = TlsFiles::default();
-    let mut rest = Vec::new();
-    for pair in query.split('&') {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let slot = match k {
-            "cacertfile" => &mut files.ca,
-            "certfile" => &mut files.cert,
-            "keyfile" => &mut files.key,
-            _ => {
-                rest.push(pair);
-                continue;
-            }
-        };
-        let value = url::form_urlencoded::parse(format!("v={v}").as_bytes())
-            .next()
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_default();
-        if slot.replace(value).is_some() {
-            return Err(invalid(k, v, "given more than once"));
-        }
-    }
+    let (url, [ca, cert, key]) =
+        crate::setting::take_params(url, ["cacertfile", "certfile", "keyfile"])?;
+    let files = TlsFiles { ca, cert, key };
     let tls_asked = files != TlsFiles::default();
-    if tls_asked && crate::tls::scheme_asks_for_tls(url).is_none() {
+    if tls_asked && crate::tls::scheme_asks_for_tls(&url).is_none() {
         let (param, value) = [
             ("cacertfile", &files.ca),
             ("certfile", &files.cert),
@@ -336,11 +315,6 @@ pub(crate) fn split_tls(url: &str) -> Result<(String, TlsFiles), BrokerError> {
         (None, Some(k)) => return Err(invalid("keyfile", k, "needs certfile, its certificate")),
         _ => {}
     }
-    let url = if rest.is_empty() {
-        head.to_owned()
-    } else {
-        format!("{head}?{}", rest.join("&"))
-    };
     Ok((url, files))
 }
 

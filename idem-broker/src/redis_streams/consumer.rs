@@ -5,6 +5,12 @@
 //! time reset every third of `min_idle` by a keep-alive task (`XCLAIM … JUSTID`, only for
 //! entries the group still assigns to this consumer), so `XAUTOCLAIM` by any consumer
 //! takes only the entries of a consumer that stopped.
+//!
+//! A deferral ([`Acker::defer`]: a key held by another transaction, a store outage) is
+//! held here, alive, and handed back into the consumer's stream after its delay with the
+//! same attempt, re-read with `XRANGE`: it costs no delivery in the group's count, so the
+//! count holds the runs of a message only (a nack, which releases the entry to be taken
+//! again, and a consumer that died holding it).
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -20,6 +26,7 @@ use fred::types::streams::XReadResponse;
 use futures::stream::BoxStream;
 use futures::Stream;
 use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::config::RedisStreamsConfig;
@@ -71,6 +78,16 @@ struct Shared {
     /// Entries taken and not settled (registration id → entry id), kept alive.
     live: Mutex<HashMap<u64, String>>,
     next_id: AtomicU64,
+    /// Into the reader: deferred entries, handed back after their delay.
+    held: mpsc::UnboundedSender<Held>,
+}
+
+/// A deferred entry on its way back into the consumer's stream, still registered (kept
+/// alive) under `reg`.
+struct Held {
+    id: String,
+    reg: u64,
+    attempt: u32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -201,39 +218,92 @@ struct Reader {
     next_claim: Instant,
     count: u64,
     block: Duration,
+    /// Deferred entries whose delay has passed.
+    held: mpsc::UnboundedReceiver<Held>,
 }
 
 type Entry = (String, HashMap<String, Value>);
+
+impl Drop for Reader {
+    /// Deferred entries handed back after the stream was dropped are let go at once.
+    fn drop(&mut self) {
+        while let Ok(held) = self.held.try_recv() {
+            self.shared.forget(held.reg);
+        }
+    }
+}
 
 impl Reader {
     /// Buffers `entries`, registering each for the keep-alive; `attempts` maps an entry
     /// id to its delivery count (a new entry's is 1).
     fn push(&mut self, entries: Vec<Entry>, attempts: &HashMap<String, u64>) {
-        for (id, mut fields) in entries {
+        for (id, fields) in entries {
             let attempt = attempts
                 .get(&id)
                 .map_or(1, |n| u32::try_from(*n).unwrap_or(u32::MAX).max(1));
             let reg = self.shared.register(&id);
-            let payload = fields
-                .remove(PAYLOAD_FIELD)
-                .map(value_bytes)
-                .unwrap_or_default();
-            let mut headers: Headers = fields
-                .into_iter()
-                .map(|(k, v)| (k, String::from_utf8_lossy(&value_bytes(v)).into_owned()))
-                .collect();
-            headers.sort();
-            self.buf.push_back(Delivery {
-                payload,
-                headers,
-                attempt: Some(attempt),
-                acker: RedisStreamsAcker {
-                    id,
-                    reg,
-                    shared: Arc::clone(&self.shared),
-                },
-            });
+            let d = delivery(&self.shared, id, fields, reg, attempt);
+            self.buf.push_back(d);
         }
+    }
+
+    /// Buffers the deferred entries whose delay has passed, re-read from the stream, each
+    /// with its registration (it was kept alive while held) and its attempt. An entry no
+    /// longer in the stream (trimmed or deleted meanwhile) has nothing left to deliver: it
+    /// is let go, and `XAUTOCLAIM` drops it from the pending list.
+    async fn take_back_held(&mut self) -> Result<(), BrokerError> {
+        while let Ok(held) = self.held.try_recv() {
+            let s = Arc::clone(&self.shared);
+            let found: Vec<Entry> = match self
+                .reader
+                .xrange_values(s.name.as_str(), held.id.as_str(), held.id.as_str(), Some(1))
+                .await
+            {
+                Ok(found) => found,
+                Err(e) => {
+                    s.forget(held.reg);
+                    return Err(redis_err("XRANGE (a deferred entry)", s.command_timeout, e));
+                }
+            };
+            let Some((id, fields)) = found.into_iter().find(|(id, _)| *id == held.id) else {
+                tracing::warn!(target: "idem::broker", broker = BROKER, entry = %held.id, "a deferred entry is no longer in the stream; nothing to deliver");
+                s.forget(held.reg);
+                continue;
+            };
+            self.buf
+                .push_back(delivery(&s, id, fields, held.reg, held.attempt));
+        }
+        Ok(())
+    }
+}
+
+/// The delivery of entry `id`, registered for the keep-alive under `reg`.
+fn delivery(
+    shared: &Arc<Shared>,
+    id: String,
+    mut fields: HashMap<String, Value>,
+    reg: u64,
+    attempt: u32,
+) -> Delivery<RedisStreamsAcker> {
+    let payload = fields
+        .remove(PAYLOAD_FIELD)
+        .map(value_bytes)
+        .unwrap_or_default();
+    let mut headers: Headers = fields
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&value_bytes(v)).into_owned()))
+        .collect();
+    headers.sort();
+    Delivery {
+        payload,
+        headers,
+        attempt: Some(attempt),
+        acker: RedisStreamsAcker {
+            id,
+            reg,
+            attempt,
+            shared: Arc::clone(shared),
+        },
     }
 }
 
@@ -245,6 +315,11 @@ impl crate::pull::Pull for Reader {
         loop {
             if let Some(d) = self.buf.pop_front() {
                 return Ok(d);
+            }
+            // A deferred entry comes back here at most one `block` after its delay.
+            self.take_back_held().await?;
+            if !self.buf.is_empty() {
+                continue;
             }
             if Instant::now() >= self.next_claim {
                 let (cursor, entries): (String, Vec<Entry>) = self
@@ -406,6 +481,7 @@ impl RedisStreamsConsumer {
         if !removed.is_empty() {
             tracing::info!(target: "idem::broker", broker = BROKER, removed = removed.len(), "removed idle consumers with nothing pending from the group");
         }
+        let (held_tx, held_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             writer,
             name: config.name.clone(),
@@ -416,6 +492,7 @@ impl RedisStreamsConsumer {
             command_timeout: config.command_timeout,
             live: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            held: held_tx,
         });
         spawn_keep_alive(Arc::downgrade(&shared), config.keep_alive_every());
         let state = Reader {
@@ -426,6 +503,7 @@ impl RedisStreamsConsumer {
             next_claim: Instant::now(),
             count: u64::try_from(config.prefetch.max(1)).unwrap_or(u64::MAX),
             block: config.block,
+            held: held_rx,
         };
         Ok(Self {
             inner: crate::pull::deliveries(state),
@@ -454,6 +532,7 @@ impl Stream for RedisStreamsConsumer {
 pub struct RedisStreamsAcker {
     id: String,
     reg: u64,
+    attempt: u32,
     shared: Arc<Shared>,
 }
 
@@ -485,11 +564,44 @@ impl Acker for RedisStreamsAcker {
         self.shared.xack(vec![self.id.clone()]).await
     }
 
+    /// Releases the entry: it stays pending, made to look idle so that `XAUTOCLAIM` (by
+    /// any consumer of the group) takes it again after `delay`, which counts a delivery —
+    /// the attempt that failed.
     async fn nack(self, delay: Option<Duration>) -> Result<(), AckError> {
         self.shared.forget(self.reg);
         self.shared
             .release(&self.id, delay.unwrap_or(Duration::ZERO))
             .await
+    }
+
+    /// Held here, alive (the keep-alive goes on resetting its idle time), and handed back
+    /// into this consumer's stream after `delay` with the same attempt: a deferral is not
+    /// an attempt, and the group counts no delivery. If the consumer's stream is dropped
+    /// first, the keep-alive stops at once and the entry is taken over after `min_idle`.
+    async fn defer(self, delay: Duration) -> Result<(), AckError> {
+        let shared = Arc::clone(&self.shared);
+        // Registered again before this acker's registration is dropped: the entry is kept
+        // alive without a gap.
+        let held = Held {
+            id: self.id.clone(),
+            reg: shared.register(&self.id),
+            attempt: self.attempt,
+        };
+        drop(self);
+        let weak = Arc::downgrade(&shared);
+        crate::hold::hand_back_after(shared.held.clone(), held, delay, move |held| {
+            if let Some(shared) = weak.upgrade() {
+                shared.forget(held.reg);
+            }
+        });
+        Ok(())
+    }
+
+    /// True: a deferral is held here without a delivery, and the keep-alive's `XCLAIM …
+    /// JUSTID` counts none, so an entry's delivery count holds its failed runs (each nack
+    /// releases it to be taken again) and the takeovers after a consumer died holding it.
+    fn attempt_counts_runs(&self) -> bool {
+        true
     }
 
     async fn dead_letter(

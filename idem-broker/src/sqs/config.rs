@@ -13,11 +13,18 @@ const MAX_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(43_200);
 /// a dead letter is not dropped before someone looks at it.
 pub const DEAD_LETTER_RETENTION: Duration = Duration::from_secs(1_209_600);
 
-/// The default `maxReceiveCount` of the source's redrive policy: the core's default
-/// `max_attempts` (10), so the gate dead-letters a failing message with its reason on its
-/// 10th delivery and SQS moves a message to the dead-letter queue only when it was
-/// received more often than that without being settled (consumers crashing on it).
-pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 10;
+/// The default `maxReceiveCount` of the source's redrive policy: twice the core's default
+/// `max_attempts` (10). The gate dead-letters a failing message with its reason on its
+/// 10th delivery, and one that kills its consumer unrun after its 10th run; the other 10
+/// receives are the margin for a message held beside such a killer (received into the
+/// same process), which loses one receive per run of the killer without running. SQS
+/// moves a message to the dead-letter queue only when it was received more often than
+/// that without being settled.
+pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 20;
+
+/// The default of [`SqsConfig::min_receive_count`]: the core's default `max_attempts`
+/// (10), the `maxReceiveCount` that earlier versions gave the queues they created.
+pub const DEFAULT_MIN_RECEIVE_COUNT: u32 = 10;
 
 /// The default of [`SqsConfig::connect_timeout`]: 5 s.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,7 +49,7 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 /// | `visibility_timeout` | `30s` | `1s` to `12h`; kept extended while a delivery is unsettled |
 /// | `wait` | `1s` | the long poll, `0s` to `20s` |
 /// | `retention` | SQS's 4 days | `60s` to `14d` (`1209600`): the `MessageRetentionPeriod` of a source queue created here |
-/// | `max_receive_count` | `10` ([`DEFAULT_MAX_RECEIVE_COUNT`]) | `1` to `1000`: the redrive policy's `maxReceiveCount` to `NAME.dead-letter` of a source queue created here (the core's `max_attempts`) |
+/// | `max_receive_count` | `20` ([`DEFAULT_MAX_RECEIVE_COUNT`]) | `1` to `1000`: the redrive policy's `maxReceiveCount` to `NAME.dead-letter` of a source queue created here (twice the core's `max_attempts`), and the lowest accepted on an existing queue (without it: 10, [`DEFAULT_MIN_RECEIVE_COUNT`]) |
 /// | `connect_timeout` | `5s` ([`DEFAULT_CONNECT_TIMEOUT`]) | `1ms` to `5m`: the longest wait for a connection to the endpoint |
 /// | `request_timeout` | `10s` ([`DEFAULT_REQUEST_TIMEOUT`]) | `1ms` to `5m`: the longest wait for an answer to one attempt of a request, beyond the long poll (`wait`) for `ReceiveMessage` |
 ///
@@ -74,11 +81,17 @@ pub struct SqsConfig {
     /// [`Config`](crate::BrokerError::Config) error.
     pub retention: Option<Duration>,
     /// The `maxReceiveCount` of the redrive policy idem gives a source queue it creates
-    /// (to `NAME.dead-letter`); default [`DEFAULT_MAX_RECEIVE_COUNT`]. Set it to the
-    /// consumer's `max_attempts`: lower, SQS would move a message before the gate had its
-    /// attempts (an existing queue whose policy is lower is a
-    /// [`Config`](crate::BrokerError::Config) error).
+    /// (to `NAME.dead-letter`); default [`DEFAULT_MAX_RECEIVE_COUNT`]. Give it twice the
+    /// consumer's `max_attempts`: at `max_attempts` or lower, SQS would move a message
+    /// before the gate had its attempts, or move one that sat beside a message killing
+    /// its consumer without running it.
     pub max_receive_count: u32,
+    /// The lowest `maxReceiveCount` accepted on an existing source queue (default
+    /// [`DEFAULT_MIN_RECEIVE_COUNT`]; [`with_max_receive_count`](Self::with_max_receive_count)
+    /// and the URL's `max_receive_count` set it to the count they ask for). Lower is a
+    /// [`Config`](crate::BrokerError::Config) error; from it up to
+    /// [`max_receive_count`](Self::max_receive_count) the queue is used, with a warning.
+    pub min_receive_count: u32,
     /// How long connecting to the endpoint may take (default 5 s).
     pub connect_timeout: Duration,
     /// How long one attempt of a request may go unanswered (default 10 s); a
@@ -105,6 +118,7 @@ impl std::fmt::Debug for SqsConfig {
             .field("prefetch", &self.prefetch)
             .field("retention", &self.retention)
             .field("max_receive_count", &self.max_receive_count)
+            .field("min_receive_count", &self.min_receive_count)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .finish_non_exhaustive()
@@ -164,7 +178,7 @@ impl SqsConfig {
             c.retention = Some(d);
         }
         if let Some(n) = url.setting("max_receive_count", number_in(1..=1000))? {
-            c.max_receive_count = n;
+            c = c.with_max_receive_count(n);
         }
         let timeout = || duration_in(Duration::from_millis(1)..=MAX_TIMEOUT);
         if let Some(d) = url.setting("connect_timeout", timeout())? {
@@ -187,6 +201,7 @@ impl SqsConfig {
             prefetch: 20,
             retention: None,
             max_receive_count: DEFAULT_MAX_RECEIVE_COUNT,
+            min_receive_count: DEFAULT_MIN_RECEIVE_COUNT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
@@ -227,10 +242,12 @@ impl SqsConfig {
         self
     }
 
-    /// Sets the redrive policy's `maxReceiveCount` (1 to 1000 as SQS allows).
+    /// Sets the redrive policy's `maxReceiveCount` (1 to 1000 as SQS allows), and the
+    /// lowest one accepted on an existing queue to the same: a count asked for is held.
     #[must_use]
     pub fn with_max_receive_count(mut self, n: u32) -> Self {
         self.max_receive_count = n.clamp(1, 1000);
+        self.min_receive_count = self.max_receive_count;
         self
     }
 
@@ -315,6 +332,7 @@ mod tests {
         assert_eq!(d.wait, Duration::from_secs(1));
         assert_eq!(d.retention, None);
         assert_eq!(d.max_receive_count, DEFAULT_MAX_RECEIVE_COUNT);
+        assert_eq!(d.min_receive_count, DEFAULT_MIN_RECEIVE_COUNT);
         assert_eq!(d.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
         assert_eq!(d.request_timeout, DEFAULT_REQUEST_TIMEOUT);
         assert_eq!(d.receive_timeout(), Duration::from_secs(11));
@@ -330,6 +348,7 @@ mod tests {
         assert_eq!(c.wait, Duration::ZERO);
         assert_eq!(c.retention, Some(Duration::from_secs(48 * 3_600)));
         assert_eq!(c.max_receive_count, 3);
+        assert_eq!(c.min_receive_count, 3, "a count asked for is held");
         assert_eq!(
             read("sqs://?region=eu-west-1").unwrap().region.as_deref(),
             Some("eu-west-1")

@@ -7,14 +7,18 @@
 //! - **Creating** (by a consumer or a publisher, whichever comes first): the dead-letter
 //!   queue keeps messages 14 days ([`DEAD_LETTER_RETENTION`], the most SQS allows); the
 //!   source gets a redrive policy to it with `maxReceiveCount`
-//!   [`SqsConfig::max_receive_count`] (default [`DEFAULT_MAX_RECEIVE_COUNT`] = 10, the
-//!   core's default `max_attempts`: the gate dead-letters a failing message with its
-//!   reason on its 10th delivery, and SQS moves one only when consumers kept crashing on
-//!   it — such a dead letter has no reason attribute) and the retention
+//!   [`SqsConfig::max_receive_count`] (default [`DEFAULT_MAX_RECEIVE_COUNT`] = 20, twice
+//!   the core's default `max_attempts`: the gate dead-letters a failing message with its
+//!   reason on its 10th delivery, the other 10 receives are the margin for messages held
+//!   beside one that kills its consumer, and SQS moves one only when consumers kept
+//!   crashing on it — such a dead letter has no reason attribute) and the retention
 //!   [`SqsConfig::retention`] if set. An existing queue is read, never changed; a
 //!   difference that matters is a [`Config`](crate::BrokerError::Config) error (a
 //!   dead-letter queue keeping less than 14 days, another retention than the one asked
-//!   for, a redrive policy to another queue or with a lower `maxReceiveCount`).
+//!   for, a redrive policy to another queue or with a `maxReceiveCount` below
+//!   [`SqsConfig::min_receive_count`]: 10, the count earlier versions gave, unless a
+//!   count was asked for); a count from there up to `max_receive_count` is used with a
+//!   warning.
 //! - **Consuming** ([`SqsConsumer`]): long-poll `ReceiveMessage` (up to 10 a call, several
 //!   calls in flight in the background to keep up to `prefetch` messages ahead; each
 //!   call's messages are yielded as soon as it returns), with the configured visibility
@@ -42,7 +46,7 @@
 //!   [`SqsConfig::from_url`], whose table gives their defaults and ranges):
 //!   `visibility_timeout` (default `30s`), `wait` (the long poll, default `1s`),
 //!   `retention` (of a source queue created here, default SQS's 4 days) and
-//!   `max_receive_count` (its redrive policy, default 10), those in whole seconds;
+//!   `max_receive_count` (its redrive policy, default 20), those in whole seconds;
 //!   `connect_timeout` (default `5s`) and `request_timeout` (default `10s`). Any other
 //!   parameter is an error.
 //! - **Timeouts**: connecting to the endpoint waits at most
@@ -78,7 +82,7 @@ mod publisher;
 
 pub use config::{
     SqsConfig, DEAD_LETTER_RETENTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RECEIVE_COUNT,
-    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_MIN_RECEIVE_COUNT, DEFAULT_REQUEST_TIMEOUT,
 };
 pub use consumer::{SqsAcker, SqsConsumer};
 pub use publisher::{pending_count, publish_raw, SqsPublisher};
@@ -596,14 +600,21 @@ async fn check_source(
                 )));
             }
             let count = policy.max_receive_count;
-            if count.is_none_or(|c| c < config.max_receive_count) {
-                return Err(config_error(format!(
-                    "queue {q} moves a message to the dead-letter queue after {} receives \
-                     (maxReceiveCount), fewer than the {} configured: SQS would dead-letter \
-                     messages, without a reason, before the consumer had its attempts",
-                    count.map_or_else(|| "?".to_owned(), |c| c.to_string()),
-                    config.max_receive_count
-                )));
+            let floor = config.min_receive_count.min(config.max_receive_count);
+            match count {
+                Some(c) if c >= config.max_receive_count => {}
+                Some(c) if c >= floor => {
+                    tracing::warn!(target: "idem::broker", broker = BROKER, queue = %q, max_receive_count = c, wanted = config.max_receive_count, "the queue moves a message to the dead-letter queue after fewer receives than idem gives a queue it creates: a message held beside one that kills its consumer loses a receive per run, and may be moved there unrun, without a reason; raise the queue's maxReceiveCount");
+                }
+                _ => {
+                    return Err(config_error(format!(
+                        "queue {q} moves a message to the dead-letter queue after {} receives \
+                         (maxReceiveCount), fewer than the {floor} configured: SQS would \
+                         dead-letter messages, without a reason, before the consumer had its \
+                         attempts",
+                        count.map_or_else(|| "?".to_owned(), |c| c.to_string()),
+                    )));
+                }
             }
         }
     }

@@ -1,11 +1,16 @@
-//! The scenarios every broker runs, on the real broker and the real Postgres store:
-//! a crash after the commit and before the ack, a poison message, a relay run.
+//! The broker conformance suite: the scenarios every adapter runs, on the real broker
+//! and the real Postgres store — a crash after the commit and before the ack, a poison
+//! message, a reason on several lines, a relay run, a traceparent both ways, a deferral
+//! that costs no delivery, a message that kills its consumer, and (where the broker
+//! leases deliveries) a handler slower than the lease. Each broker's test file runs them
+//! all with one line, [`conformance!`], so a new adapter gets the same proof by adding
+//! that line; what is particular to one broker stays in its own file.
 //!
 //! Addresses come from `IDEM_TEST_*` variables with the local defaults; a missing broker
 //! or database fails the test. Each test uses its own random queue/stream name and its
 //! own Postgres schema.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_macros, unused_imports)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -84,6 +89,11 @@ pub fn pg_url() -> String {
 
 /// A migrated grant store on a new schema.
 pub async fn fresh_pg() -> PgStore {
+    fresh_pg_with(|c| c).await
+}
+
+/// A migrated grant store on a new schema, its configuration adjusted by `configure`.
+pub async fn fresh_pg_with(configure: impl FnOnce(PgConfig) -> PgConfig) -> PgStore {
     let schema = format!(
         "idem_t_{}_{:08x}",
         std::time::SystemTime::now()
@@ -94,9 +104,11 @@ pub async fn fresh_pg() -> PgStore {
     );
     let store = PgStore::connect(
         &pg_url(),
-        PgConfig::new(schema)
-            .expect("schema name")
-            .with_max_connections(6),
+        configure(
+            PgConfig::new(schema)
+                .expect("schema name")
+                .with_max_connections(6),
+        ),
     )
     .await
     .unwrap_or_else(|e| {
@@ -325,6 +337,75 @@ pub async fn poison_is_dead_lettered(broker: Broker) {
         .header(DEAD_LETTER_REASON_HEADER)
         .unwrap_or_else(|| panic!("reason header in {:?}", letter.headers));
     assert!(reason.starts_with("not_json: "), "{reason}");
+}
+
+/// A message that kills its consumer on every run (the gate's future is dropped with its
+/// delivery while the handler runs, and the consumer with it, as the process's death
+/// would) is redelivered with its attempt counted by the broker, and dead-lettered by the
+/// gate, unrun, once its recorded runs reach `max_attempts` — instead of being run for
+/// ever. For a broker whose attempt counts runs (`Acker::attempt_counts_runs`): the gate's
+/// defaults record each rerun in the store before it runs.
+pub async fn a_killer_is_dead_lettered_unrun(broker: Broker) {
+    use idem_core::{GateConfig, OutcomeKind};
+    let name = fresh_name("killer");
+    let body = plain_bodies(&name, 1).remove(0);
+    publish_raw(&broker.url, &name, std::slice::from_ref(&body))
+        .await
+        .expect("publish");
+    let store = MemoryStore::new();
+    let max_attempts = 2;
+    let limits = GateConfig::default().with_max_attempts(max_attempts);
+    let killer = Plain {
+        slow: Duration::from_secs(3600),
+        ..Plain::default()
+    };
+    for run in 1..=max_attempts {
+        // A process of its own, which dies while the handler runs.
+        let gate = Gate::with_config(store.clone(), killer, limits.clone());
+        let mut stream = AnyConsumer::connect(&broker.url, &name, 4)
+            .await
+            .expect("connect");
+        let d = take(&mut stream, 1).await.remove(0);
+        assert_eq!(d.attempt, Some(run), "the broker counts each death");
+        assert!(d.acker.attempt_counts_runs());
+        let mut running = Box::pin(gate.process(d));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), &mut running)
+                .await
+                .is_err(),
+            "the handler runs until the process dies"
+        );
+        // The process dies: its connection first, then what it held, unsettled (an
+        // acker dropped in a live process hands its delivery back, which RabbitMQ
+        // counts as a delivery of its own; a dead process sends nothing).
+        drop(stream);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(running);
+    }
+    let gate = Gate::with_config(store.clone(), Plain::default(), limits);
+    let mut stream = AnyConsumer::connect(&broker.url, &name, 4)
+        .await
+        .expect("connect");
+    let d = take(&mut stream, 1).await.remove(0);
+    assert_eq!(d.attempt, Some(max_attempts + 1));
+    let o = gate.process(d).await;
+    assert_eq!(o.kind(), OutcomeKind::Rejected, "{o:?}");
+    assert!(o.settle_error().is_none(), "{o:?}");
+    assert!(store.rows("done").is_empty(), "the handler did not run");
+    let mut letters = AnyConsumer::connect(&broker.url, &dead_letter_name(&name), 4)
+        .await
+        .expect("dead-letter consumer");
+    let letter = take(&mut letters, 1).await.remove(0);
+    assert_eq!(letter.payload, body);
+    let reason = letter
+        .header(DEAD_LETTER_REASON_HEADER)
+        .unwrap_or_default()
+        .to_owned();
+    assert!(reason.contains("not run again"), "{reason}");
+    assert!(
+        drain(&mut stream, broker.idle).await.is_empty(),
+        "settled: not delivered again"
+    );
 }
 
 /// A reason on several lines — a handler's multi-line error, after its attempts — is
@@ -576,6 +657,162 @@ pub async fn traceparent_crosses_the_broker(broker: Broker) {
     // Left unsettled: the downstream queue is this test's own.
     drop(got);
 }
+
+/// A deferral (`Acker::defer`: a key held by another transaction, a store outage) is
+/// not a delivery: deferred 25 times — past the delivery limits brokers apply by default
+/// (NATS `max_deliver`, a RabbitMQ quorum queue's 20) — the message comes back through
+/// the consumer each time with the same attempt; a nack after that is an attempt (2);
+/// then it is processed once and nothing is left to settle.
+pub async fn a_deferral_is_not_a_delivery(broker: Broker) {
+    use idem_core::OutcomeKind;
+    let name = fresh_name("defer");
+    let body = plain_bodies(&name, 1).remove(0);
+    publish_raw(&broker.url, &name, std::slice::from_ref(&body))
+        .await
+        .expect("publish");
+    let mut stream = AnyConsumer::connect(&broker.url, &name, 4)
+        .await
+        .expect("connect");
+    let mut d = take(&mut stream, 1).await.remove(0);
+    assert_eq!(d.attempt, Some(1));
+    for i in 1..=25 {
+        d.acker
+            .defer(Duration::from_millis(10))
+            .await
+            .unwrap_or_else(|e| panic!("deferral {i}: {e}"));
+        d = take(&mut stream, 1).await.remove(0);
+        assert_eq!(d.payload, body, "deferral {i}");
+        assert_eq!(
+            d.attempt,
+            Some(1),
+            "deferral {i}: a deferral is not an attempt"
+        );
+    }
+    d.acker
+        .nack(Some(Duration::from_millis(100)))
+        .await
+        .expect("nack");
+    let d = take(&mut stream, 1).await.remove(0);
+    assert_eq!(d.payload, body);
+    assert_eq!(d.attempt, Some(2), "a nack is an attempt");
+    let store = MemoryStore::new();
+    let o = Gate::new(store.clone(), Plain::default()).process(d).await;
+    assert_eq!(o.kind(), OutcomeKind::Processed, "{o:?}");
+    assert!(o.settle_error().is_none(), "{o:?}");
+    assert_eq!(store.rows("done").len(), 1);
+    assert!(
+        drain(&mut stream, broker.idle).await.is_empty(),
+        "settled: not delivered again"
+    );
+    assert_eq!(wait_pending(&broker.url, &name, 0).await, 0, "nothing left");
+}
+
+/// A handler slower than the broker's lease (`lease`: NATS `ack_wait`, Redis Streams
+/// `min_idle`, SQS's visibility timeout): four deliveries taken, the first in work for
+/// 3.5 leases while three wait in the consumer's hands, and a second consumer of the
+/// same source polls all along: nothing is redelivered to either, and each is processed
+/// once.
+pub async fn a_slow_handler_causes_no_redelivery(broker: Broker, lease: Duration) {
+    let name = fresh_name("slow");
+    publish_raw(&broker.url, &name, &plain_bodies(&name, 4))
+        .await
+        .expect("publish");
+    let mut owner = AnyConsumer::connect(&broker.url, &name, 8)
+        .await
+        .expect("owner");
+    let taken = take(&mut owner, 4).await;
+    let hold = lease.mul_f64(3.5);
+    let mut other = AnyConsumer::connect(&broker.url, &name, 8)
+        .await
+        .expect("other");
+    let watch = hold + Duration::from_secs(2);
+    let watcher = tokio::spawn(async move {
+        let seen = drain(&mut other, watch).await;
+        bodies_of(&seen)
+    });
+    slow_handler_causes_no_redelivery(owner, taken, hold).await;
+    assert_eq!(
+        watcher.await.expect("watcher"),
+        Vec::<String>::new(),
+        "delivered to the other consumer while held"
+    );
+    assert_eq!(wait_pending(&broker.url, &name, 0).await, 0, "nothing left");
+}
+
+/// The conformance suite as tests: `conformance!(broker)` in a broker's test file, where
+/// `broker()` gives its [`Broker`], adds a module `conformance` with one test per
+/// scenario. `lease = D` adds the slow-handler scenario for a broker that leases its
+/// deliveries for `D`.
+macro_rules! conformance {
+    ($broker:ident $(, lease = $lease:expr)?) => {
+        $(
+            /// How long the broker leases a delivery (the conformance suite's slow
+            /// handler holds its deliveries 3.5 times that).
+            fn conformance_lease() -> std::time::Duration {
+                $lease
+            }
+        )?
+
+        /// The broker conformance suite (`tests/common`): the scenarios every adapter
+        /// passes.
+        mod conformance {
+            use super::common;
+
+            fn broker() -> common::Broker {
+                super::$broker()
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn crash_after_commit_before_ack_is_redelivered_and_skipped() {
+                common::within(common::crash_after_commit_before_ack(broker())).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn poison_is_dead_lettered_with_its_reason() {
+                common::within(common::poison_is_dead_lettered(broker())).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_reason_on_several_lines_is_dead_lettered() {
+                common::within(common::a_reason_on_several_lines_is_dead_lettered(broker()))
+                    .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn relay_delivers_each_event_once_downstream() {
+                common::within(common::relay_delivers_each_event_once(broker())).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_traceparent_crosses_the_broker_both_ways() {
+                common::within(common::traceparent_crosses_the_broker(broker())).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_deferral_is_not_a_delivery() {
+                common::within(common::a_deferral_is_not_a_delivery(broker())).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_message_that_kills_its_consumer_is_dead_lettered_unrun() {
+                common::within(common::a_killer_is_dead_lettered_unrun(broker())).await;
+            }
+
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_handler_slower_than_the_lease_causes_no_redelivery() {
+                    let _ = stringify!($lease);
+                    common::within(common::a_slow_handler_causes_no_redelivery(
+                        broker(),
+                        super::conformance_lease(),
+                    ))
+                    .await;
+                }
+            )?
+        }
+    };
+}
+pub(crate) use conformance;
 
 // ---- Adapter-level scenarios for RabbitMQ, NATS JetStream and Redis Streams ----
 

@@ -216,9 +216,15 @@ async fn export(args: ExportArgs) -> Result<(), CliError> {
         None => Box::new(std::io::BufWriter::new(std::io::stdout())),
         Some(path) => Box::new(std::io::BufWriter::new(create("--output", path)?)),
     };
+    // A spinner on stderr at a terminal (nothing elsewhere): claims exported so far.
+    let progress = indicatif::ProgressBar::new_spinner().with_style(
+        indicatif::ProgressStyle::with_template("{spinner} {pos} claims exported  {per_sec}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
     let summary = {
         let mut write = |r: &ClaimRecord| {
             serde_json::to_writer(&mut out, &AuditLine::new(r))?;
+            progress.inc(1);
             out.write_all(b"\n")
         };
         match &store {
@@ -233,6 +239,7 @@ async fn export(args: ExportArgs) -> Result<(), CliError> {
             }
         }
     };
+    progress.finish_and_clear();
     out.flush()
         .map_err(|e| CliError::failed(format!("writing the audit export: {e}")))?;
     drop(out);
@@ -302,14 +309,13 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
     drop(file);
     sync(&args.out)?;
     let rec = &stats.reconciliation;
-    println!("report: {}", args.out.display());
-    println!("claims: {}", rec.claims);
-    println!("business_rows: {}", rec.rows);
-    println!("amount_total: {}", rec.amount_total);
-    println!(
-        "totals: {}",
-        if rec.agrees() { "agree" } else { "DISAGREE" }
-    );
+    let mut out = crate::out::Out::new();
+    out.field("report", args.out.display().to_string());
+    out.field("claims", rec.claims);
+    out.field("business_rows", rec.rows);
+    out.field("amount_total", rec.amount_total.to_string());
+    out.field("totals", if rec.agrees() { "agree" } else { "DISAGREE" });
+    out.finish();
     Ok(())
 }
 

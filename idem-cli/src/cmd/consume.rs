@@ -100,7 +100,7 @@ struct Consume {
     gate: GateConfig,
     key_derivation: KeyDerivation,
     handler_timeout: Duration,
-    metrics: Arc<crate::metrics::ConsumeMetrics>,
+    metrics: Arc<crate::metrics::ConsumeEndpoint>,
 }
 
 impl StoreVisitor for Consume {
@@ -121,17 +121,20 @@ impl StoreVisitor for Consume {
         }
         self.metrics.opened(Arc::clone(&db), extras.filter_stats);
         let (broker, source) = (&self.broker, &self.source);
-        let (first, connect) = super::connect_consumer(broker, source, &self.config).await?;
+        let (first, connect) =
+            super::connect_consumer(broker, source, &self.config, &self.metrics.broker).await?;
         let handler = idem_runtime::Deadline::new(
             db.grant_handler().with_key_derivation(self.key_derivation),
             self.handler_timeout,
         );
         // The metrics, and the outcome tally when the store can keep one.
-        let (observer, flusher) =
-            idem_runtime::tally::with_outcome_tally(self.metrics.stages(), extras.outcome_counts);
+        let (observer, flusher) = idem_runtime::tally::with_outcome_tally(
+            self.metrics.metrics.stages(),
+            extras.outcome_counts,
+        );
         let gate = Gate::with_config(store, handler, self.gate).with_observer(observer);
         let (m, shutdown) = (Arc::clone(&self.metrics), crate::cmd::shutdown_signal());
-        let observe = move |o: &idem_core::Outcome| m.record(o);
+        let observe = move |o: &idem_core::Outcome| m.metrics.record(o);
         let run = supervise(&gate, Some(first), connect, self.config, shutdown, observe).await;
         if let Some(f) = flusher {
             f.finish().await;
@@ -144,9 +147,9 @@ impl StoreVisitor for Consume {
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
     let spec = StoreSpec::new(&args.store, args.schema, args.front_filter)?;
-    let metrics = Arc::new(crate::metrics::ConsumeMetrics::default());
+    let metrics = Arc::new(crate::metrics::ConsumeEndpoint::default());
     if let Some(addr) = args.metrics_addr {
-        crate::metrics::serve_consume(addr, &metrics).await?;
+        metrics.serve(addr).await?;
     }
     let (started, timeout) = (Instant::now(), args.reconnect_timeout);
     let config = SupervisorConfig::new(ConsumerConfig::new(args.concurrency, args.batch_size))
@@ -168,6 +171,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     };
     let run = super::open_with_retry(&spec, migrate, visitor, timeout).await?;
     let done = run.stats.deliveries();
-    super::report(&run.stats.counts(), started, run.busy, done);
+    let out = crate::out::Out::new();
+    super::report(out, &run.stats.counts(), started, run.busy, done);
     Ok(())
 }

@@ -100,58 +100,104 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         None => None,
     };
     let sources = crate::horizon::pairs(&args.broker, &args.source)?;
+    let mut out = crate::out::Out::new();
     if key.is_some() || args.award_id.is_some() {
         let Some(store) = &args.store else {
             return Err(CliError::usage("--key and --award-id need --store"));
         };
         let shown = records(&args, store, key.as_ref()).await?;
-        println!("processed: {}", if shown.is_empty() { "no" } else { "yes" });
-        println!("claims: {}", shown.len());
-        for s in &shown {
-            println!();
-            println!("key: {}", s.key);
-            println!("award_id: {}", s.award_id.as_deref().unwrap_or("-"));
-            println!(
-                "claimed_at: {}",
-                s.claimed_at
-                    .map_or_else(|| "-".to_owned(), |t| t.to_string())
-            );
-            println!("events: {}", s.events.len());
-            for e in &s.events {
-                println!(
-                    "event: {} {} created={} published={}",
-                    e.event_id.as_deref().unwrap_or("-"),
-                    e.event_type,
-                    e.created_at
-                        .map_or_else(|| "-".to_owned(), |t| t.to_string()),
-                    e.published_at
-                        .map_or_else(|| "not yet".to_owned(), |t| t.to_string())
-                );
-            }
-        }
+        claims(&mut out, &shown);
     }
     if !sources.is_empty() {
         let horizons = crate::horizon::read(&sources).await?;
-        if key.is_some() || args.award_id.is_some() {
+        if !out.is_json() && (key.is_some() || args.award_id.is_some()) {
             println!();
         }
         let mut longest = Some(Duration::ZERO);
+        let mut shown = Vec::with_capacity(horizons.len());
         for h in &horizons {
-            println!("redelivery_horizon: {h}");
+            if !out.is_json() {
+                println!("redelivery_horizon: {h}");
+            }
+            shown.push(serde_json::Value::from(h.to_string()));
             longest = match (longest, h.horizon()) {
                 (Some(l), Some(d)) => Some(l.max(d)),
                 _ => None,
             };
         }
+        out.json_only("redelivery_horizons", serde_json::Value::Array(shown));
         match longest {
-            Some(d) => println!(
-                "purge_older_than_at_least: {} (the longest horizon {} plus a margin of {})",
-                idem_broker::horizon::human(d.saturating_add(args.horizon_margin)),
-                idem_broker::horizon::human(d),
-                idem_broker::horizon::human(args.horizon_margin)
+            Some(d) => out.field(
+                "purge_older_than_at_least",
+                format!(
+                    "{} (the longest horizon {} plus a margin of {})",
+                    idem_broker::horizon::human(d.saturating_add(args.horizon_margin)),
+                    idem_broker::horizon::human(d),
+                    idem_broker::horizon::human(args.horizon_margin)
+                ),
             ),
-            None => println!("purge_older_than_at_least: never (a source's horizon is unbounded)"),
+            None => out.field(
+                "purge_older_than_at_least",
+                "never (a source's horizon is unbounded)",
+            ),
         }
     }
+    out.finish();
     Ok(())
+}
+
+/// The claims found, as lines (a blank line before each) or as the object's `claims`.
+fn claims(out: &mut crate::out::Out, shown: &[ClaimRecord]) {
+    if out.is_json() {
+        out.field("processed", !shown.is_empty());
+        let claims: Vec<serde_json::Value> = shown
+            .iter()
+            .map(|s| {
+                let events: Vec<serde_json::Value> = s
+                    .events
+                    .iter()
+                    .map(|e| {
+                        serde_json::json!({
+                            "event_id": e.event_id,
+                            "event_type": e.event_type,
+                            "created_at": e.created_at.map(|t| t.to_string()),
+                            "published_at": e.published_at.map(|t| t.to_string()),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "key": s.key.to_string(),
+                    "award_id": s.award_id,
+                    "claimed_at": s.claimed_at.map(|t| t.to_string()),
+                    "events": events,
+                })
+            })
+            .collect();
+        out.json_only("claims", serde_json::Value::Array(claims));
+        return;
+    }
+    println!("processed: {}", if shown.is_empty() { "no" } else { "yes" });
+    println!("claims: {}", shown.len());
+    for s in shown {
+        println!();
+        println!("key: {}", s.key);
+        println!("award_id: {}", s.award_id.as_deref().unwrap_or("-"));
+        println!(
+            "claimed_at: {}",
+            s.claimed_at
+                .map_or_else(|| "-".to_owned(), |t| t.to_string())
+        );
+        println!("events: {}", s.events.len());
+        for e in &s.events {
+            println!(
+                "event: {} {} created={} published={}",
+                e.event_id.as_deref().unwrap_or("-"),
+                e.event_type,
+                e.created_at
+                    .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+                e.published_at
+                    .map_or_else(|| "not yet".to_owned(), |t| t.to_string())
+            );
+        }
+    }
 }

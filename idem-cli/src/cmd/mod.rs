@@ -20,6 +20,7 @@ use idem_broker::any::{AnyConsumer, AnyPublisher, BrokerKind, BrokerUrl};
 use idem_broker::BrokerError;
 use idem_core::{ClaimStore, Handler, PublishError};
 use idem_grant::{GrantDb, GrantHandler};
+use idem_runtime::metrics::{Connected, Watched};
 use idem_runtime::{Attempt, Backoff, GaveUp, ReconnectingPublisher};
 #[cfg(feature = "postgres")]
 use idem_store_postgres::{PgConfig, PgStore};
@@ -203,15 +204,22 @@ pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
 /// Prints the stdout report of `consume` and `relay`: `name: value` lines for `counts`,
 /// then `seconds` (since `started`), `busy_seconds` and `throughput_msgs_per_s` (`done`
 /// over the busy time, 0 when there was none).
-pub(crate) fn report(counts: &[(&str, u64)], started: Instant, busy: Duration, done: u64) {
+pub(crate) fn report(
+    mut out: crate::out::Out,
+    counts: &[(&str, u64)],
+    started: Instant,
+    busy: Duration,
+    done: u64,
+) {
     for (name, value) in counts {
-        println!("{name}: {value}");
+        out.field(name, *value);
     }
     let busy = busy.as_secs_f64();
     let rate = if busy > 0.0 { done as f64 / busy } else { 0.0 };
-    println!("seconds: {:.3}", started.elapsed().as_secs_f64());
-    println!("busy_seconds: {busy:.3}");
-    println!("throughput_msgs_per_s: {rate:.0}");
+    out.measure("seconds", started.elapsed().as_secs_f64(), 3);
+    out.measure("busy_seconds", busy, 3);
+    out.measure("throughput_msgs_per_s", rate, 0);
+    out.finish();
 }
 
 /// A count of at least 1 (`--batch-size`, `--concurrency`).
@@ -435,10 +443,11 @@ pub(crate) async fn connect_consumer(
     broker: &BrokerUrl,
     source: &str,
     config: &idem_runtime::supervise::SupervisorConfig,
+    connected: &Connected,
 ) -> Result<
     (
-        AnyConsumer,
-        impl FnMut() -> BoxFuture<'static, Result<AnyConsumer, Attempt<CliError>>> + Send,
+        Watched<AnyConsumer>,
+        impl FnMut() -> BoxFuture<'static, Result<Watched<AnyConsumer>, Attempt<CliError>>> + Send,
     ),
     CliError,
 > {
@@ -450,12 +459,15 @@ pub(crate) async fn connect_consumer(
         broker.kind()
     );
     let (broker, source) = (broker.clone(), source.to_owned());
+    let connected = connected.clone();
+    // Each stream reports through `connected` (`/readyz`): set while it delivers.
     let mut connect = move || {
-        let (b, s) = (broker.clone(), source.clone());
+        let (b, s, c) = (broker.clone(), source.clone(), connected.clone());
         async move {
             let what = format!("{} {}", b.kind(), b);
             let r = AnyConsumer::connect(&b, &s, prefetch).await;
-            r.map_err(|e| attempt(broker_error(&what, &e)))
+            r.map(|stream| c.watch(stream))
+                .map_err(|e| attempt(broker_error(&what, &e)))
         }
         .boxed()
     };

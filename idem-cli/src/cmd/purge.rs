@@ -105,6 +105,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             p.batch_rows
         );
     };
+    let mut out = crate::out::Out::new();
     let report = match store {
         #[cfg(feature = "postgres")]
         StoreUrl::Postgres(url) => {
@@ -112,11 +113,11 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
             let store = PgStore::connect(&url, config).await?;
             let report = store.purge(&options, progress).await?;
-            println!("cutoff: {}", report.cutoff);
-            println!("dry_run: {}", report.dry_run);
-            println!("layout: {}", store.layout());
+            out.field("cutoff", report.cutoff.to_string());
+            out.field("dry_run", report.dry_run);
+            out.field("layout", store.layout().to_string());
             if store.layout() == idem_store_postgres::PgLayout::Partitioned {
-                partitions(&report);
+                partitions(&mut out, &report);
             }
             report
         }
@@ -127,21 +128,22 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
                 .await?
                 .purge(&options, progress)
                 .await?;
-            println!("cutoff: {}", report.cutoff);
-            println!("dry_run: {}", report.dry_run);
+            out.field("cutoff", report.cutoff.to_string());
+            out.field("dry_run", report.dry_run);
             report
         }
         StoreUrl::Memory => unreachable!("refused above"),
     };
-    println!("dedup_records: {}", report.dedup_records);
-    println!("outbox_events: {}", report.outbox_events);
-    println!("batches: {}", report.batches);
+    out.field("dedup_records", report.dedup_records);
+    out.field("outbox_events", report.outbox_events);
+    out.field("batches", report.batches);
+    out.finish();
     Ok(())
 }
 
 /// The partitions a purge of the partitioned layout dropped or kept.
 #[cfg(feature = "postgres")]
-fn partitions(report: &PurgeReport) {
+fn partitions(out: &mut crate::out::Out, report: &PurgeReport) {
     let verb = if report.dry_run {
         "would be dropped"
     } else {
@@ -153,10 +155,15 @@ fn partitions(report: &PurgeReport) {
     for name in &report.partitions_kept {
         eprintln!("purge: partition {name} kept: it holds claims made after the cutoff");
     }
-    println!("partitions_dropped: {}", report.partitions_dropped.len());
-    println!("partitions_kept: {}", report.partitions_kept.len());
-    println!(
-        "partition_rows_estimate: {}",
-        report.partition_rows_estimate
+    out.field("partitions_dropped", report.partitions_dropped.len());
+    out.field("partitions_kept", report.partitions_kept.len());
+    out.field("partition_rows_estimate", report.partition_rows_estimate);
+    out.json_only(
+        "partition_names_dropped",
+        serde_json::json!(report.partitions_dropped),
+    );
+    out.json_only(
+        "partition_names_kept",
+        serde_json::json!(report.partitions_kept),
     );
 }

@@ -11,7 +11,7 @@
 //! scrape). `--no-migrate` leaves the tables alone, for a role that may only read the
 //! outbox and mark it published.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
@@ -22,9 +22,9 @@ use idem_store_sqlite::SqliteOutboxSource;
 
 use crate::cmd::{broker_error, parse_secs, Opened};
 use crate::error::error_chain;
-use crate::metrics::RelayCounters;
 use crate::stores::StoreSpec;
 use crate::CliError;
+use idem_runtime::metrics::RelayMetrics;
 
 /// How often an idle SQLite relay looks for new events (Postgres is notified).
 const POLL: Duration = Duration::from_millis(200);
@@ -71,7 +71,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let spec = StoreSpec::new(&args.store, args.schema.clone(), None)?;
     let timeout = args.reconnect_timeout;
     let publisher = super::connect_publisher(broker, &args.destination, timeout).await?;
-    let counters = Arc::new(RelayCounters::default());
+    let counters = Arc::new(RelayMetrics::default());
     let store = super::open_durable(&spec, !args.no_migrate, timeout).await?;
     if let Some(addr) = args.metrics_addr {
         crate::metrics::serve_relay(addr, &counters, store.db()).await?;
@@ -105,14 +105,13 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             .await?
         }
     };
-    println!("destination: {}", args.destination);
+    let mut out = crate::out::Out::new();
+    out.field("destination", args.destination.as_str());
     // From the start to the last batch marked: the time there was work.
-    let last = *counters
-        .last_published
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
+    let last = counters.last_published();
     let busy = last.map_or(Duration::ZERO, |l| l.duration_since(started));
     super::report(
+        out,
         &[
             ("published", stats.published),
             ("failed_batches", stats.failed_batches),

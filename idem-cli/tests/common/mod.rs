@@ -96,6 +96,17 @@ pub(crate) fn idem<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     )
 }
 
+/// The number on the `name: N` line of a command's report (`processed: 20`).
+pub(crate) fn report_value(stdout: &str, name: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
 /// Asserts that `out` succeeded (showing its output otherwise) and returns its stdout.
 pub(crate) fn ok(out: &Output, what: &str) -> String {
     assert!(
