@@ -3,8 +3,11 @@
 //!
 //! # Order per subject
 //! Each insert first takes a transaction-scoped advisory lock on its subject
-//! (`pg_advisory_xact_lock(SUBJECT_LOCK, hashtext(subject))`, several subjects in sorted
-//! order), and only then draws the row's id. A second transaction writing an event of the
+//! (`pg_advisory_xact_lock(space, hashtext(subject))`, several subjects in sorted order),
+//! and only then draws the row's id. `space` belongs to the schema ([`subject_lock_space`]):
+//! advisory locks are shared by the whole database, and one schema's open transaction must
+//! not hold up another schema's writers of the same subject (two pipelines, or a test and a
+//! production schema, sharing a database). A second transaction writing an event of the
 //! same subject waits until the first commits or rolls back, so one subject's ids follow
 //! its commit order, and the relay — which publishes a subject's events in id order, never
 //! past an earlier unpublished one — publishes them in commit order. Without the lock, a
@@ -23,9 +26,19 @@ use idem_core::{OutboxEvent, OutboxWriter, StoreError};
 use crate::error::map_sqlx;
 use crate::store::PgTx;
 
-/// The first key of the per-subject advisory lock (`'idem'` in ASCII); the second is
-/// `hashtext(subject)`. Other programs sharing the database should not use it.
-pub(crate) const SUBJECT_LOCK: i32 = 0x6964_656d;
+/// The first key of a schema's per-subject advisory locks; the second is
+/// `hashtext(subject)`. The 32-bit FNV-1a hash of `idem outbox ` followed by the schema's
+/// name: stable across versions and processes, so every writer of one schema takes the same
+/// locks, and writers of two schemas take the same lock only on a hash collision (which
+/// costs a wait, never an order). Other programs sharing the database should not take
+/// two-key advisory locks with it.
+pub(crate) fn subject_lock_space(schema: &Ident) -> i32 {
+    let hash = b"idem outbox "
+        .iter()
+        .chain(schema.as_str().as_bytes())
+        .fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193));
+    i32::from_ne_bytes(hash.to_ne_bytes())
+}
 
 fn payload_text(event: &OutboxEvent) -> Result<&str, StoreError> {
     std::str::from_utf8(&event.payload).map_err(|_| StoreError::Rejected {

@@ -20,7 +20,7 @@ use sqlx_core::transaction::TransactionManager;
 
 use crate::config::{quote, PgConfig, PgLayout};
 use crate::error::{map_sqlx, sqlstate, IN_FAILED_TRANSACTION, LOCK_NOT_AVAILABLE};
-use crate::outbox::SUBJECT_LOCK;
+use crate::outbox::subject_lock_space;
 use crate::sql::statement;
 use crate::warm::Warm;
 
@@ -147,6 +147,8 @@ impl Shared {
         let schema = Ident::new(&config.schema).map_err(crate::PgError::from)?;
         let pm = table_in(&schema, "processed_messages");
         let ob = table_in(&schema, "outbox");
+        // The first key of this schema's per-subject locks (crate::outbox).
+        let space = subject_lock_space(&schema);
         let notify_tail = " RETURNING 1) SELECT pg_notify($6, '') FROM ins LIMIT 1";
         let quiet_tail = " RETURNING 1) SELECT 1 FROM ins LIMIT 1";
         let notify_tail_traced = " RETURNING 1) SELECT pg_notify($7, '') FROM ins LIMIT 1";
@@ -194,7 +196,7 @@ impl Shared {
         // The many-event statements without their leading `WITH ` (see `Sql`).
         let enqueue_many_ctes = [notify_tail, quiet_tail].map(|tail| {
             sql!(
-                "l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
+                "l AS (SELECT pg_advisory_xact_lock({space}, h) FROM \
                        (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
                      ins AS (INSERT INTO {ob} \
                      (event_id, event_type, subject, idempotency_key, payload, created_at) \
@@ -202,12 +204,12 @@ impl Shared {
                      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
                      WITH ORDINALITY AS u(e, t, s, k, p, n) \
                      WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
+                     ON CONFLICT {event_key} DO NOTHING{tail}", space, ob, event_key, tail
             )
         });
         let enqueue_many_traced_ctes = [notify_tail_traced, quiet_tail].map(|tail| {
             sql!(
-                "l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, h) FROM \
+                "l AS (SELECT pg_advisory_xact_lock({space}, h) FROM \
                        (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
                      ins AS (INSERT INTO {ob} \
                      (event_id, event_type, subject, idempotency_key, payload, created_at, \
@@ -217,7 +219,7 @@ impl Shared {
                        $6::text[]) \
                      WITH ORDINALITY AS u(e, t, s, k, p, tp, n) \
                      WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
+                     ON CONFLICT {event_key} DO NOTHING{tail}", space, ob, event_key, tail
             )
         });
         let sql = Sql {
@@ -317,11 +319,11 @@ impl Shared {
             // subject, taken before the row's id is drawn).
             enqueue: [notify_tail, quiet_tail].map(|tail| {
                 statement(sql!(
-                    "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, hashtext($3))), \
+                    "WITH l AS (SELECT pg_advisory_xact_lock({space}, hashtext($3))), \
                      ins AS (INSERT INTO {ob} \
                      (event_id, event_type, subject, idempotency_key, payload, created_at) \
                      SELECT $1, $2, $3, $4, $5::jsonb, now() FROM l \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
+                     ON CONFLICT {event_key} DO NOTHING{tail}", space, ob, event_key, tail
                 ))
             }),
             enqueue_many: enqueue_many_ctes
@@ -329,12 +331,12 @@ impl Shared {
                 .map(|ctes| statement(sql!("WITH {ctes}", ctes))),
             enqueue_traced: [notify_tail_traced, quiet_tail].map(|tail| {
                 statement(sql!(
-                    "WITH l AS (SELECT pg_advisory_xact_lock({SUBJECT_LOCK}, hashtext($3))), \
+                    "WITH l AS (SELECT pg_advisory_xact_lock({space}, hashtext($3))), \
                      ins AS (INSERT INTO {ob} \
                      (event_id, event_type, subject, idempotency_key, payload, created_at, \
                       traceparent) \
                      SELECT $1, $2, $3, $4, $5::jsonb, now(), $6 FROM l \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", SUBJECT_LOCK, ob, event_key, tail
+                     ON CONFLICT {event_key} DO NOTHING{tail}", space, ob, event_key, tail
                 ))
             }),
             enqueue_many_traced: enqueue_many_traced_ctes

@@ -781,3 +781,44 @@ async fn an_earlier_outbox_is_converted_with_its_unpublished_events() {
     );
     common::drop_schema(&store).await;
 }
+
+/// A subject's order lock belongs to one schema's outbox: an open transaction holding a
+/// subject in one schema holds up no writer of that subject in another (two pipelines
+/// sharing a database, whose award ids overlap), while a writer in its own schema waits
+/// for it (here: until its lock timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_held_in_one_schema_holds_up_no_writer_in_another() {
+    let timeout = Some(Duration::from_millis(500));
+    let one = common::fresh_pg_with(|c| c.with_lock_timeout(timeout)).await;
+    let other = common::fresh_pg_with(|c| c.with_lock_timeout(timeout)).await;
+    let subject = "SHARED-1";
+    let mut held = one.begin().await.expect("begin");
+    claimed(&mut held, 1, subject).await;
+    held.enqueue(&event(1, subject)).await.expect("enqueue");
+
+    let mut elsewhere = other.begin().await.expect("begin");
+    claimed(&mut elsewhere, 2, subject).await;
+    elsewhere
+        .enqueue(&event(2, subject))
+        .await
+        .expect("another schema's writer of the subject is not held up");
+    elsewhere.commit().await.expect("commit");
+
+    let mut beside = one.begin().await.expect("begin");
+    claimed(&mut beside, 3, subject).await;
+    let waited = beside.enqueue(&event(3, subject)).await;
+    assert!(
+        waited.is_err(),
+        "a writer of the subject in the same schema went past the open transaction's lock"
+    );
+    drop(beside);
+    held.commit().await.expect("commit");
+}
+
+/// Claims key `n` (subject `subject`) in `tx`, which must be new.
+async fn claimed<T: ClaimTx>(tx: &mut T, n: usize, subject: &str) {
+    assert_eq!(
+        tx.claim(&key(n), &ClaimMeta::new(subject)).await.expect("claim"),
+        ClaimOutcome::Claimed
+    );
+}
