@@ -104,3 +104,63 @@ fn relay_gives_up_on_an_unreachable_store() {
     ]);
     assert_gave_up(&out, took);
 }
+
+/// A local port whose server accepts connections and never says a word (a broker stuck on
+/// an alarm, a half-open socket): the connections are held open until the test ends.
+fn silent_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    port
+}
+
+/// A broker that accepts the connection and never answers is a failed try, retried until
+/// the reconnect timeout: the consumer exits 1 saying so (it waited for ever, silently).
+#[test]
+fn consume_gives_up_on_a_broker_that_never_answers() {
+    for broker in [
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", silent_port()),
+        format!("nats://127.0.0.1:{}", silent_port()),
+        format!("redis://127.0.0.1:{}", silent_port()),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = format!("sqlite://{}", dir.path().join("db.sqlite").display());
+        let (out, took) = idem(&[
+            "consume",
+            "--broker",
+            &broker,
+            "--source",
+            "q",
+            "--store",
+            &store,
+            "--reconnect-timeout",
+            "2",
+        ]);
+        assert_gave_up(&out, took);
+    }
+}
+
+/// The same for the relay's publisher.
+#[test]
+fn relay_gives_up_on_a_broker_that_never_answers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("sqlite://{}", dir.path().join("db.sqlite").display());
+    let broker = format!("amqp://guest:guest@127.0.0.1:{}/%2f", silent_port());
+    let (out, took) = idem(&[
+        "relay",
+        "--store",
+        &store,
+        "--broker",
+        &broker,
+        "--destination",
+        "events",
+        "--reconnect-timeout",
+        "2",
+    ]);
+    assert_gave_up(&out, took);
+}

@@ -289,6 +289,21 @@ pub(crate) fn attempt(e: CliError) -> Attempt<CliError> {
     }
 }
 
+/// One try at connecting, bounded by `limit`: a server that accepts the connection and
+/// never answers (a broker stuck on an alarm, a half-open socket) is a failed try, retried
+/// and reported like a refused one, instead of a consumer that waits for ever without a word.
+pub(crate) async fn bounded_try<T>(
+    what: &str,
+    limit: Duration,
+    connect: impl std::future::Future<Output = Result<T, Attempt<CliError>>>,
+) -> Result<T, Attempt<CliError>> {
+    tokio::time::timeout(limit, connect).await.unwrap_or_else(|_| {
+        Err(Attempt::Retry(CliError::failed(format!(
+            "{what}: no answer within {limit:?}"
+        ))))
+    })
+}
+
 /// What the command says when a retried connection gives up.
 pub(crate) fn gave_up(what: &str, e: GaveUp<CliError>) -> CliError {
     match e {
@@ -461,17 +476,20 @@ pub(crate) async fn connect_consumer(
     let (broker, source) = (broker.clone(), source.to_owned());
     let connected = connected.clone();
     // Each stream reports through `connected` (`/readyz`): set while it delivers.
+    let timeout = config.reconnect_timeout;
     let mut connect = move || {
         let (b, s, c) = (broker.clone(), source.clone(), connected.clone());
         async move {
             let what = format!("{} {}", b.kind(), b);
-            let r = AnyConsumer::connect(&b, &s, prefetch).await;
-            r.map(|stream| c.watch(stream))
-                .map_err(|e| attempt(broker_error(&what, &e)))
+            bounded_try(&what, timeout, async {
+                let r = AnyConsumer::connect(&b, &s, prefetch).await;
+                r.map(|stream| c.watch(stream))
+                    .map_err(|e| attempt(broker_error(&what, &e)))
+            })
+            .await
         }
         .boxed()
     };
-    let timeout = config.reconnect_timeout;
     let first = idem_runtime::retry(&what, timeout, Backoff::default(), &mut connect)
         .await
         .map_err(|e| gave_up(&what, e))?;
@@ -489,8 +507,11 @@ pub(crate) async fn connect_publisher(
     let what = format!("{} {}", broker.kind(), broker);
     let (b, d, w) = (&broker, destination, &what);
     let first = idem_runtime::retry(&what, timeout, Backoff::default(), move || async move {
-        let p = AnyPublisher::connect(b, d).await;
-        p.map_err(|e| attempt(broker_error(w, &e)))
+        bounded_try(w, timeout, async {
+            let p = AnyPublisher::connect(b, d).await;
+            p.map_err(|e| attempt(broker_error(w, &e)))
+        })
+        .await
     })
     .await
     .map_err(|e| gave_up(&what, e))?;
