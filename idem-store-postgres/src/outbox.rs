@@ -36,7 +36,9 @@ pub(crate) fn subject_lock_space(schema: &Ident) -> i32 {
     let hash = b"idem outbox "
         .iter()
         .chain(schema.as_str().as_bytes())
-        .fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193));
+        .fold(0x811c_9dc5_u32, |h, b| {
+            (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+        });
     i32::from_ne_bytes(hash.to_ne_bytes())
 }
 

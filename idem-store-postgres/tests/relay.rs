@@ -818,7 +818,9 @@ async fn a_subject_held_in_one_schema_holds_up_no_writer_in_another() {
 /// Claims key `n` (subject `subject`) in `tx`, which must be new.
 async fn claimed<T: ClaimTx>(tx: &mut T, n: usize, subject: &str) {
     assert_eq!(
-        tx.claim(&key(n), &ClaimMeta::new(subject)).await.expect("claim"),
+        tx.claim(&key(n), &ClaimMeta::new(subject))
+            .await
+            .expect("claim"),
         ClaimOutcome::Claimed
     );
 }

@@ -297,11 +297,13 @@ pub(crate) async fn bounded_try<T>(
     limit: Duration,
     connect: impl std::future::Future<Output = Result<T, Attempt<CliError>>>,
 ) -> Result<T, Attempt<CliError>> {
-    tokio::time::timeout(limit, connect).await.unwrap_or_else(|_| {
-        Err(Attempt::Retry(CliError::failed(format!(
-            "{what}: no answer within {limit:?}"
-        ))))
-    })
+    tokio::time::timeout(limit, connect)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Attempt::Retry(CliError::failed(format!(
+                "{what}: no answer within {limit:?}"
+            ))))
+        })
 }
 
 /// What the command says when a retried connection gives up.
