@@ -21,6 +21,43 @@ fn idem(args: &[&str]) -> (Output, Duration) {
     (out, started.elapsed())
 }
 
+/// A SQLite store in a new directory, which is kept as long as the returned guard lives.
+fn sqlite_store() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("sqlite://{}", dir.path().join("db.sqlite").display());
+    (dir, store)
+}
+
+/// `idem consume` from `broker` into `store`, given `reconnect` seconds.
+fn consume(broker: &str, store: &str, reconnect: &str) -> (Output, Duration) {
+    idem(&[
+        "consume",
+        "--broker",
+        broker,
+        "--source",
+        "q",
+        "--store",
+        store,
+        "--reconnect-timeout",
+        reconnect,
+    ])
+}
+
+/// `idem relay` from `store` to `broker`, given `reconnect` seconds.
+fn relay(store: &str, broker: &str, destination: &str, reconnect: &str) -> (Output, Duration) {
+    idem(&[
+        "relay",
+        "--store",
+        store,
+        "--broker",
+        broker,
+        "--destination",
+        destination,
+        "--reconnect-timeout",
+        reconnect,
+    ])
+}
+
 fn assert_gave_up(out: &Output, took: Duration) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
@@ -35,73 +72,32 @@ fn assert_gave_up(out: &Output, took: Duration) {
 
 #[test]
 fn consume_gives_up_on_an_unreachable_broker() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = format!("sqlite://{}", dir.path().join("db.sqlite").display());
+    let (_dir, store) = sqlite_store();
     let broker = format!("amqp://guest:guest@127.0.0.1:{}/%2f", closed_port());
-    let (out, took) = idem(&[
-        "consume",
-        "--broker",
-        &broker,
-        "--source",
-        "q",
-        "--store",
-        &store,
-        "--reconnect-timeout",
-        "1",
-    ]);
+    let (out, took) = consume(&broker, &store, "1");
     assert_gave_up(&out, took);
 }
 
 #[test]
 fn relay_gives_up_on_an_unreachable_broker() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = format!("sqlite://{}", dir.path().join("db.sqlite").display());
+    let (_dir, store) = sqlite_store();
     let broker = format!("redis://127.0.0.1:{}", closed_port());
-    let (out, took) = idem(&[
-        "relay",
-        "--store",
-        &store,
-        "--broker",
-        &broker,
-        "--destination",
-        "events",
-        "--reconnect-timeout",
-        "1",
-    ]);
+    let (out, took) = relay(&store, &broker, "events", "1");
     assert_gave_up(&out, took);
 }
 
 #[test]
 fn consume_gives_up_on_an_unreachable_store() {
     let store = format!("postgres://postgres@127.0.0.1:{}/test", closed_port());
-    let (out, took) = idem(&[
-        "consume",
-        "--broker",
-        "amqp://guest:guest@127.0.0.1:1/%2f",
-        "--source",
-        "q",
-        "--store",
-        &store,
-        "--reconnect-timeout",
-        "1",
-    ]);
+    let (out, took) = consume("amqp://guest:guest@127.0.0.1:1/%2f", &store, "1");
     assert_gave_up(&out, took);
 }
 
 #[test]
 fn relay_gives_up_on_an_unreachable_store() {
     let store = format!("postgres://postgres@127.0.0.1:{}/test", closed_port());
-    let (out, took) = idem(&[
-        "relay",
-        "--store",
-        &store,
-        "--broker",
-        "redis://127.0.0.1:6379",
-        "--destination",
-        "idem-reconnect-test-events",
-        "--reconnect-timeout",
-        "1",
-    ]);
+    let destination = "idem-reconnect-test-events";
+    let (out, took) = relay(&store, "redis://127.0.0.1:6379", destination, "1");
     assert_gave_up(&out, took);
 }
 
@@ -128,19 +124,8 @@ fn consume_gives_up_on_a_broker_that_never_answers() {
         format!("nats://127.0.0.1:{}", silent_port()),
         format!("redis://127.0.0.1:{}", silent_port()),
     ] {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = format!("sqlite://{}", dir.path().join("db.sqlite").display());
-        let (out, took) = idem(&[
-            "consume",
-            "--broker",
-            &broker,
-            "--source",
-            "q",
-            "--store",
-            &store,
-            "--reconnect-timeout",
-            "2",
-        ]);
+        let (_dir, store) = sqlite_store();
+        let (out, took) = consume(&broker, &store, "2");
         assert_gave_up(&out, took);
     }
 }
@@ -148,19 +133,8 @@ fn consume_gives_up_on_a_broker_that_never_answers() {
 /// The same for the relay's publisher.
 #[test]
 fn relay_gives_up_on_a_broker_that_never_answers() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = format!("sqlite://{}", dir.path().join("db.sqlite").display());
+    let (_dir, store) = sqlite_store();
     let broker = format!("amqp://guest:guest@127.0.0.1:{}/%2f", silent_port());
-    let (out, took) = idem(&[
-        "relay",
-        "--store",
-        &store,
-        "--broker",
-        &broker,
-        "--destination",
-        "events",
-        "--reconnect-timeout",
-        "2",
-    ]);
+    let (out, took) = relay(&store, &broker, "events", "2");
     assert_gave_up(&out, took);
 }
