@@ -80,9 +80,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use idem_core::gate::ATTEMPTS_EXHAUSTED;
 use idem_core::outbox::{OutboxBacklog, OutboxSource};
-use idem_core::{
-    FilterStats, GateObserver, Outcome, OutcomeKind, RelayObserver, Stage, StoreError,
-};
+use idem_core::{FilterStats, GateObserver, Outcome, RelayObserver, Stage, StoreError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric,
@@ -298,14 +296,7 @@ struct StageLabel {
     stage: &'static str,
 }
 
-const KINDS: [OutcomeKind; 6] = [
-    OutcomeKind::Processed,
-    OutcomeKind::Duplicate,
-    OutcomeKind::Deferred,
-    OutcomeKind::Rejected,
-    OutcomeKind::Failed,
-    OutcomeKind::Conflict,
-];
+use crate::supervise::{kind_index, KINDS};
 
 /// A consumer's metrics: deliveries by outcome ([`record`](Self::record) each
 /// [`Outcome`]), failed settlements, the gate's stage histograms ([`stages`](Self::stages),
@@ -343,7 +334,7 @@ impl Default for ConsumeMetrics {
 impl ConsumeMetrics {
     /// Counts one settled delivery (and logs a failed settlement).
     pub fn record(&self, o: &Outcome) {
-        let i = KINDS.iter().position(|k| *k == o.kind()).unwrap_or(4);
+        let i = kind_index(o);
         self.by_kind[i].inc();
         if let Some(e) = o.settle_error() {
             self.settle_failures.inc();

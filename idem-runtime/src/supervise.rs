@@ -112,7 +112,8 @@ struct Counts {
     first_last: Mutex<Option<(Instant, Instant)>>,
 }
 
-const KINDS: [OutcomeKind; 6] = [
+/// The outcome kinds counted here and by the metrics, in their order.
+pub(crate) const KINDS: [OutcomeKind; 6] = [
     OutcomeKind::Processed,
     OutcomeKind::Duplicate,
     OutcomeKind::Deferred,
@@ -121,10 +122,15 @@ const KINDS: [OutcomeKind; 6] = [
     OutcomeKind::Conflict,
 ];
 
+/// The index of `o`'s kind in [`KINDS`]: an outcome kind this crate does not know yet
+/// counts as failed.
+pub(crate) fn kind_index(o: &Outcome) -> usize {
+    KINDS.iter().position(|k| *k == o.kind()).unwrap_or(4)
+}
+
 impl Counts {
     fn record(&self, o: &Outcome) {
-        // An outcome kind this crate does not know yet counts as failed.
-        let i = KINDS.iter().position(|k| *k == o.kind()).unwrap_or(4);
+        let i = kind_index(o);
         self.by_kind[i].fetch_add(1, Ordering::Relaxed);
         if o.settle_error().is_some() {
             self.settle_failures.fetch_add(1, Ordering::Relaxed);
