@@ -196,15 +196,9 @@ fn value_attr(dom: &str, id: &str, attr: &str) -> String {
     v[..v.find('"').expect("quote")].to_owned()
 }
 
-/// A `name: value` line of a command's report.
+/// A `name: value` line of a command's report, as the report's SQL counts come.
 fn count_line(stdout: &str, name: &str) -> i64 {
-    stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(&format!("{name}:")))
-        .unwrap_or_else(|| panic!("no {name} in {stdout}"))
-        .trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
+    i64::try_from(common::report_value(stdout, name)).expect("a count within i64")
 }
 
 /// Sums an attribute over the rendered per-day rows.
