@@ -3,12 +3,15 @@
 //!
 //! ```text
 //! cargo run -p idem-broker --features kafka --example kafka_member -- \
-//!     URL TOPIC SCHEMA [--delay-ms N] [--exit-when-idle SECS]
+//!     URL TOPIC SCHEMA [--delay-ms N] [--exit-when-idle SECS] [--batch N] \
+//!     [--concurrency N] [--positions 1]
 //! ```
 //!
 //! `URL` is a `kafka://host:port?group=G…` URL, `SCHEMA` a migrated grant schema of the
 //! Postgres at `IDEM_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
-//! One message at a time, each after `--delay-ms` (default 0). Prints `joined` once the
+//! One message at a time (or `--concurrency` batches of up to `--batch`), each after
+//! `--delay-ms` (default 0); `--positions 1` keeps the group's positions in the store
+//! (`?positions=store`). Prints `joined` once the
 //! group assigned it partitions, and with `--exit-when-idle` ends after that long without
 //! a delivery, printing its stats; otherwise it consumes until it is killed.
 //! Exit status 2 on bad arguments, 1 on a failure.
@@ -23,7 +26,10 @@ use idem_grant::GrantDb;
 use idem_store_postgres::{PgConfig, PgStore};
 
 fn usage() -> ! {
-    eprintln!("usage: kafka_member URL TOPIC SCHEMA [--delay-ms N] [--exit-when-idle SECS]");
+    eprintln!(
+        "usage: kafka_member URL TOPIC SCHEMA [--delay-ms N] [--exit-when-idle SECS] \
+         [--batch N] [--concurrency N] [--positions 1]"
+    );
     std::process::exit(2)
 }
 
@@ -41,6 +47,7 @@ async fn main() {
     };
     let mut delay = Duration::ZERO;
     let mut idle = None;
+    let (mut batch, mut concurrency, mut positions) = (1, 1, false);
     let mut rest = args[3..].iter();
     while let Some(flag) = rest.next() {
         let value = rest
@@ -50,9 +57,17 @@ async fn main() {
         match flag.as_str() {
             "--delay-ms" => delay = Duration::from_millis(value),
             "--exit-when-idle" => idle = Some(Duration::from_secs(value)),
+            "--batch" => batch = usize::try_from(value).unwrap_or_else(|_| usage()),
+            "--concurrency" => concurrency = usize::try_from(value).unwrap_or_else(|_| usage()),
+            "--positions" => positions = value == 1,
             _ => usage(),
         }
     }
+    let url = if positions {
+        format!("{url}&positions=store")
+    } else {
+        url
+    };
     let url = BrokerUrl::parse(&url).unwrap_or_else(|e| fail("URL", e));
     let pg = std::env::var("IDEM_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
@@ -70,7 +85,10 @@ async fn main() {
     let mut tries = 0;
     let deliveries = loop {
         tries += 1;
-        match AnyConsumer::connect(&url, &topic, 4).await {
+        let position_store: std::sync::Arc<dyn idem_core::PositionStore> =
+            std::sync::Arc::new(store.clone());
+        let prefetch = (2 * batch * concurrency).max(4);
+        match AnyConsumer::connect_with(&url, &topic, prefetch, Some(position_store)).await {
             Ok(d) => break d,
             Err(e) if tries < TRIES => {
                 eprintln!("kafka_member: connect (try {tries} of {TRIES}): {e:?}");
@@ -84,7 +102,7 @@ async fn main() {
         d
     }));
     let gate = Gate::new(store.clone(), store.grant_handler());
-    let config = ConsumerConfig::new(1, 1);
+    let config = ConsumerConfig::new(concurrency, batch);
     let stats = match idle {
         Some(idle) => {
             consumer::run(

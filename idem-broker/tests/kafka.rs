@@ -747,3 +747,297 @@ async fn a_delivery_fetched_behind_the_first_counts_on_when_its_member_dies() {
         drop(consumer);
     }
 }
+
+/// The test URL of `group` with the positions kept in the store (`?positions=store`).
+fn positions_url(group: &str, partitions: u32) -> BrokerUrl {
+    BrokerUrl::parse(&format!("{}&positions=store", url_in(group, partitions))).expect("URL")
+}
+
+/// Consumes `name` in `url`'s group into `store` until idle for `idle`, the positions
+/// kept in `store` where the URL asks; `concurrency` batches of up to `batch`.
+async fn consume_positioned(
+    url: &BrokerUrl,
+    name: &str,
+    store: &PgStore,
+    (concurrency, batch): (usize, usize),
+    idle: Duration,
+) -> idem_core::ConsumerStats {
+    let positions: Arc<dyn idem_core::PositionStore> = Arc::new(store.clone());
+    let deliveries = AnyConsumer::connect_with(url, name, 2 * concurrency * batch, Some(positions))
+        .await
+        .expect("connect consumer");
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    consumer::run(
+        &gate,
+        until_idle(deliveries, idle),
+        ConsumerConfig::new(concurrency, batch),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("consumer run")
+}
+
+/// A member (child process, batches of 10, four at once) is killed with SIGKILL mid-run;
+/// a new member of the group then consumes the rest. Returns the disbursements made
+/// when it was killed and the new member's stats. Exactly once either way.
+async fn killed_and_succeeded(positions: bool) -> (usize, idem_core::ConsumerStats) {
+    const N: usize = 400;
+    let group = format!("idem-test-{:08x}", rand::random::<u32>());
+    let name = common::fresh_name(if positions { "pos-kill" } else { "lwm-kill" });
+    let store = common::fresh_pg().await;
+    let (bodies, ledger) = common::submissions(&name, N);
+    let url = if positions {
+        positions_url(&group, 4)
+    } else {
+        BrokerUrl::parse(&url_in(&group, 4)).expect("URL")
+    };
+    publish_raw(&url, &name, &bodies).await.expect("publish");
+    let flag = if positions { "1" } else { "0" };
+    let args = [
+        "--delay-ms",
+        "2",
+        "--batch",
+        "10",
+        "--concurrency",
+        "4",
+        "--positions",
+        flag,
+    ];
+    let mut child = spawn_member(&group, &name, &store, &args);
+    let count = |store: PgStore| async move { common::effects(&store).await.len() };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while count(store.clone()).await < 150 {
+        assert!(
+            Instant::now() < deadline,
+            "the child member never got to 150"
+        );
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the child member ended: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    child.kill().expect("SIGKILL the child member");
+    let _ = child.wait();
+    let at_kill = count(store.clone()).await;
+    assert!(at_kill < N, "killed mid-run ({at_kill} of {N})");
+    let stats = consume_positioned(&url, &name, &store, (4, 10), Duration::from_secs(12)).await;
+    ledger.assert_exactly_once(&common::effects(&store).await);
+    assert_eq!((stats.rejected, stats.failed), (0, 0), "{stats:?}");
+    (at_kill, stats)
+}
+
+/// With positions stored, a member killed mid-batch leaves nothing for its successor to
+/// read again: every transaction it committed moved the partition's stored position in
+/// the same commit, and the successor starts there (skipping what finished out of
+/// order), so the gate meets no duplicate. With broker commits only, the successor
+/// re-reads from the last offset committed to the group (printed for comparison).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_positions_stored_a_killed_members_successor_replays_nothing() {
+    let (at_kill, stored) = killed_and_succeeded(true).await;
+    eprintln!("positions in the store: killed at {at_kill}; successor {stored:?}");
+    assert_eq!(
+        stored.duplicates, 0,
+        "replayed below the stored position: {stored:?}"
+    );
+    let (at_kill, broker) = killed_and_succeeded(false).await;
+    eprintln!("positions in the broker: killed at {at_kill}; successor {broker:?}");
+}
+
+/// A member holds deliveries of its partition when another member takes the partition
+/// (a new epoch in the store): its transactions for them are fenced — rolled back, the
+/// deliveries left unsettled (no disbursement, no ack, no dead letter) — and the
+/// partition's new owner processes each exactly once. Returns how many of the stale
+/// member's transactions committed (0 unless fencing is off).
+async fn stale_member_commits(held: usize) -> usize {
+    use idem_broker::kafka::KafkaConsumer;
+    use idem_core::{Outcome, PositionStore as _};
+    let store = common::fresh_pg().await;
+    let position_store: Arc<dyn idem_core::PositionStore> = Arc::new(store.clone());
+    let config = one_partition(&common::fresh_name("fenced"))
+        .with_position_store(Arc::clone(&position_store));
+    let (bodies, ledger) = common::submissions(&config.name, held);
+    let url = BrokerUrl::parse(&url_in(&config.group, 1)).expect("URL");
+    publish_raw(&url, &config.name, &bodies)
+        .await
+        .expect("publish");
+    let mut stale = KafkaConsumer::connect(&config).await.expect("connect");
+    let in_hand = common::take(&mut stale, held).await;
+    // Another member takes the partition: the epoch moves on.
+    let taken = store
+        .take_position(&config.position_source(), 0)
+        .await
+        .expect("take");
+    assert_eq!(taken.epoch, 2, "the stale member took epoch 1");
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    let mut landed = 0;
+    for d in in_hand {
+        match gate.process(d).await {
+            Outcome::Failed { error, settle, .. } => {
+                assert!(
+                    matches!(error, idem_core::Error::Store(ref e) if e.is_fenced()),
+                    "{error}"
+                );
+                assert!(settle.is_ok());
+            }
+            Outcome::Processed { .. } => landed += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    if landed == 0 {
+        assert!(common::effects(&store).await.is_empty());
+    }
+    drop(stale);
+    // The new owner (after the stale member left) processes every one exactly once.
+    let next = KafkaConsumer::connect(&config)
+        .await
+        .expect("connect the next member");
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    let stats = consumer::run(
+        &gate,
+        until_idle(next, Duration::from_secs(8)),
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("next member");
+    if landed == 0 {
+        assert_eq!(stats.processed, u64::try_from(held).unwrap(), "{stats:?}");
+        ledger.assert_exactly_once(&common::effects(&store).await);
+    }
+    landed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_partition_was_taken_commits_nothing_for_it() {
+    assert_eq!(
+        stale_member_commits(5).await,
+        0,
+        "a stale member's commit landed"
+    );
+}
+
+/// The test above with the epoch check off (mutant `UnfencedPositions`): the stale
+/// member's transactions land, which the test above refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_a_stale_members_commits_land() {
+    idem_core::mutant::set(Some(idem_core::mutant::Mutant::UnfencedPositions));
+    let landed = stale_member_commits(5).await;
+    idem_core::mutant::set(None);
+    assert_eq!(landed, 5, "the mutant should let every stale commit land");
+}
+
+/// Three members with positions stored, two of them killed (SIGKILL) at different
+/// points while the group rebalances around them; a replacement consumes the rest.
+/// Exactly one disbursement per submission, nothing left to settle, and the
+/// replacement meets no duplicate: every partition's successor started at its stored
+/// position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_two_killed_with_positions_stored_exactly_once() {
+    const N: usize = 600;
+    let group = format!("idem-test-{:08x}", rand::random::<u32>());
+    let name = common::fresh_name("pos-three");
+    let store = common::fresh_pg().await;
+    let (bodies, ledger) = common::submissions(&name, N);
+    let url = positions_url(&group, 4);
+    publish_raw(&url, &name, &bodies).await.expect("publish");
+    let args = [
+        "--delay-ms",
+        "5",
+        "--batch",
+        "5",
+        "--concurrency",
+        "2",
+        "--positions",
+        "1",
+    ];
+    let mut first = spawn_member(&group, &name, &store, &args);
+    let mut second = spawn_member(&group, &name, &store, &args);
+    let survivor = {
+        let (url, name, store) = (url.clone(), name.clone(), store.clone());
+        tokio::spawn(async move {
+            consume_positioned(&url, &name, &store, (2, 5), Duration::from_secs(15)).await
+        })
+    };
+    let count = |store: PgStore| async move { common::effects(&store).await.len() };
+    let deadline = Instant::now() + Duration::from_secs(240);
+    for (child, at) in [(&mut first, 120), (&mut second, 300)] {
+        while count(store.clone()).await < at {
+            assert!(Instant::now() < deadline, "the group never got to {at}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        child.kill().expect("SIGKILL a member");
+        let _ = child.wait();
+    }
+    let survivor = survivor.await.expect("survivor");
+    // A delivery the survivor held when its partition moved on is fenced (failed,
+    // unsettled), never dead-lettered.
+    eprintln!("survivor: {survivor:?}");
+    assert_eq!(survivor.rejected, 0, "{survivor:?}");
+    if count(store.clone()).await < N {
+        // tansu hands a dead member's partitions on only when the membership changes.
+        let replacement =
+            consume_positioned(&url, &name, &store, (2, 5), Duration::from_secs(15)).await;
+        eprintln!("replacement: {replacement:?}");
+        assert_eq!(replacement.duplicates, 0, "{replacement:?}");
+    }
+    ledger.assert_exactly_once(&common::effects(&store).await);
+    assert_eq!(
+        common::wait_pending(&url, &name, 0).await,
+        0,
+        "nothing left to settle"
+    );
+}
+
+/// A member commits offsets 1..=9 of its partition while offset 0 is still in hand (a
+/// slow delivery), then dies holding 0. The group's committed offset cannot pass 0, so
+/// with broker commits only the successor reads 1..=9 again (nine duplicates); with
+/// positions stored, the store holds 1..=9 done and the successor skips them: the gate
+/// sees offset 0 alone. Returns the successor's (processed, duplicates).
+async fn successor_after_a_slow_first(positions: bool) -> (u64, u64) {
+    use idem_broker::kafka::KafkaConsumer;
+    const N: usize = 10;
+    let store = common::fresh_pg().await;
+    let mut config = one_partition(&common::fresh_name("slow-first"));
+    if positions {
+        config = config.with_position_store(Arc::new(store.clone()));
+    }
+    let (bodies, ledger) = common::submissions(&config.name, N);
+    let url = BrokerUrl::parse(&url_in(&config.group, 1)).expect("URL");
+    publish_raw(&url, &config.name, &bodies)
+        .await
+        .expect("publish");
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    let mut first = KafkaConsumer::connect(&config).await.expect("connect");
+    let mut in_hand = common::take(&mut first, N).await.into_iter();
+    let slow = in_hand.next().expect("offset 0");
+    assert_eq!(slow.acker.offset(), 0);
+    for d in in_hand {
+        let o = gate.process(d).await;
+        assert_eq!(o.kind(), idem_core::OutcomeKind::Processed, "{o:?}");
+    }
+    // The member dies holding offset 0.
+    drop(slow);
+    drop(first);
+    let next = KafkaConsumer::connect(&config)
+        .await
+        .expect("connect the successor");
+    let stats = consumer::run(
+        &gate,
+        until_idle(next, Duration::from_secs(8)),
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("successor");
+    ledger.assert_exactly_once(&common::effects(&store).await);
+    (stats.processed, stats.duplicates)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_positions_stored_a_successor_reads_again_only_what_is_not_done() {
+    assert_eq!(successor_after_a_slow_first(true).await, (1, 0));
+    assert_eq!(successor_after_a_slow_first(false).await, (1, 9));
+}

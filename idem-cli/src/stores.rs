@@ -81,6 +81,9 @@ pub(crate) struct Extras {
     pub(crate) filter_stats: Option<Arc<FilterStats>>,
     /// Where an outcome tally is flushed: the durable store (none for `memory://`).
     pub(crate) outcome_counts: Option<Arc<dyn OutcomeCountStore>>,
+    /// Where a log broker's positions are kept when its URL asks (`?positions=store`):
+    /// the durable store (Postgres), `None` for the others.
+    pub(crate) positions: Option<Arc<dyn idem_core::PositionStore>>,
 }
 
 impl std::fmt::Debug for Extras {
@@ -88,6 +91,7 @@ impl std::fmt::Debug for Extras {
         f.debug_struct("Extras")
             .field("filter_stats", &self.filter_stats)
             .field("outcome_counts", &self.outcome_counts.is_some())
+            .field("positions", &self.positions.is_some())
             .finish()
     }
 }
@@ -189,11 +193,11 @@ pub(crate) async fn open<V: StoreVisitor>(
             }
             let identity = Identity::Sqlite(store.clone());
             let counts: Arc<dyn OutcomeCountStore> = Arc::new(store.clone());
-            with_filter(spec, store, identity, Some(counts), visitor).await
+            with_filter(spec, store, identity, Some(counts), None, visitor).await
         }
         StoreUrl::Memory => {
             let store = idem_testkit::MemoryStore::new();
-            with_filter(spec, store, Identity::Process, None, visitor).await
+            with_filter(spec, store, Identity::Process, None, None, visitor).await
         }
         #[cfg(feature = "postgres")]
         StoreUrl::Postgres(url) => {
@@ -214,7 +218,16 @@ pub(crate) async fn open<V: StoreVisitor>(
             }
             let identity = Identity::Pg(store.clone());
             let counts: Arc<dyn OutcomeCountStore> = Arc::new(store.clone());
-            with_filter(spec, store, identity, Some(counts), visitor).await
+            let positions: Arc<dyn idem_core::PositionStore> = Arc::new(store.clone());
+            with_filter(
+                spec,
+                store,
+                identity,
+                Some(counts),
+                Some(positions),
+                visitor,
+            )
+            .await
         }
     }
 }
@@ -227,6 +240,7 @@ async fn with_filter<S, V>(
     store: S,
     identity: Identity,
     outcome_counts: Option<Arc<dyn OutcomeCountStore>>,
+    positions: Option<Arc<dyn idem_core::PositionStore>>,
     visitor: V,
 ) -> Result<V::Output, CliError>
 where
@@ -263,6 +277,7 @@ where
         let extras = Extras {
             filter_stats: Some(filtered.stats_handle()),
             outcome_counts,
+            positions,
         };
         return visitor.visit(filtered, db, extras).await;
     }
@@ -272,6 +287,7 @@ where
     let extras = Extras {
         filter_stats: None,
         outcome_counts,
+        positions,
     };
     visitor.visit(store, db, extras).await
 }

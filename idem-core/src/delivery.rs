@@ -196,6 +196,14 @@ pub trait Acker: Send + 'static {
         false
     }
 
+    /// Where this delivery stands in its log, when its source keeps positions in the
+    /// store ([`crate::position`]): the gate hands it to the claim transaction
+    /// ([`ClaimTx::advance_positions`](crate::ClaimTx::advance_positions)) before the
+    /// commit. `None` (the default) records nothing.
+    fn position(&self) -> Option<crate::position::PositionMove> {
+        None
+    }
+
     /// Dead-letters the delivery with `reason`. `payload` and `headers` are the delivery's
     /// own, for adapters that republish them.
     async fn dead_letter(

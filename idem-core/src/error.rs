@@ -60,6 +60,17 @@ pub enum StoreError {
     /// The store is misconfigured (an invalid schema or table name, a missing migration).
     #[error("store configuration: {0}")]
     Config(String),
+    /// A transaction advanced a log position ([`crate::position`]) at an epoch the
+    /// partition has left: another member took the partition since. The transaction
+    /// rolled back; its deliveries belong to the new owner and are left unsettled (never
+    /// acked, never dead-lettered).
+    #[error("fenced: {source_name} partition(s) {partitions:?} were taken by another member")]
+    Fenced {
+        /// The position's source.
+        source_name: String,
+        /// The partitions taken since.
+        partitions: Vec<i32>,
+    },
     /// Anything else; `retryable` is the adapter's best judgement.
     #[error("store error: {message}")]
     Other {
@@ -113,9 +124,15 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Unavailable { .. } | Self::Conflict { .. } => true,
-            Self::Rejected { .. } | Self::Config(_) => false,
+            Self::Rejected { .. } | Self::Config(_) | Self::Fenced { .. } => false,
             Self::Other { retryable, .. } => *retryable,
         }
+    }
+
+    /// Whether this is [`StoreError::Fenced`]: the delivery is no longer this member's
+    /// to settle.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::Fenced { .. })
     }
 
     /// Shorthand for [`StoreError::Unavailable`].

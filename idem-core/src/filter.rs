@@ -293,6 +293,13 @@ where
         Ok(out)
     }
 
+    async fn advance_positions(
+        &mut self,
+        moves: &[crate::position::PositionMove],
+    ) -> Result<(), StoreError> {
+        self.inner.advance_positions(moves).await
+    }
+
     async fn commit(self) -> Result<(), StoreError> {
         self.inner.commit().await?;
         // Only now is the key durably done; a failed mark is a cache miss later, nothing more.

@@ -15,6 +15,7 @@ use crate::delivery::{AckProof, Acker, CommitReceipt, Delivery, Headers};
 use crate::error::{AckError, BoxError, Error, ErrorClass, HandlerError, RejectReason, StoreError};
 use crate::key::IdempotencyKey;
 use crate::mutant::{self, Mutant};
+use crate::position::PositionMove;
 use crate::store::RunNote;
 use crate::store::{claim_order, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx};
 use crate::trace::{self, TraceParent};
@@ -1139,6 +1140,15 @@ where
                         Outcome::Processed { key, settle }
                     }
                     Ok(()) => {
+                        if let Some(at) = delivery.acker.position() {
+                            if let Err(e) = tx.advance_positions(std::slice::from_ref(&at)).await {
+                                let _ = tx.rollback().await;
+                                if e.is_fenced() {
+                                    return fenced(delivery, key, e);
+                                }
+                                return self.fail(delivery, Some(key), subject, e.into()).await;
+                            }
+                        }
                         let started = Instant::now();
                         let committed = tx.commit().await;
                         self.timed(Stage::Commit, started);
@@ -1465,6 +1475,22 @@ where
                 return Err(BatchFailure::OneByOne);
             }
         }
+        // Where the settled deliveries stand in their logs, recorded with them.
+        let moves: Vec<PositionMove> = unique
+            .iter()
+            .zip(&claims)
+            .filter(|(_, c)| matches!(c, ClaimOutcome::Claimed | ClaimOutcome::Duplicate))
+            .filter_map(|(&p, _)| valid[p].1.acker.position())
+            .collect();
+        if !moves.is_empty() {
+            if let Err(e) = tx.advance_positions(&moves).await {
+                // Fenced: one by one, each delivery of a partition taken since is fenced
+                // alone, and the others commit.
+                tracing::debug!(target: "idem::gate", error = %e, "recording the batch's log positions failed; falling back to one by one");
+                let _ = tx.rollback().await;
+                return Err(BatchFailure::from_store(e));
+            }
+        }
         let started = Instant::now();
         let committed = tx.commit().await;
         self.timed(Stage::Commit, started);
@@ -1477,6 +1503,19 @@ where
                 Err(BatchFailure::OneByOne)
             }
         }
+    }
+}
+
+/// A delivery whose transaction was fenced ([`StoreError::Fenced`]): its partition was
+/// taken by another member, which has it now. Rolled back, and left unsettled: an ack
+/// would be a lie, a nack or a dead letter would settle what is no longer ours.
+fn fenced<A: Acker>(delivery: Delivery<A>, key: IdempotencyKey, e: StoreError) -> Outcome {
+    tracing::warn!(target: "idem::gate", key = key.short(), error = %e, "fenced: the partition was taken by another member; left to it");
+    drop(delivery);
+    Outcome::Failed {
+        key: Some(key),
+        error: e.into(),
+        settle: Ok(()),
     }
 }
 

@@ -49,6 +49,7 @@ pub mod ident;
 pub mod key;
 pub mod mutant;
 pub mod outbox;
+pub mod position;
 pub mod record;
 pub mod redact;
 pub mod retention;
@@ -74,6 +75,7 @@ pub use outbox::{
     Backoff, EventId, InvalidStoredEvent, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource,
     Publisher, Relay, RelayObserver, RelayOptions, RelayStats,
 };
+pub use position::{PositionMove, PositionStore, StoredPosition, TakenPosition};
 pub use redact::{redact_url, Redacted};
 pub use store::{
     claim_order, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, OutboxWriter, RunNote,

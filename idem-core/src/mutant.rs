@@ -27,6 +27,9 @@ pub enum Mutant {
     /// Nacks a delivery that failed on a store outage instead of deferring it (each
     /// outage costs the message a broker delivery; its count then ends it unrun).
     OutageNacked,
+    /// Advances a log position whatever the row's epoch: a member that lost its
+    /// partition still commits for it (no fencing).
+    UnfencedPositions,
 }
 
 #[cfg(feature = "_mutants")]
@@ -46,6 +49,7 @@ mod imp {
             Mutant::KeyOrderBatchClaims => 6,
             Mutant::NoAttemptCheckBeforeHandler => 7,
             Mutant::OutageNacked => 8,
+            Mutant::UnfencedPositions => 9,
         }
     }
 

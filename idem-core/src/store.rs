@@ -328,6 +328,30 @@ pub trait ClaimTx: Send {
         Ok(out)
     }
 
+    /// Records, in this transaction, where its deliveries stand in their logs
+    /// ([`crate::position`]): each partition's row moves by
+    /// [`advance`](crate::position::advance), at the move's epoch only. The gate calls it
+    /// just before [`commit`](ClaimTx::commit) with the positions of the transaction's
+    /// settled deliveries.
+    ///
+    /// # Errors
+    /// [`StoreError::Fenced`] when a partition's row is at another epoch (the partition
+    /// was taken by another member): the transaction must then be rolled back. The
+    /// default, for a store that keeps no positions, refuses any move with
+    /// [`StoreError::Config`].
+    async fn advance_positions(
+        &mut self,
+        moves: &[crate::position::PositionMove],
+    ) -> Result<(), StoreError> {
+        if moves.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Config(
+                "this store keeps no log positions (use the Postgres or SQLite store)".into(),
+            ))
+        }
+    }
+
     /// Commits the claim and every write made through this transaction.
     async fn commit(self) -> Result<(), StoreError>
     where

@@ -91,6 +91,7 @@ pub mod inspect;
 pub mod migrate;
 mod outbox;
 pub mod partition;
+mod position;
 pub mod retention;
 pub mod source;
 pub mod sql;

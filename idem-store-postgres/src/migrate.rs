@@ -54,6 +54,8 @@ const OUTBOX_PENDING: &str = include_str!("../migrations/0010_outbox_pending.sql
 const SCHEMA_VERSION: &str = include_str!("../migrations/0011_schema_version.sql");
 /// The reruns' record (`idem_runs`, `ClaimStore::note_run`), every layout.
 const RUNS: &str = include_str!("../migrations/0012_runs.sql");
+/// The log positions kept in claim transactions (`idem_positions`), every layout.
+const POSITIONS: &str = include_str!("../migrations/0013_positions.sql");
 /// The optional append-only triggers on `processed_messages` ([`PgStore::migrate_append_only`]).
 const APPEND_ONLY: &str = include_str!("../migrations/0003_append_only.sql");
 
@@ -87,6 +89,7 @@ const RELATIONS: &[&str] = &[
     "idem_outcome_flushes",
     "idem_migrations",
     "idem_runs",
+    "idem_positions",
 ];
 /// Columns the scripts add to tables that may have been created without them.
 const COLUMNS: &[(&str, &str)] = &[
@@ -256,6 +259,7 @@ impl PgStore {
             OUTBOX_TRACEPARENT,
             OUTBOX_PENDING,
             RUNS,
+            POSITIONS,
             SCHEMA_VERSION,
         ] {
             sql.push(SqlText::render(script, &[("schema", schema)]));

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use idem_core::ident::Ident;
 use idem_core::sql::SqlText;
 use idem_core::{
-    sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, RunNote,
-    StoreError,
+    sql, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, PositionMove,
+    RunNote, StoreError,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
@@ -780,6 +780,10 @@ impl PgTx {
     }
 
     /// Records that a statement failed: the server aborted the transaction.
+    pub(crate) fn sql_table(&self, name: &'static str) -> SqlText {
+        self.shared.table(name)
+    }
+
     pub(crate) fn mark_aborted(&mut self) {
         self.aborted = true;
     }
@@ -1061,6 +1065,13 @@ impl ClaimTx for PgTx {
 
     async fn rollback(self) -> Result<(), StoreError> {
         self.end(false).await.map_err(|e| map_sqlx(e, "rollback"))
+    }
+
+    /// One statement (`idem_positions`, [`crate::position`]): each partition's row is
+    /// locked in partition order at its move's epoch and moved; a partition taken by
+    /// another member since is [`StoreError::Fenced`] (the transaction must roll back).
+    async fn advance_positions(&mut self, moves: &[PositionMove]) -> Result<(), StoreError> {
+        crate::position::advance(self, moves).await
     }
 }
 

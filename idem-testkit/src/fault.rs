@@ -344,6 +344,13 @@ impl<T: ClaimTx> ClaimTx for FaultyTx<T> {
         Ok(out)
     }
 
+    async fn advance_positions(
+        &mut self,
+        moves: &[idem_core::PositionMove],
+    ) -> Result<(), StoreError> {
+        self.inner.advance_positions(moves).await
+    }
+
     async fn commit(self) -> Result<(), StoreError> {
         if self.plan.hit(CrashPoint::DuringCommit) {
             if self.plan.coin() {
@@ -512,6 +519,10 @@ impl<A: Acker> Acker for FaultyAcker<A> {
 
     fn attempt_counts_runs(&self) -> bool {
         self.inner.attempt_counts_runs()
+    }
+
+    fn position(&self) -> Option<idem_core::PositionMove> {
+        self.inner.position()
     }
 
     async fn dead_letter(

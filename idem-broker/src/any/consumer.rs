@@ -58,11 +58,27 @@ impl AnyConsumer {
     ///
     /// # Errors
     /// The broker cannot be reached; an invalid name.
-    #[allow(unused_variables)] // with no broker feature
     pub async fn connect(
         url: &BrokerUrl,
         name: &str,
         prefetch: usize,
+    ) -> Result<Self, BrokerError> {
+        Self::connect_with(url, name, prefetch, None).await
+    }
+
+    /// [`connect`](Self::connect), with the store that keeps a log broker's positions
+    /// when its URL asks for it (Kafka's `?positions=store`,
+    /// [`Positions`](crate::kafka::Positions)); ignored by the other brokers, and by a
+    /// URL that does not ask.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); `?positions=store` without a position store.
+    #[allow(unused_variables)] // with no broker feature
+    pub async fn connect_with(
+        url: &BrokerUrl,
+        name: &str,
+        prefetch: usize,
+        positions: Option<std::sync::Arc<dyn idem_core::PositionStore>>,
     ) -> Result<Self, BrokerError> {
         let inner = match url.kind() {
             #[cfg(feature = "rabbitmq")]
@@ -95,7 +111,12 @@ impl AnyConsumer {
             }
             #[cfg(feature = "kafka")]
             BrokerKind::Kafka => {
-                let c = crate::kafka::KafkaConfig::from_url(url, name)?.with_prefetch(prefetch);
+                let mut c = crate::kafka::KafkaConfig::from_url(url, name)?.with_prefetch(prefetch);
+                if let (crate::kafka::Positions::Store(None), Some(store)) =
+                    (&c.positions, positions)
+                {
+                    c = c.with_position_store(store);
+                }
                 wrap(
                     crate::kafka::KafkaConsumer::connect(&c).await?,
                     AnyAcker::Kafka,
@@ -208,6 +229,10 @@ impl Acker for AnyAcker {
 
     fn attempt_counts_runs(&self) -> bool {
         each_broker!(self, Self, a => a.attempt_counts_runs())
+    }
+
+    fn position(&self) -> Option<idem_core::PositionMove> {
+        each_broker!(self, Self, a => a.position())
     }
 
     async fn dead_letter(

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use idem_core::PositionStore;
 use rdkafka::config::ClientConfig;
 
 use crate::any::{BrokerKind, BrokerUrl};
@@ -396,6 +397,7 @@ impl KafkaSecurity {
 /// | `batch_messages` | librdkafka's | the producer's record-batch size, `1` to `1000000` (`1` for brokers that cannot fetch from inside a batch, such as tansu) |
 /// | `queued_kbytes` | `4096` | librdkafka's prefetch bound `queued.max.messages.kbytes`, `1` to `2097151` |
 /// | `compression.type` | `none` | the producer's codec ([`Compression`]): `none`, `gzip`, `lz4`, `snappy` or `zstd` (the consumer reads them all) |
+/// | `positions` | `broker` | where the group's positions are kept ([`Positions`]): `broker` (committed offsets) or `store` (in each claim's transaction, fenced) |
 ///
 /// How the clients reach the brokers ([`KafkaSecurity`]; librdkafka's names, each handed
 /// to the consumer, the producers and the metadata and admin clients alike):
@@ -461,6 +463,61 @@ pub struct KafkaConfig {
     /// URL has no setting for (`sasl.oauthbearer.*`, `ssl.engine.*`, `socket.*`,
     /// `statistics.interval.ms`). Values of secret-looking names are hidden in `Debug`.
     pub client_settings: Vec<(String, String)>,
+    /// Where the group's positions are kept (`?positions=store` or `broker`, the
+    /// default): see [`Positions`].
+    pub positions: Positions,
+}
+
+/// Where a consumer's positions in its partitions are kept.
+///
+/// - [`Positions::Broker`] (the default): the group's committed offsets, committed after
+///   the database commit; a new owner of a partition reads again everything since the
+///   last of them (each a duplicate the gate skips).
+/// - [`Positions::Store`]: in the claim store, in each claim's transaction
+///   ([`idem_core::position`]): a new owner starts exactly after what the store holds,
+///   and a member that lost a partition cannot commit for it any more (fenced). The
+///   group's offsets are still committed, for lag monitoring. `?positions=store` asks
+///   for it; the store itself is given with
+///   [`with_position_store`](KafkaConfig::with_position_store) (`idem consume` gives its
+///   `--store`), and connecting without one is an error.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Positions {
+    /// In the group's committed offsets.
+    #[default]
+    Broker,
+    /// In the claim store; `None` until a store is given.
+    Store(Option<PositionHandle>),
+}
+
+/// A shared [`PositionStore`]: equal to another handle of the same store.
+#[derive(Clone)]
+pub struct PositionHandle(pub std::sync::Arc<dyn PositionStore>);
+
+impl PartialEq for PositionHandle {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for PositionHandle {}
+
+impl std::fmt::Debug for PositionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PositionHandle").field(&self.0).finish()
+    }
+}
+
+impl std::str::FromStr for Positions {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "broker" => Ok(Self::Broker),
+            "store" => Ok(Self::Store(None)),
+            _ => Err("`broker` or `store`".to_owned()),
+        }
+    }
 }
 
 impl std::fmt::Debug for KafkaConfig {
@@ -481,6 +538,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("queued_kbytes", &self.queued_kbytes)
             .field("security", &self.security)
             .field("compression", &self.compression)
+            .field("positions", &self.positions)
             .field(
                 "client_settings",
                 &self
@@ -504,6 +562,7 @@ impl KafkaConfig {
     /// idem's settings in the URL query (the table above).
     pub(crate) const URL_SETTINGS: &'static [&'static str] = &[
         "group",
+        "positions",
         "partitions",
         "replication",
         "session_timeout",
@@ -582,6 +641,9 @@ impl KafkaConfig {
             c.queued_kbytes = n;
         }
         c.compression = url.setting("compression.type", str::parse)?;
+        if let Some(p) = url.setting("positions", str::parse)? {
+            c.positions = p;
+        }
         c.security = security_of_url(url)?;
         Ok(c)
     }
@@ -604,6 +666,7 @@ impl KafkaConfig {
             security: KafkaSecurity::default(),
             compression: None,
             client_settings: Vec::new(),
+            positions: Positions::Broker,
         }
     }
 
@@ -612,6 +675,19 @@ impl KafkaConfig {
     pub fn with_security(mut self, security: KafkaSecurity) -> Self {
         self.security = security;
         self
+    }
+
+    /// Keeps the group's positions in `store`, in each claim's transaction
+    /// ([`Positions::Store`]); the store must be the one the gate claims in.
+    #[must_use]
+    pub fn with_position_store(mut self, store: std::sync::Arc<dyn PositionStore>) -> Self {
+        self.positions = Positions::Store(Some(PositionHandle(store)));
+        self
+    }
+
+    /// The source name positions are kept under: `kafka/GROUP/TOPIC`.
+    pub fn position_source(&self) -> String {
+        format!("kafka/{}/{}", self.group, self.name)
     }
 
     /// Sets the producer's `compression.type`.

@@ -10,7 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::Stream;
-use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
+use idem_core::{
+    AckError, AckProof, Acker, Delivery, Headers, PositionMove, PositionStore, RejectReason,
+};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{
@@ -52,6 +54,19 @@ struct Part {
     /// The partition's record in `NAME.attempts` as last read or written; `None` until
     /// read (once per ownership, before its first delivery is handed out).
     durable: Option<attempts::Record>,
+    /// With positions stored: the partition as this ownership took it from the store
+    /// (once, before its first delivery is handed out); `None` until then.
+    taken: Option<Taken>,
+}
+
+/// A partition taken from the position store ([`idem_core::PositionStore`]).
+#[derive(Debug)]
+struct Taken {
+    epoch: i64,
+    /// Every offset below it is done: skipped.
+    next: Option<i64>,
+    /// Offsets at or past `next` that are done: skipped.
+    done: std::collections::BTreeSet<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +92,7 @@ impl Owned {
                 lwm: LowWaterMark::new(),
                 first: None,
                 durable: None,
+                taken: None,
             }
         })
     }
@@ -283,6 +299,10 @@ struct Shared {
     settle: mpsc::UnboundedSender<Settle>,
     retry: mpsc::UnboundedSender<Retry>,
     producer: FutureProducer,
+    /// With positions stored: the store and this consumer's source name in it.
+    positions: Option<(Arc<dyn PositionStore>, Arc<str>)>,
+    /// What this member owns (a delivery's settled prefix, for its position).
+    own: Arc<Ownership>,
 }
 
 /// Settles `batch` and commits each owned partition's low-water mark, inside the fence.
@@ -423,6 +443,7 @@ pub struct KafkaConsumer {
     name: String,
     group: String,
     transient_errors: Arc<AtomicU64>,
+    skipped: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for KafkaConsumer {
@@ -441,6 +462,10 @@ pub const KEY_HEADER: &str = "idem-kafka-key";
 struct Converter {
     own: Arc<Ownership>,
     shared: Arc<Shared>,
+    /// For the seek to a stored position (`None` where nothing seeks).
+    consumer: Option<Arc<Inner>>,
+    /// Deliveries skipped because the position store holds them done.
+    skipped: Arc<AtomicU64>,
 }
 
 impl Converter {
@@ -484,12 +509,116 @@ impl Converter {
                 partition,
                 offset,
                 generation,
+                at: None,
                 key,
                 payload,
                 headers,
                 shared: Arc::clone(&self.shared),
             },
         }
+    }
+
+    /// With positions stored: takes the partition from the store before its first
+    /// delivery of this ownership (raising its epoch: the previous owner is fenced from
+    /// then on), seeks past what the store holds done, and skips — settles without
+    /// handing out — a delivery the store holds done. Sets the delivery's epoch and
+    /// settled prefix for its claim transaction ([`Acker::position`]). `None`: skipped.
+    /// A take that fails is tried again (growing to 5 s): no delivery of the partition
+    /// can be handed out unfenced.
+    async fn positioned(&self, mut d: Delivery<KafkaAcker>) -> Option<Delivery<KafkaAcker>> {
+        let Some((store, source)) = self.shared.positions.clone() else {
+            return Some(d);
+        };
+        let (partition, offset, generation) =
+            (d.acker.partition, d.acker.offset, d.acker.generation);
+        let mut wait = COMMIT_RETRY_FIRST;
+        loop {
+            let owned = {
+                let o = self.own.owned();
+                o.parts
+                    .get(&partition)
+                    .filter(|p| generation != 0 && p.generation == generation)
+                    .map(|p| p.taken.is_some())
+            };
+            match owned {
+                // Revoked since: settling it changes nothing; the new owner has it.
+                None => return Some(d),
+                Some(true) => break,
+                Some(false) => {}
+            }
+            match store.take_position(&source, partition).await {
+                Ok(t) => {
+                    tracing::debug!(target: "idem::broker", broker = BROKER, partition, epoch = t.epoch, next = ?t.next, done = t.done.len(), "partition taken from the position store");
+                    let seek = t.next.filter(|&n| n > offset);
+                    {
+                        let mut o = self.own.owned();
+                        if let Some(p) = o
+                            .parts
+                            .get_mut(&partition)
+                            .filter(|p| p.generation == generation)
+                        {
+                            p.taken = Some(Taken {
+                                epoch: t.epoch,
+                                next: t.next,
+                                done: t.done.into_iter().collect(),
+                            });
+                        }
+                    }
+                    if let (Some(next), Some(consumer)) = (seek, self.consumer.clone()) {
+                        // Read on from the stored position; what was fetched below it
+                        // already is skipped below.
+                        let topic = self.shared.topic.clone();
+                        let sought = blocking(move || {
+                            consumer.seek(
+                                &topic,
+                                partition,
+                                Offset::Offset(next),
+                                Duration::from_secs(10),
+                            )
+                        })
+                        .await;
+                        let failed = match sought {
+                            Ok(Ok(())) => None,
+                            Ok(Err(e)) => Some(e.to_string()),
+                            Err(e) => Some(e.to_string()),
+                        };
+                        if let Some(e) = failed {
+                            tracing::debug!(target: "idem::broker", broker = BROKER, partition, next, error = %e, "seek to the stored position failed; skipping up to it instead");
+                        }
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(target: "idem::broker", broker = BROKER, partition, error = %e, "taking the partition from the position store failed; trying again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(COMMIT_RETRY_MAX);
+                }
+            }
+        }
+        let (skip, epoch, floor) = {
+            let o = self.own.owned();
+            let Some(p) = o
+                .parts
+                .get(&partition)
+                .filter(|p| p.generation == generation)
+            else {
+                return Some(d);
+            };
+            let Some(t) = &p.taken else {
+                return Some(d);
+            };
+            let skip = t.next.is_some_and(|n| offset < n) || t.done.contains(&offset);
+            (skip, t.epoch, p.lwm.mark().unwrap_or(offset).min(offset))
+        };
+        if skip {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            // Done in the store: settled without being handed out, so the partition's
+            // mark (and the group's committed offset) moves past it.
+            let _ = d.acker.send_settle();
+            return None;
+        }
+        d.acker.at = Some(At { epoch, floor });
+        Some(d)
     }
 
     /// Sets the attempt of a delivery about to be handed out from the counts kept in
@@ -600,18 +729,25 @@ impl Converter {
     }
 
     fn retried(&self, r: Retry) -> Option<Delivery<KafkaAcker>> {
-        let attempt = {
+        let (attempt, at) = {
             let mut o = self.own.owned();
-            let current = o.parts.get(&r.partition).map(|p| p.generation);
-            if current != Some(r.generation) {
+            let part = o.parts.get(&r.partition);
+            if part.map(|p| p.generation) != Some(r.generation) {
                 // Revoked meanwhile: its new owner has it.
                 return None;
             }
-            if r.deferred {
+            let at = part.and_then(|p| {
+                p.taken.as_ref().map(|t| At {
+                    epoch: t.epoch,
+                    floor: p.lwm.mark().unwrap_or(r.offset).min(r.offset),
+                })
+            });
+            let attempt = if r.deferred {
                 o.current_attempt(r.partition, r.offset)
             } else {
                 o.attempt(r.partition, r.offset)
-            }
+            };
+            (attempt, at)
         };
         Some(Delivery {
             payload: r.payload.clone(),
@@ -621,6 +757,7 @@ impl Converter {
                 partition: r.partition,
                 offset: r.offset,
                 generation: r.generation,
+                at,
                 key: r.key,
                 payload: r.payload,
                 headers: r.headers,
@@ -779,7 +916,9 @@ impl crate::pull::Pull for Reader {
 
     async fn next(&mut self) -> Result<Delivery<KafkaAcker>, BrokerError> {
         if let Some(d) = self.joined.take() {
-            return Ok(self.convert.counted(d).await);
+            if let Some(d) = self.convert.positioned(d).await {
+                return Ok(self.convert.counted(d).await);
+            }
         }
         loop {
             tokio::select! {
@@ -790,11 +929,17 @@ impl crate::pull::Pull for Reader {
                     }
                 }
                 m = self.polled.recv() => {
-                    return match m {
-                        Some(Ok(d)) => Ok(self.convert.counted(d).await),
-                        Some(Err(e)) => Err(e),
-                        None => Err(BrokerError::op(BROKER, "poll", "the polling task ended")),
-                    };
+                    match m {
+                        Some(Ok(d)) => {
+                            if let Some(d) = self.convert.positioned(d).await {
+                                return Ok(self.convert.counted(d).await);
+                            }
+                        }
+                        Some(Err(e)) => return Err(e),
+                        None => {
+                            return Err(BrokerError::op(BROKER, "poll", "the polling task ended"))
+                        }
+                    }
                 }
             }
         }
@@ -810,6 +955,21 @@ impl KafkaConsumer {
     /// [`BrokerError::Connect`] when the cluster cannot be reached or the group assigns
     /// nothing in time; an invalid name.
     pub async fn connect(config: &KafkaConfig) -> Result<Self, BrokerError> {
+        let positions = match &config.positions {
+            super::Positions::Broker => None,
+            super::Positions::Store(Some(h)) => {
+                Some((Arc::clone(&h.0), Arc::<str>::from(config.position_source())))
+            }
+            super::Positions::Store(None) => {
+                return Err(BrokerError::InvalidParam {
+                    param: "positions".to_owned(),
+                    value: "store".to_owned(),
+                    reason: "needs a position store: KafkaConfig::with_position_store (idem \
+                             consume gives its --store, which must be Postgres or SQLite)"
+                        .to_owned(),
+                })
+            }
+        };
         let dead_letter = dead_letter_name(&config.name);
         ensure_topic(config, &config.name).await?;
         ensure_topic(config, &dead_letter).await?;
@@ -856,6 +1016,8 @@ impl KafkaConsumer {
             settle: settle_tx,
             retry: retry_tx,
             producer: producer(config)?,
+            positions,
+            own: Arc::clone(&own),
         });
         tokio::spawn(committer(
             Arc::clone(&consumer),
@@ -863,12 +1025,20 @@ impl KafkaConsumer {
             config.name.clone(),
             settle_rx,
         ));
+        let skipped = Arc::new(AtomicU64::new(0));
         let convert = Converter {
             own: Arc::clone(&own),
             shared: Arc::clone(&shared),
+            consumer: None,
+            skipped: Arc::clone(&skipped),
         };
         let (polled_tx, mut polled) = mpsc::channel(prefetch);
-        let retries_convert = Arc::new(Converter { own, shared });
+        let retries_convert = Arc::new(Converter {
+            own,
+            shared,
+            consumer: Some(Arc::clone(&consumer)),
+            skipped: Arc::clone(&skipped),
+        });
         // Pause only for a stall well inside max.poll.interval.ms (see `poller`).
         let pause_after = (config.max_poll_interval / 10).min(PAUSE_AFTER_MAX);
         let transient_errors = Arc::new(AtomicU64::new(0));
@@ -914,6 +1084,7 @@ impl KafkaConsumer {
             name: config.name.clone(),
             group: config.group.clone(),
             transient_errors,
+            skipped,
         })
     }
 
@@ -922,6 +1093,13 @@ impl KafkaConsumer {
     /// stream goes on. Only a fatal error ends the stream.
     pub fn transient_errors(&self) -> u64 {
         self.transient_errors.load(Ordering::Relaxed)
+    }
+
+    /// With positions stored: how many deliveries were skipped, not handed out, because
+    /// the position store holds them done (fetched before the seek to the stored
+    /// position took effect, or done past it).
+    pub fn skipped_by_position(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
     }
 }
 
@@ -933,12 +1111,23 @@ impl Stream for KafkaConsumer {
     }
 }
 
+/// A delivery's place for its claim transaction, with positions stored.
+#[derive(Debug, Clone, Copy)]
+struct At {
+    epoch: i64,
+    /// Every offset below it was settled when the delivery was handed out.
+    floor: i64,
+}
+
 /// Settles one message: marks its offset settled, and the committer commits the
 /// partition's low-water mark.
 pub struct KafkaAcker {
     partition: i32,
     offset: i64,
     generation: u64,
+    /// With positions stored: the ownership's epoch and the settled prefix when handed
+    /// out.
+    at: Option<At>,
     key: Option<Vec<u8>>,
     payload: Vec<u8>,
     headers: Headers,
@@ -1041,6 +1230,29 @@ impl Acker for KafkaAcker {
     /// `NAME.attempts` across members and restarts), and a deferral does not raise it.
     fn attempt_counts_runs(&self) -> bool {
         true
+    }
+
+    /// With positions stored ([`Positions::Store`](super::Positions::Store)): the
+    /// offset, the ownership's epoch, and the partition's settled prefix now (or when
+    /// handed out, if the partition was revoked since).
+    fn position(&self) -> Option<PositionMove> {
+        let at = self.at?;
+        let (_, source) = self.shared.positions.as_ref()?;
+        let settled_below = {
+            let o = self.shared.own.owned();
+            o.parts
+                .get(&self.partition)
+                .filter(|p| p.generation == self.generation)
+                .and_then(|p| p.lwm.mark())
+                .map_or(at.floor, |m| m.max(at.floor).min(self.offset))
+        };
+        Some(PositionMove {
+            source: Arc::clone(source),
+            partition: self.partition,
+            offset: self.offset,
+            settled_below,
+            epoch: at.epoch,
+        })
     }
 
     async fn dead_letter(

@@ -114,8 +114,8 @@ mod lwm;
 mod publisher;
 
 pub use config::{
-    Assignment, Compression, EndpointIdentification, KafkaConfig, KafkaSecurity, SaslMechanism,
-    SecurityProtocol,
+    Assignment, Compression, EndpointIdentification, KafkaConfig, KafkaSecurity, PositionHandle,
+    Positions, SaslMechanism, SecurityProtocol,
 };
 pub use consumer::{KafkaAcker, KafkaConsumer, KEY_HEADER};
 pub use lwm::LowWaterMark;

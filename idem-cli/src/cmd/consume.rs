@@ -121,8 +121,14 @@ impl StoreVisitor for Consume {
         }
         self.metrics.opened(Arc::clone(&db), extras.filter_stats);
         let (broker, source) = (&self.broker, &self.source);
-        let (first, connect) =
-            super::connect_consumer(broker, source, &self.config, &self.metrics.broker).await?;
+        let (first, connect) = super::connect_consumer(
+            broker,
+            source,
+            &self.config,
+            &self.metrics.broker,
+            extras.positions.clone(),
+        )
+        .await?;
         let handler = idem_runtime::Deadline::new(
             db.grant_handler().with_key_derivation(self.key_derivation),
             self.handler_timeout,

@@ -461,6 +461,7 @@ pub(crate) async fn connect_consumer(
     source: &str,
     config: &idem_runtime::supervise::SupervisorConfig,
     connected: &Connected,
+    positions: Option<Arc<dyn idem_core::PositionStore>>,
 ) -> Result<
     (
         Watched<AnyConsumer>,
@@ -481,10 +482,11 @@ pub(crate) async fn connect_consumer(
     let timeout = config.reconnect_timeout;
     let mut connect = move || {
         let (b, s, c) = (broker.clone(), source.clone(), connected.clone());
+        let positions = positions.clone();
         async move {
             let what = format!("{} {}", b.kind(), b);
             bounded_try(&what, timeout, async {
-                let r = AnyConsumer::connect(&b, &s, prefetch).await;
+                let r = AnyConsumer::connect_with(&b, &s, prefetch, positions).await;
                 r.map(|stream| c.watch(stream))
                     .map_err(|e| attempt(broker_error(&what, &e)))
             })
