@@ -21,6 +21,15 @@
 //! unknown): no purge is safe from that source's side. [`check_cutoff`] is the rule
 //! `idem purge` applies.
 //!
+//! A Kafka source whose group keeps its positions in the store (`?positions=store`,
+//! [`crate::kafka::Positions`]) is read by [`redelivery_horizon_with`]: when every
+//! partition of the topic has a stored position, nothing at or before it is delivered
+//! to the group again — a new owner starts there — so the topic's own retention bounds
+//! no replay ([`Retention::PositionsStored`], horizon zero); its dead letters still
+//! count. A partition without a stored position falls back to the topic's retention.
+//! The one way back past a stored position is an operator's offset reset (see
+//! docs/brokers.md).
+//!
 //! For [`Retention::UntilRemoved`] the horizon is the age of the oldest message still
 //! held, measured now: it grows while nothing is trimmed. It assumes the broker assigns
 //! a message's time when it is stored (JetStream always; Redis for `XADD *` ids, which
@@ -52,6 +61,13 @@ pub enum Retention {
     /// reported), or keeps some messages for ever depending on their keys (a compacted
     /// Kafka topic).
     Unknown,
+    /// Every partition's position is kept in the claim store (Kafka `?positions=store`):
+    /// nothing is delivered to the group again from before it, whatever the topic keeps.
+    /// Horizon zero.
+    PositionsStored {
+        /// The topic's partitions, each with a stored position.
+        partitions: usize,
+    },
 }
 
 /// The redelivery horizon of one source, and where it was read.
@@ -75,6 +91,7 @@ impl RedeliveryHorizon {
         match self.retention {
             Retention::Limited(d) => Some(d),
             Retention::UntilRemoved { oldest } => Some(oldest.unwrap_or(Duration::ZERO)),
+            Retention::PositionsStored { .. } => Some(Duration::ZERO),
             Retention::Unbounded | Retention::Unknown => None,
         }
     }
@@ -199,7 +216,31 @@ pub async fn redelivery_horizon(
     url: &BrokerUrl,
     name: &str,
 ) -> Result<RedeliveryHorizon, BrokerError> {
-    let (retention, detail) = retention_of(url, name).await?;
+    redelivery_horizon_with(url, name, None).await
+}
+
+/// [`redelivery_horizon`], with the store that keeps the positions of a Kafka source
+/// whose URL says `?positions=store`: when every partition of the topic has a stored
+/// position there, the source's own part of the horizon is zero
+/// ([`Retention::PositionsStored`]); its dead letters still count. Without a store, or
+/// for any other source, the same as [`redelivery_horizon`].
+///
+/// # Errors
+/// As [`redelivery_horizon`]; the store cannot be read.
+pub async fn redelivery_horizon_with(
+    url: &BrokerUrl,
+    name: &str,
+    positions: Option<&dyn idem_core::PositionStore>,
+) -> Result<RedeliveryHorizon, BrokerError> {
+    let stored = match positions {
+        #[cfg(feature = "kafka")]
+        Some(store) if url.kind() == BrokerKind::Kafka => kafka_positions(url, name, store).await?,
+        _ => None,
+    };
+    let (retention, detail) = match stored {
+        Some(r) => r,
+        None => retention_of(url, name).await?,
+    };
     let dead_letter = dead_letter_name(name);
     let (retention, detail) = if name.ends_with(&dead_letter_name("")) {
         // Already a dead-letter place: nothing is dead-lettered from it.
@@ -231,6 +272,7 @@ fn longer(
     let bound = |r: &Retention| match *r {
         Retention::Limited(d) => Some(d),
         Retention::UntilRemoved { oldest } => Some(oldest.unwrap_or(Duration::ZERO)),
+        Retention::PositionsStored { .. } => Some(Duration::ZERO),
         Retention::Unbounded | Retention::Unknown => None,
     };
     let dead_letters_win = match (bound(&source.0), bound(&dead_letters.0)) {
@@ -492,6 +534,49 @@ async fn kafka(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broke
         setting("retention.ms").as_deref(),
         setting("segment.ms").as_deref(),
     ))
+}
+
+/// [`Retention::PositionsStored`] when `url` keeps its group's positions in the store
+/// and `store` holds one for every partition of topic `name`; `None` otherwise.
+#[cfg(feature = "kafka")]
+async fn kafka_positions(
+    url: &BrokerUrl,
+    name: &str,
+    store: &dyn idem_core::PositionStore,
+) -> Result<Option<(Retention, String)>, BrokerError> {
+    use rdkafka::consumer::BaseConsumer;
+    let c = crate::kafka::KafkaConfig::from_url(url, name)?;
+    if c.positions == crate::kafka::Positions::Broker {
+        return Ok(None);
+    }
+    let source = c.position_source();
+    let stored = store
+        .positions(&source)
+        .await
+        .map_err(|e| BrokerError::op(crate::kafka::BROKER, "read the stored positions", e))?;
+    let partitions = {
+        let (mut meta_config, topic) = (c.client_config(), name.to_owned());
+        crate::kafka::blocking(move || {
+            let meta: BaseConsumer = meta_config
+                .set("allow.auto.create.topics", "false")
+                .create()
+                .map_err(|e| BrokerError::connect(crate::kafka::BROKER, e))?;
+            crate::kafka::partition_count(&meta, &topic)
+        })
+        .await??
+    };
+    let covered = |p: usize| {
+        stored
+            .iter()
+            .any(|s| usize::try_from(s.partition) == Ok(p) && s.next.is_some())
+    };
+    if partitions == 0 || !(0..partitions).all(covered) {
+        return Ok(None);
+    }
+    Ok(Some((
+        Retention::PositionsStored { partitions },
+        format!("positions of all {partitions} partitions stored as {source:?}"),
+    )))
 }
 
 /// A Kafka topic's retention from its `cleanup.policy`, `retention.ms` and `segment.ms`

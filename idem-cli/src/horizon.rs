@@ -48,12 +48,17 @@ pub(crate) fn pairs(
     }
 }
 
-/// Reads the horizon of every (broker, source) pair.
-pub(crate) async fn read(pairs: &[(String, String)]) -> Result<Vec<RedeliveryHorizon>, CliError> {
+/// Reads the horizon of every (broker, source) pair; a Kafka source whose URL keeps its
+/// positions in the store (`?positions=store`) is read with `positions`, the store's
+/// (see `idem_broker::horizon::redelivery_horizon_with`).
+pub(crate) async fn read(
+    pairs: &[(String, String)],
+    positions: Option<&dyn idem_core::PositionStore>,
+) -> Result<Vec<RedeliveryHorizon>, CliError> {
     let mut out = Vec::with_capacity(pairs.len());
     for (broker, source) in pairs {
         let url = BrokerUrl::parse(broker).map_err(|e| crate::cmd::broker_error("--broker", &e))?;
-        let h = horizon::redelivery_horizon(&url, source)
+        let h = horizon::redelivery_horizon_with(&url, source, positions)
             .await
             .map_err(|e| {
                 let text = format!(

@@ -51,6 +51,22 @@ pub(crate) struct Args {
     horizon_margin: Duration,
 }
 
+/// The store that may keep a Kafka source's positions (`?positions=store`): `--store`
+/// when it is Postgres.
+async fn position_store(
+    args: &Args,
+) -> Result<Option<std::sync::Arc<dyn idem_core::PositionStore>>, CliError> {
+    match args.store.as_deref().map(StoreUrl::parse).transpose()? {
+        #[cfg(feature = "postgres")]
+        Some(StoreUrl::Postgres(url)) => {
+            let schema = args.schema.clone().unwrap_or_else(|| "public".to_owned());
+            let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
+            Ok(Some(std::sync::Arc::new(PgStore::connect(&url, config).await?)))
+        }
+        _ => Ok(None),
+    }
+}
+
 async fn records(
     args: &Args,
     store: &str,
@@ -109,7 +125,8 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         claims(&mut out, &shown);
     }
     if !sources.is_empty() {
-        let horizons = crate::horizon::read(&sources).await?;
+        let positions = position_store(&args).await?;
+        let horizons = crate::horizon::read(&sources, positions.as_deref()).await?;
         if !out.is_json() && (key.is_some() || args.award_id.is_some()) {
             println!();
         }

@@ -85,9 +85,28 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             "--schema applies to postgres:// stores only",
         ));
     }
+    let opened = match store {
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres(url) => {
+            let schema = args.schema.clone().unwrap_or_else(|| "public".to_owned());
+            let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
+            Opened::Pg(PgStore::connect(&url, config).await?)
+        }
+        StoreUrl::Sqlite(path) => {
+            let mut config = SqliteConfig::default();
+            config.create_if_missing = false;
+            Opened::Sqlite(SqliteStore::connect(&path, config).await?)
+        }
+        StoreUrl::Memory => unreachable!("refused above"),
+    };
+    let positions: Option<&dyn idem_core::PositionStore> = match &opened {
+        #[cfg(feature = "postgres")]
+        Opened::Pg(s) => Some(s),
+        Opened::Sqlite(_) => None,
+    };
     // The brokers' redelivery horizons first: no cutoff inside them, whatever the floor.
     let sources = crate::horizon::pairs(&args.broker, &args.source)?;
-    let horizons = crate::horizon::read(&sources).await?;
+    let horizons = crate::horizon::read(&sources, positions).await?;
     for h in &horizons {
         eprintln!("purge: redelivery horizon of {h}");
     }
@@ -106,12 +125,9 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         );
     };
     let mut out = crate::out::Out::new();
-    let report = match store {
+    let report = match opened {
         #[cfg(feature = "postgres")]
-        StoreUrl::Postgres(url) => {
-            let schema = args.schema.unwrap_or_else(|| "public".to_owned());
-            let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
-            let store = PgStore::connect(&url, config).await?;
+        Opened::Pg(store) => {
             let report = store.purge(&options, progress).await?;
             out.field("cutoff", report.cutoff.to_string());
             out.field("dry_run", report.dry_run);
@@ -121,24 +137,26 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             }
             report
         }
-        StoreUrl::Sqlite(path) => {
-            let mut config = SqliteConfig::default();
-            config.create_if_missing = false;
-            let report = SqliteStore::connect(&path, config)
-                .await?
-                .purge(&options, progress)
-                .await?;
+        Opened::Sqlite(store) => {
+            let report = store.purge(&options, progress).await?;
             out.field("cutoff", report.cutoff.to_string());
             out.field("dry_run", report.dry_run);
             report
         }
-        StoreUrl::Memory => unreachable!("refused above"),
     };
     out.field("dedup_records", report.dedup_records);
     out.field("outbox_events", report.outbox_events);
     out.field("batches", report.batches);
     out.finish();
     Ok(())
+}
+
+/// The store a purge runs on, opened before the horizons are read (they may need its
+/// stored positions).
+enum Opened {
+    #[cfg(feature = "postgres")]
+    Pg(PgStore),
+    Sqlite(SqliteStore),
 }
 
 /// The partitions a purge of the partitioned layout dropped or kept.
