@@ -146,14 +146,51 @@ pub fn advance(
     (next, rest.collect())
 }
 
+/// The position of a partition kept in several rows ("slots", so that transactions of
+/// one partition in flight at once write different rows): each slot's highest settled
+/// prefix and the offsets it holds done. The result is what one row holding them all
+/// would say: `next` from the highest settled prefix past every offset some slot holds
+/// done, and the done offsets past it; `None` when no slot recorded anything.
+///
+/// ```
+/// use idem_core::position::merge;
+/// // Slot 0 saw offsets 10 and 12 committed with everything below 10 settled; slot 1
+/// // saw 11. Together: next is 13.
+/// assert_eq!(merge([(Some(10), &[10, 12][..]), (Some(10), &[11][..])]), Some((13, vec![])));
+/// assert_eq!(merge([(None, &[][..]), (None, &[][..])]), None);
+/// ```
+pub fn merge<'a>(
+    slots: impl IntoIterator<Item = (Option<i64>, &'a [i64])>,
+) -> Option<(i64, Vec<i64>)> {
+    let mut floor: Option<i64> = None;
+    let mut done: Vec<i64> = Vec::new();
+    for (settled, d) in slots {
+        floor = floor.max(settled);
+        done.extend_from_slice(d);
+    }
+    let floor = floor?;
+    Some(advance(Some(floor), &done, floor, &[]))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::advance;
+    use super::{advance, merge};
+
+    #[test]
+    fn merging_slots_is_advancing_one_row() {
+        let one = advance(Some(5), &[], 5, &[5, 6, 9, 11]);
+        let slots = merge([
+            (Some(5), &[5, 9][..]),
+            (Some(3), &[6, 11][..]),
+            (None, &[][..]),
+        ]);
+        assert_eq!(slots, Some(one));
+    }
 
     #[test]
     fn next_never_moves_back() {
         assert_eq!(advance(Some(50), &[], 10, &[3, 4]), (50, vec![]));
-        assert_eq!(advance(Some(50), &[52], 10, &[51]), (53, vec![]));
+        assert_eq!(advance(Some(50), &[51], 10, &[50]), (52, vec![]));
     }
 
     #[test]

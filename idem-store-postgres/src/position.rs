@@ -5,6 +5,7 @@
 
 use async_trait::async_trait;
 use idem_core::mutant::{self, Mutant};
+use idem_core::position::merge;
 use idem_core::sql::SqlText;
 use idem_core::{sql, PositionMove, PositionStore, StoreError, StoredPosition, TakenPosition};
 
@@ -12,41 +13,44 @@ use crate::error::map_sqlx;
 use crate::sql::statement;
 use crate::store::{PgStore, PgTx};
 
+/// Rows per partition (`slot` 0 to 15, `migrations/0013_positions.sql`): a
+/// transaction writes the slot of its lowest offset in the partition, so the
+/// transactions of one partition in flight at once rarely write the same row.
+pub(crate) const SLOTS: i64 = 16;
+
 /// The epoch check of [`advance`]: a row moves only at the move's epoch.
 const AT_EPOCH: &str = "AND p.epoch = m.epoch";
 
-/// One statement for every partition of the transaction's moves. The rows are locked
-/// in partition order first (two transactions of one member never wait on each other
-/// in opposite orders), each at its move's epoch; a row taken since by another member
-/// (a later epoch) is not locked, not moved, and not returned: the caller's
-/// transaction is fenced. `next_offset` moves by [`idem_core::position::advance`]:
-/// past the member's settled prefix and every offset now done, never back.
+/// One statement for every partition of the transaction's moves: per partition, the
+/// slot of its lowest offset takes the member's settled prefix and the offsets. The rows
+/// are locked in partition order first (two transactions never wait on each other in
+/// opposite orders), each at its move's epoch; a row taken since by another member (a
+/// later epoch) is not locked, not moved, and not returned: the caller's transaction is
+/// fenced. A slot keeps only the offsets at or past its settled prefix.
 fn advance_sql(table: &SqlText, fenced: bool) -> SqlText {
     let at_epoch = if fenced { AT_EPOCH } else { "" };
     sql!(
         "WITH m AS ( \
-            SELECT u.part, u.epoch, max(u.settled) AS settled, array_agg(u.off) AS offsets \
+            SELECT u.part, u.epoch, max(u.settled) AS settled, array_agg(u.off) AS offsets, \
+                   (min(u.off) % {slots})::int2 AS slot \
             FROM unnest($2::int4[], $3::int8[], $4::int8[], $5::int8[]) AS u(part, epoch, settled, off) \
             GROUP BY u.part, u.epoch \
          ), locked AS MATERIALIZED ( \
-            SELECT p.partition, m.settled, m.offsets FROM {table} AS p \
-            JOIN m ON m.part = p.partition {at_epoch} \
+            SELECT p.partition, p.slot, m.settled, m.offsets FROM {table} AS p \
+            JOIN m ON m.part = p.partition AND m.slot = p.slot {at_epoch} \
             WHERE p.source = $1 ORDER BY p.partition FOR NO KEY UPDATE OF p \
          ) \
-         UPDATE {table} AS p SET (next_offset, done, advanced_at) = ( \
-            SELECT n.next, ARRAY(SELECT x FROM unnest(s.rest) AS x WHERE x > n.next ORDER BY x), now() \
-            FROM (SELECT greatest(coalesce(p.next_offset, l.settled), l.settled) AS base, \
-                         ARRAY(SELECT DISTINCT x FROM unnest(p.done || l.offsets) AS x \
-                               WHERE x >= greatest(coalesce(p.next_offset, l.settled), l.settled)) AS rest) AS s \
-            CROSS JOIN LATERAL (SELECT min(y) AS next \
-                                FROM generate_series(s.base, s.base + cardinality(s.rest)) AS y \
-                                WHERE y <> ALL (s.rest)) AS n \
-         ) \
+         UPDATE {table} AS p SET \
+            settled = greatest(p.settled, l.settled), \
+            done = ARRAY(SELECT DISTINCT x FROM unnest(p.done || l.offsets) AS x \
+                         WHERE x >= greatest(p.settled, l.settled) ORDER BY x), \
+            advanced_at = now() \
          FROM locked AS l \
-         WHERE p.source = $1 AND p.partition = l.partition \
+         WHERE p.source = $1 AND p.partition = l.partition AND p.slot = l.slot \
          RETURNING p.partition",
         table,
-        at_epoch
+        at_epoch,
+        slots = SLOTS
     )
 }
 
@@ -99,35 +103,64 @@ pub(crate) async fn advance(tx: &mut PgTx, moves: &[PositionMove]) -> Result<(),
 /// `idem_positions` (`migrations/0013_positions.sql`) in the store's schema.
 #[async_trait]
 impl PositionStore for PgStore {
-    /// One autocommitted upsert that raises the epoch (or creates the row at 1) and
-    /// returns the row. It waits for the row's lock, held by a transaction that has
-    /// advanced it and not ended, so what it returns includes that transaction.
+    /// One transaction: an upsert raises the epoch of every slot of the partition
+    /// (creating them at 1), waiting for any transaction that holds one of them, and
+    /// returns them; the slots are folded into slot 0 ([`idem_core::position::merge`])
+    /// and the others emptied, so they never hold more than what happened since.
     async fn take_position(
         &self,
         source: &str,
         partition: i32,
     ) -> Result<TakenPosition, StoreError> {
         let table = self.sql_table("idem_positions");
-        let text = sql!(
-            "INSERT INTO {table} AS p (source, partition, epoch) VALUES ($1, $2, 1) \
-             ON CONFLICT (source, partition) DO UPDATE SET epoch = p.epoch + 1, taken_at = now() \
-             RETURNING p.epoch, p.next_offset, p.done",
+        let bump = sql!(
+            "INSERT INTO {table} AS p (source, partition, slot, epoch) \
+             SELECT $1, $2, s::int2, 1 FROM generate_series(0, {last}) AS s ORDER BY s \
+             ON CONFLICT (source, partition, slot) DO UPDATE SET epoch = p.epoch + 1, taken_at = now() \
+             RETURNING p.epoch, p.settled, p.done",
+            table,
+            last = SLOTS - 1
+        );
+        let fold = sql!(
+            "UPDATE {table} SET settled = $3, \
+                done = CASE WHEN slot = 0 THEN $4::int8[] ELSE ARRAY[]::int8[] END \
+             WHERE source = $1 AND partition = $2",
             table
         );
-        let (epoch, next, done): (i64, Option<i64>, Vec<i64>) = sqlx::query_as(statement(text))
-            .bind(source)
-            .bind(partition)
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| map_sqlx(e, "take a partition's log position"))?;
-        Ok(TakenPosition { epoch, next, done })
+        let take = async {
+            let mut tx = self.pool().begin().await?;
+            let slots: Vec<(i64, Option<i64>, Vec<i64>)> = sqlx::query_as(statement(bump))
+                .bind(source)
+                .bind(partition)
+                .fetch_all(&mut *tx)
+                .await?;
+            let epoch = slots.iter().map(|s| s.0).max().unwrap_or(1);
+            let merged = merge(slots.iter().map(|(_, settled, done)| (*settled, &done[..])));
+            if let Some((next, done)) = &merged {
+                sqlx::query(statement(fold))
+                    .bind(source)
+                    .bind(partition)
+                    .bind(next)
+                    .bind(done)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(TakenPosition {
+                epoch,
+                next: merged.as_ref().map(|m| m.0),
+                done: merged.map(|m| m.1).unwrap_or_default(),
+            })
+        };
+        take.await
+            .map_err(|e| map_sqlx(e, "take a partition's log position"))
     }
 
     async fn positions(&self, source: &str) -> Result<Vec<StoredPosition>, StoreError> {
         let table = self.sql_table("idem_positions");
         let text = sql!(
-            "SELECT partition, next_offset, done, epoch FROM {table} \
-             WHERE source = $1 ORDER BY partition",
+            "SELECT partition, settled, done, epoch FROM {table} \
+             WHERE source = $1 ORDER BY partition, slot",
             table
         );
         let rows: Vec<(i32, Option<i64>, Vec<i64>, i64)> = sqlx::query_as(statement(text))
@@ -135,15 +168,20 @@ impl PositionStore for PgStore {
             .fetch_all(self.pool())
             .await
             .map_err(|e| map_sqlx(e, "read the log positions"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(partition, next, done, epoch)| StoredPosition {
+        let mut out: Vec<StoredPosition> = Vec::new();
+        for part in rows.chunk_by(|a, b| a.0 == b.0) {
+            let merged = merge(
+                part.iter()
+                    .map(|(_, settled, done, _)| (*settled, &done[..])),
+            );
+            out.push(StoredPosition {
                 source: source.to_owned(),
-                partition,
-                next,
-                done,
-                epoch,
-            })
-            .collect())
+                partition: part[0].0,
+                next: merged.as_ref().map(|m| m.0),
+                done: merged.map(|m| m.1).unwrap_or_default(),
+                epoch: part.iter().map(|r| r.3).max().unwrap_or(1),
+            });
+        }
+        Ok(out)
     }
 }

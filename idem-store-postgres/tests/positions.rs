@@ -245,3 +245,30 @@ async fn a_store_without_positions_refuses_a_move() {
     tx.advance_positions(&[]).await.expect("nothing to move");
     tx.rollback().await.expect("rollback");
 }
+
+/// Two transactions of one partition in flight at once record their positions without
+/// waiting for each other's commit (they write different slots): a per-message
+/// consumer's commits of one partition share their flushes instead of queueing.
+#[tokio::test]
+async fn transactions_of_one_partition_do_not_wait_for_each_other() {
+    let pg = common::fresh_pg().await;
+    let e = pg.take_position(SOURCE, 4).await.expect("take").epoch;
+    let mut first = pg.begin().await.expect("begin");
+    first
+        .claim(&key(100), &ClaimMeta::new("P-100"))
+        .await
+        .expect("claim");
+    first
+        .advance_positions(&[at(4, 100, 100, e)])
+        .await
+        .expect("advance 100");
+    let second = tokio::time::timeout(
+        Duration::from_secs(5),
+        commit_claims(&pg, &[at(4, 101, 100, e)]),
+    )
+    .await
+    .expect("the second transaction waited for the first one's commit");
+    second.expect("commit 101");
+    first.commit().await.expect("commit 100");
+    assert_eq!(stored(&pg, 4).await, (Some(102), vec![], e));
+}

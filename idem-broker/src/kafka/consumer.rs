@@ -541,8 +541,11 @@ impl Converter {
                     .map(|p| p.taken.is_some())
             };
             match owned {
-                // Revoked since: settling it changes nothing; the new owner has it.
-                None => return Some(d),
+                // Revoked since (or an offset this ownership already handed out): not
+                // handed out. Run here, its commit would record no position and the new
+                // owner would read it again; the new owner has it (the ownership's own
+                // delivery of that offset settles it).
+                None => return None,
                 Some(true) => break,
                 Some(false) => {}
             }
@@ -597,15 +600,14 @@ impl Converter {
         }
         let (skip, epoch, floor) = {
             let o = self.own.owned();
-            let Some(p) = o
+            let Some((p, t)) = o
                 .parts
                 .get(&partition)
                 .filter(|p| p.generation == generation)
+                .and_then(|p| p.taken.as_ref().map(|t| (p, t)))
             else {
-                return Some(d);
-            };
-            let Some(t) = &p.taken else {
-                return Some(d);
+                // Revoked while it was being taken: the new owner has it.
+                return None;
             };
             let skip = t.next.is_some_and(|n| offset < n) || t.done.contains(&offset);
             (skip, t.epoch, p.lwm.mark().unwrap_or(offset).min(offset))

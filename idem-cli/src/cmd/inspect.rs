@@ -61,7 +61,9 @@ async fn position_store(
         Some(StoreUrl::Postgres(url)) => {
             let schema = args.schema.clone().unwrap_or_else(|| "public".to_owned());
             let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
-            Ok(Some(std::sync::Arc::new(PgStore::connect(&url, config).await?)))
+            Ok(Some(std::sync::Arc::new(
+                PgStore::connect(&url, config).await?,
+            )))
         }
         _ => Ok(None),
     }
