@@ -1045,3 +1045,48 @@ async fn with_positions_stored_a_successor_reads_again_only_what_is_not_done() {
     assert_eq!(successor_after_a_slow_first(true).await, (1, 0));
     assert_eq!(successor_after_a_slow_first(false).await, (1, 9));
 }
+
+/// A stored position past the end of the partition's log (the topic was deleted and
+/// created again; the store kept the old topic's position) would skip records no one
+/// processed: the member refuses it, ending its stream with a configuration error, and
+/// hands out nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_position_past_the_end_of_the_log_stops_the_member() {
+    use idem_broker::kafka::KafkaConsumer;
+    use idem_core::{ClaimStore as _, ClaimTx as _, PositionMove, PositionStore as _};
+    let store = common::fresh_pg().await;
+    let config =
+        one_partition(&common::fresh_name("past-end")).with_position_store(Arc::new(store.clone()));
+    let url = BrokerUrl::parse(&url_in(&config.group, 1)).expect("URL");
+    let (bodies, _) = common::submissions(&config.name, 3);
+    publish_raw(&url, &config.name, &bodies)
+        .await
+        .expect("publish");
+    // The old topic's position: everything below 1000 done.
+    let source = config.position_source();
+    let epoch = store.take_position(&source, 0).await.expect("take").epoch;
+    let mut tx = store.begin().await.expect("begin");
+    tx.advance_positions(&[PositionMove {
+        source: source.as_str().into(),
+        partition: 0,
+        offset: 999,
+        settled_below: 999,
+        epoch,
+    }])
+    .await
+    .expect("advance");
+    tx.commit().await.expect("commit");
+    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+    let first = next_within(&mut consumer, Duration::from_secs(120))
+        .await
+        .expect("an answer within 120 s")
+        .expect("the stream's first item");
+    match first {
+        Err(idem_broker::BrokerError::Config { detail, .. }) => {
+            assert!(detail.contains("past the end of the log"), "{detail}");
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(d) => panic!("a delivery was handed out: offset {}", d.acker.offset()),
+    }
+    assert!(common::effects(&store).await.is_empty());
+}

@@ -10,10 +10,13 @@
 //! its deliveries stand in their partitions, so a new owner starts exactly after what
 //! the database holds:
 //!
-//! - **The row** (one per source and partition): `next`, the first offset not known to be
-//!   done (every offset below it committed, or settled by the member that held it);
-//!   `done`, the offsets at or past `next` whose transactions committed (they finish out
-//!   of order when several batches are in flight); and `epoch`, the fencing token.
+//! - **The stored position** (per source and partition): `next`, the first offset not
+//!   known to be done (every offset below it committed, or settled by the member that
+//!   held it); `done`, the offsets at or past `next` whose transactions committed (they
+//!   finish out of order when several batches are in flight); and `epoch`, the fencing
+//!   token. A store may keep it in several rows per partition, so that transactions in
+//!   flight at once do not wait for each other's commit, and [`merge`] them when read
+//!   (the Postgres store keeps 16).
 //! - **Taking a partition** ([`PositionStore::take_position`]): the member that is
 //!   assigned a partition raises its epoch by one, in a statement of its own, before it
 //!   hands out the partition's first delivery, and starts at `next`, skipping the offsets

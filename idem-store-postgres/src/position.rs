@@ -54,6 +54,27 @@ fn advance_sql(table: &SqlText, fenced: bool) -> SqlText {
     )
 }
 
+/// [`advance_sql`] for one move (a transaction of one delivery): its slot row, at its
+/// epoch, in one plain UPDATE.
+fn advance_one_sql(table: &SqlText, fenced: bool) -> SqlText {
+    let at_epoch = if fenced {
+        "AND epoch = $6"
+    } else {
+        "AND $6::int8 IS NOT NULL"
+    };
+    sql!(
+        "UPDATE {table} SET \
+            settled = greatest(settled, $4), \
+            done = ARRAY(SELECT DISTINCT x FROM unnest(done || $5::int8) AS x \
+                         WHERE x >= greatest(settled, $4) ORDER BY x), \
+            advanced_at = now() \
+         WHERE source = $1 AND partition = $2 AND slot = $3 {at_epoch} \
+         RETURNING partition",
+        table,
+        at_epoch
+    )
+}
+
 /// Moves each partition's row in `tx` (see [`advance_sql`]).
 pub(crate) async fn advance(tx: &mut PgTx, moves: &[PositionMove]) -> Result<(), StoreError> {
     let Some(first) = moves.first() else {
@@ -68,6 +89,33 @@ pub(crate) async fn advance(tx: &mut PgTx, moves: &[PositionMove]) -> Result<(),
     }
     let table = tx.sql_table("idem_positions");
     let fenced = !mutant::active(Mutant::UnfencedPositions);
+    if let [one] = moves {
+        let slot = i16::try_from(one.offset.rem_euclid(SLOTS)).unwrap_or(0);
+        let moved: Option<i32> =
+            match sqlx::query_scalar(statement(advance_one_sql(&table, fenced)))
+                .bind(source.as_ref())
+                .bind(one.partition)
+                .bind(slot)
+                .bind(one.settled_below)
+                .bind(one.offset)
+                .bind(one.epoch)
+                .fetch_optional(tx.own_conn())
+                .await
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    tx.mark_aborted();
+                    return Err(map_sqlx(e, "advance the log position"));
+                }
+            };
+        return match moved {
+            Some(_) => Ok(()),
+            None => Err(StoreError::Fenced {
+                source_name: source.to_string(),
+                partitions: vec![one.partition],
+            }),
+        };
+    }
     let text = advance_sql(&table, fenced);
     let parts: Vec<i32> = moves.iter().map(|m| m.partition).collect();
     let epochs: Vec<i64> = moves.iter().map(|m| m.epoch).collect();

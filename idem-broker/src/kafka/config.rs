@@ -398,6 +398,7 @@ impl KafkaSecurity {
 /// | `queued_kbytes` | `4096` | librdkafka's prefetch bound `queued.max.messages.kbytes`, `1` to `2097151` |
 /// | `compression.type` | `none` | the producer's codec ([`Compression`]): `none`, `gzip`, `lz4`, `snappy` or `zstd` (the consumer reads them all) |
 /// | `positions` | `broker` | where the group's positions are kept ([`Positions`]): `broker` (committed offsets) or `store` (in each claim's transaction, fenced) |
+/// | `positions_gap` | `refuse` | with `positions=store`, a stored position behind the log's start (and the group's offset too: records deleted unprocessed): `refuse` ends the stream naming the partition, `accept` goes on from the log's start |
 ///
 /// How the clients reach the brokers ([`KafkaSecurity`]; librdkafka's names, each handed
 /// to the consumer, the producers and the metadata and admin clients alike):
@@ -466,6 +467,12 @@ pub struct KafkaConfig {
     /// Where the group's positions are kept (`?positions=store` or `broker`, the
     /// default): see [`Positions`].
     pub positions: Positions,
+    /// With positions stored: go on from the log's start when a partition's stored
+    /// position is behind it and the group's committed offset is too — the offsets
+    /// between were deleted by the topic's retention before anyone processed them
+    /// (`?positions_gap=accept`; default `refuse`: the stream ends with
+    /// [`BrokerError::Config`](crate::BrokerError::Config) naming the partition).
+    pub accept_position_gap: bool,
 }
 
 /// Where a consumer's positions in its partitions are kept.
@@ -539,6 +546,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("security", &self.security)
             .field("compression", &self.compression)
             .field("positions", &self.positions)
+            .field("accept_position_gap", &self.accept_position_gap)
             .field(
                 "client_settings",
                 &self
@@ -563,6 +571,7 @@ impl KafkaConfig {
     pub(crate) const URL_SETTINGS: &'static [&'static str] = &[
         "group",
         "positions",
+        "positions_gap",
         "partitions",
         "replication",
         "session_timeout",
@@ -644,6 +653,13 @@ impl KafkaConfig {
         if let Some(p) = url.setting("positions", str::parse)? {
             c.positions = p;
         }
+        if let Some(a) = url.setting("positions_gap", |v| match v {
+            "refuse" => Ok(false),
+            "accept" => Ok(true),
+            _ => Err("`refuse` or `accept`".to_owned()),
+        })? {
+            c.accept_position_gap = a;
+        }
         c.security = security_of_url(url)?;
         Ok(c)
     }
@@ -667,6 +683,7 @@ impl KafkaConfig {
             compression: None,
             client_settings: Vec::new(),
             positions: Positions::Broker,
+            accept_position_gap: false,
         }
     }
 

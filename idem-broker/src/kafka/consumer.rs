@@ -301,6 +301,8 @@ struct Shared {
     producer: FutureProducer,
     /// With positions stored: the store and this consumer's source name in it.
     positions: Option<(Arc<dyn PositionStore>, Arc<str>)>,
+    /// [`KafkaConfig::accept_position_gap`].
+    accept_position_gap: bool,
     /// What this member owns (a delivery's settled prefix, for its position).
     own: Arc<Ownership>,
 }
@@ -524,10 +526,14 @@ impl Converter {
     /// handing out — a delivery the store holds done. Sets the delivery's epoch and
     /// settled prefix for its claim transaction ([`Acker::position`]). `None`: skipped.
     /// A take that fails is tried again (growing to 5 s): no delivery of the partition
-    /// can be handed out unfenced.
-    async fn positioned(&self, mut d: Delivery<KafkaAcker>) -> Option<Delivery<KafkaAcker>> {
+    /// can be handed out unfenced. A stored position that the log contradicts ends the
+    /// stream ([`check_log`]).
+    async fn positioned(
+        &self,
+        mut d: Delivery<KafkaAcker>,
+    ) -> Result<Option<Delivery<KafkaAcker>>, BrokerError> {
         let Some((store, source)) = self.shared.positions.clone() else {
-            return Some(d);
+            return Ok(Some(d));
         };
         let (partition, offset, generation) =
             (d.acker.partition, d.acker.offset, d.acker.generation);
@@ -545,12 +551,29 @@ impl Converter {
                 // handed out. Run here, its commit would record no position and the new
                 // owner would read it again; the new owner has it (the ownership's own
                 // delivery of that offset settles it).
-                None => return None,
+                None => return Ok(None),
                 Some(true) => break,
                 Some(false) => {}
             }
             match store.take_position(&source, partition).await {
                 Ok(t) => {
+                    if let (Some(next), Some(consumer)) = (t.next, self.consumer.clone()) {
+                        let (topic, accept) =
+                            (self.shared.topic.clone(), self.shared.accept_position_gap);
+                        let checked =
+                            blocking(move || check_log(&consumer, &topic, partition, next, accept))
+                                .await?;
+                        match checked {
+                            Ok(()) => {}
+                            Err(e @ BrokerError::Config { .. }) => return Err(e),
+                            Err(e) => {
+                                tracing::warn!(target: "idem::broker", broker = BROKER, partition, error = %e, "checking the stored position against the log failed; trying again");
+                                tokio::time::sleep(wait).await;
+                                wait = (wait * 2).min(COMMIT_RETRY_MAX);
+                                continue;
+                            }
+                        }
+                    }
                     tracing::debug!(target: "idem::broker", broker = BROKER, partition, epoch = t.epoch, next = ?t.next, done = t.done.len(), "partition taken from the position store");
                     let seek = t.next.filter(|&n| n > offset);
                     {
@@ -607,7 +630,7 @@ impl Converter {
                 .and_then(|p| p.taken.as_ref().map(|t| (p, t)))
             else {
                 // Revoked while it was being taken: the new owner has it.
-                return None;
+                return Ok(None);
             };
             let skip = t.next.is_some_and(|n| offset < n) || t.done.contains(&offset);
             (skip, t.epoch, p.lwm.mark().unwrap_or(offset).min(offset))
@@ -617,10 +640,10 @@ impl Converter {
             // Done in the store: settled without being handed out, so the partition's
             // mark (and the group's committed offset) moves past it.
             let _ = d.acker.send_settle();
-            return None;
+            return Ok(None);
         }
         d.acker.at = Some(At { epoch, floor });
-        Some(d)
+        Ok(Some(d))
     }
 
     /// Sets the attempt of a delivery about to be handed out from the counts kept in
@@ -771,6 +794,66 @@ impl Converter {
 
 type Polled = Result<Delivery<KafkaAcker>, BrokerError>;
 
+/// Checks a partition's stored position `next` against its log: past the log's end, the
+/// position belongs to another log (the topic was recreated, or the store serves another
+/// cluster) and skipping up to it would skip records never processed; behind the log's
+/// start with the group's committed offset behind it too (or none), the records between
+/// were deleted by the topic's retention before anyone processed them. Either is a
+/// [`BrokerError::Config`] (the second only unless `accept`); a failed request another
+/// error (the caller tries again).
+fn check_log(
+    consumer: &Inner,
+    topic: &str,
+    partition: i32,
+    next: i64,
+    accept: bool,
+) -> Result<(), BrokerError> {
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, super::REQUEST_TIMEOUT)
+        .map_err(|e| BrokerError::op(BROKER, "fetch the watermarks", e))?;
+    if next > high {
+        return Err(BrokerError::Config {
+            broker: BROKER,
+            detail: format!(
+                "partition {partition} of {topic:?}: the stored position {next} is past the \
+                 end of the log ({high}): the topic was recreated, or the store belongs to \
+                 another cluster; nothing of the partition is consumed (delete its rows from \
+                 idem_positions to start from the group's offsets)"
+            ),
+        });
+    }
+    if next >= low || accept {
+        return Ok(());
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let committed = consumer
+        .committed_offsets(tpl, super::REQUEST_TIMEOUT)
+        .map_err(|e| BrokerError::op(BROKER, "read the group's committed offset", e))?;
+    let group_offset = committed
+        .find_partition(topic, partition)
+        .and_then(|e| match e.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        });
+    if group_offset.is_some_and(|c| c >= low) {
+        // The records between were settled by a member (the group's offset moves only
+        // past settled records) before the retention deleted them.
+        return Ok(());
+    }
+    Err(BrokerError::Config {
+        broker: BROKER,
+        detail: format!(
+            "partition {partition} of {topic:?}: the stored position {next} is behind the \
+             start of the log ({low}) and so is the group's offset ({}): records {next} to \
+             {} were deleted before they were processed (`positions_gap=accept` goes on from \
+             {low})",
+            group_offset.map_or_else(|| "none".to_owned(), |c| c.to_string()),
+            low - 1
+        ),
+    })
+}
+
 /// Pauses (or resumes) every partition assigned now.
 fn set_paused(consumer: &Inner, paused: bool) {
     let Ok(assignment) = consumer.assignment() else {
@@ -918,7 +1001,7 @@ impl crate::pull::Pull for Reader {
 
     async fn next(&mut self) -> Result<Delivery<KafkaAcker>, BrokerError> {
         if let Some(d) = self.joined.take() {
-            if let Some(d) = self.convert.positioned(d).await {
+            if let Some(d) = self.convert.positioned(d).await? {
                 return Ok(self.convert.counted(d).await);
             }
         }
@@ -933,7 +1016,7 @@ impl crate::pull::Pull for Reader {
                 m = self.polled.recv() => {
                     match m {
                         Some(Ok(d)) => {
-                            if let Some(d) = self.convert.positioned(d).await {
+                            if let Some(d) = self.convert.positioned(d).await? {
                                 return Ok(self.convert.counted(d).await);
                             }
                         }
@@ -1019,6 +1102,7 @@ impl KafkaConsumer {
             retry: retry_tx,
             producer: producer(config)?,
             positions,
+            accept_position_gap: config.accept_position_gap,
             own: Arc::clone(&own),
         });
         tokio::spawn(committer(
