@@ -9,7 +9,8 @@
 -- per-message consumers ran at 0.38x). Each slot row keeps:
 -- - `settled`: the highest "every offset below this one is done" a transaction recorded
 --   (the member's settled prefix);
--- - `done`: offsets at or past `settled` whose transactions committed, ascending;
+-- - `done`: offsets whose transactions committed (those below `settled` are pruned once
+--   the slot holds 64);
 -- - `epoch`: the fencing token. A member taking the partition raises the epoch of every
 --   slot at once (waiting for the transactions that hold one); a claim transaction moves
 --   its slot only at its member's epoch (in the same UPDATE), so a member that lost the

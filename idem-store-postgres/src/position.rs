@@ -62,11 +62,14 @@ fn advance_one_sql(table: &SqlText, fenced: bool) -> SqlText {
     } else {
         "AND $6::int8 IS NOT NULL"
     };
+    // Offsets below the settled prefix are pruned only once the slot holds 64 (they
+    // are harmless to the merge, which skips them): most updates append one number.
     sql!(
         "UPDATE {table} SET \
             settled = greatest(settled, $4), \
-            done = ARRAY(SELECT DISTINCT x FROM unnest(done || $5::int8) AS x \
-                         WHERE x >= greatest(settled, $4) ORDER BY x), \
+            done = CASE WHEN cardinality(done) < 64 THEN done || $5::int8 \
+                   ELSE ARRAY(SELECT DISTINCT x FROM unnest(done || $5::int8) AS x \
+                              WHERE x >= greatest(settled, $4) ORDER BY x) END, \
             advanced_at = now() \
          WHERE source = $1 AND partition = $2 AND slot = $3 {at_epoch} \
          RETURNING partition",

@@ -272,3 +272,46 @@ async fn transactions_of_one_partition_do_not_wait_for_each_other() {
     first.commit().await.expect("commit 100");
     assert_eq!(stored(&pg, 4).await, (Some(102), vec![], e));
 }
+
+/// Transactions of one delivery each (the statement that appends an offset, and prunes a
+/// slot once it holds 64): past many prunes of every slot, the stored position still
+/// agrees with the reference [`advance`]. Offsets finish out of order within a window of
+/// 40, the member's settled prefix trailing behind.
+#[tokio::test]
+async fn single_deliveries_agree_with_the_reference_past_the_prunes() {
+    let pg = common::fresh_pg().await;
+    let e = pg.take_position(SOURCE, 5).await.expect("take").epoch;
+    let mut model = (None::<i64>, Vec::<i64>::new());
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut offsets: Vec<i64> = (0..2_400).collect();
+    for w in offsets.chunks_mut(40) {
+        for i in (1..w.len()).rev() {
+            w.swap(
+                i,
+                usize::try_from(rand(u64::try_from(i).unwrap() + 1)).unwrap(),
+            );
+        }
+    }
+    for (i, &o) in offsets.iter().enumerate() {
+        // Everything 60 behind has settled by now.
+        let settled = (i64::try_from(i).unwrap() - 60).max(0).min(o);
+        commit_claims(&pg, &[at(5, o, settled, e)])
+            .await
+            .expect("commit");
+        model = {
+            let (n, d) = advance(model.0, &model.1, settled, &[o]);
+            (Some(n), d)
+        };
+        if i % 200 == 199 {
+            let got = stored(&pg, 5).await;
+            assert_eq!((got.0, got.1), model.clone(), "after {} deliveries", i + 1);
+        }
+    }
+    assert_eq!(stored(&pg, 5).await.0, Some(2_400));
+}
