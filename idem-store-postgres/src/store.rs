@@ -1067,9 +1067,10 @@ impl ClaimTx for PgTx {
         self.end(false).await.map_err(|e| map_sqlx(e, "rollback"))
     }
 
-    /// One statement (`idem_positions`, [`crate::position`]): each partition's row is
-    /// locked in partition order at its move's epoch and moved; a partition taken by
-    /// another member since is [`StoreError::Fenced`] (the transaction must roll back).
+    /// One statement (`idem_positions`, [`idem_core::position`]): per partition, the
+    /// slot row of its lowest offset is locked (in partition order) at the move's epoch
+    /// and moved; a partition taken by another member since is [`StoreError::Fenced`]
+    /// (the transaction must roll back).
     async fn advance_positions(&mut self, moves: &[PositionMove]) -> Result<(), StoreError> {
         crate::position::advance(self, moves).await
     }

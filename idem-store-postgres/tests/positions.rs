@@ -130,22 +130,20 @@ async fn the_statement_agrees_with_the_reference_advance() {
             })
             .collect();
         commit_claims(&pg, &moves).await.expect("commit");
-        for p in 0..2 {
-            let mine: Vec<&PositionMove> = moves
-                .iter()
-                .filter(|m| m.partition == i32::try_from(p).unwrap())
-                .collect();
+        for (p, kept) in model.iter_mut().enumerate() {
+            let p = i32::try_from(p).unwrap();
+            let mine: Vec<&PositionMove> = moves.iter().filter(|m| m.partition == p).collect();
             if mine.is_empty() {
                 continue;
             }
             let s = mine.iter().map(|m| m.settled_below).max().unwrap();
             let offs: Vec<i64> = mine.iter().map(|m| m.offset).collect();
-            let (n, d) = advance(model[p].0, &model[p].1, s, &offs);
-            model[p] = (Some(n), d);
-            let got = stored(&pg, i32::try_from(p).unwrap()).await;
+            let (n, d) = advance(kept.0, &kept.1, s, &offs);
+            *kept = (Some(n), d);
+            let got = stored(&pg, p).await;
             assert_eq!(
                 (got.0, got.1),
-                model[p].clone(),
+                kept.clone(),
                 "partition {p} after {chunk:?}"
             );
         }

@@ -642,7 +642,7 @@ impl Converter {
             let _ = d.acker.send_settle();
             return Ok(None);
         }
-        d.acker.at = Some(At { epoch, floor });
+        d.acker.at = std::num::NonZeroI64::new(epoch).map(|epoch| At { epoch, floor });
         Ok(Some(d))
     }
 
@@ -762,8 +762,9 @@ impl Converter {
                 return None;
             }
             let at = part.and_then(|p| {
-                p.taken.as_ref().map(|t| At {
-                    epoch: t.epoch,
+                let t = p.taken.as_ref()?;
+                Some(At {
+                    epoch: std::num::NonZeroI64::new(t.epoch)?,
                     floor: p.lwm.mark().unwrap_or(r.offset).min(r.offset),
                 })
             });
@@ -1050,7 +1051,7 @@ impl KafkaConsumer {
                     param: "positions".to_owned(),
                     value: "store".to_owned(),
                     reason: "needs a position store: KafkaConfig::with_position_store (idem \
-                             consume gives its --store, which must be Postgres or SQLite)"
+                             consume gives its --store, which must be Postgres)"
                         .to_owned(),
                 })
             }
@@ -1200,7 +1201,8 @@ impl Stream for KafkaConsumer {
 /// A delivery's place for its claim transaction, with positions stored.
 #[derive(Debug, Clone, Copy)]
 struct At {
-    epoch: i64,
+    /// The ownership's epoch (at least 1: `Option<At>` takes no more room than `At`).
+    epoch: std::num::NonZeroI64,
     /// Every offset below it was settled when the delivery was handed out.
     floor: i64,
 }
@@ -1337,7 +1339,7 @@ impl Acker for KafkaAcker {
             partition: self.partition,
             offset: self.offset,
             settled_below,
-            epoch: at.epoch,
+            epoch: at.epoch.get(),
         })
     }
 
