@@ -481,23 +481,12 @@ fn first_id_millis(v: &fred::types::Value) -> Option<u64> {
 async fn kafka(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerError> {
     use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
     use rdkafka::client::DefaultClientContext;
-    use rdkafka::consumer::BaseConsumer;
     crate::kafka::check_name(name)?;
     let c = crate::kafka::KafkaConfig::from_url(url, name)?;
     let broker = crate::kafka::BROKER;
     // The topic must exist (some brokers, tansu among them, describe a missing topic as
     // one without settings).
-    let partitions = {
-        let (mut meta_config, topic) = (c.client_config(), name.to_owned());
-        crate::kafka::blocking(move || {
-            let meta: BaseConsumer = meta_config
-                .set("allow.auto.create.topics", "false")
-                .create()
-                .map_err(|e| BrokerError::connect(broker, e))?;
-            crate::kafka::partition_count(&meta, &topic)
-        })
-        .await??
-    };
+    let partitions = topic_partitions(&c, name).await?;
     if partitions == 0 {
         return Err(missing(name, "Kafka topic"));
     }
@@ -536,6 +525,22 @@ async fn kafka(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broke
     ))
 }
 
+/// The partitions of topic `name` as the cluster reports them, without creating it (0:
+/// no such topic).
+#[cfg(feature = "kafka")]
+async fn topic_partitions(c: &crate::kafka::KafkaConfig, name: &str) -> Result<usize, BrokerError> {
+    use rdkafka::consumer::BaseConsumer;
+    let (mut meta_config, topic) = (c.client_config(), name.to_owned());
+    crate::kafka::blocking(move || {
+        let meta: BaseConsumer = meta_config
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .map_err(|e| BrokerError::connect(crate::kafka::BROKER, e))?;
+        crate::kafka::partition_count(&meta, &topic)
+    })
+    .await?
+}
+
 /// [`Retention::PositionsStored`] when `url` keeps its group's positions in the store
 /// and `store` holds one for every partition of topic `name`; `None` otherwise.
 #[cfg(feature = "kafka")]
@@ -544,7 +549,6 @@ async fn kafka_positions(
     name: &str,
     store: &dyn idem_core::PositionStore,
 ) -> Result<Option<(Retention, String)>, BrokerError> {
-    use rdkafka::consumer::BaseConsumer;
     let c = crate::kafka::KafkaConfig::from_url(url, name)?;
     if c.positions == crate::kafka::Positions::Broker {
         return Ok(None);
@@ -554,17 +558,7 @@ async fn kafka_positions(
         .positions(&source)
         .await
         .map_err(|e| BrokerError::op(crate::kafka::BROKER, "read the stored positions", e))?;
-    let partitions = {
-        let (mut meta_config, topic) = (c.client_config(), name.to_owned());
-        crate::kafka::blocking(move || {
-            let meta: BaseConsumer = meta_config
-                .set("allow.auto.create.topics", "false")
-                .create()
-                .map_err(|e| BrokerError::connect(crate::kafka::BROKER, e))?;
-            crate::kafka::partition_count(&meta, &topic)
-        })
-        .await??
-    };
+    let partitions = topic_partitions(&c, name).await?;
     let covered = |p: usize| {
         stored
             .iter()

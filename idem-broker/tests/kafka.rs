@@ -230,20 +230,8 @@ async fn two_members_one_killed_mid_run_exactly_once() {
 
     let mut child = spawn_member(&group, &name, &store, &["--delay-ms", "15"]);
     let count = |store: PgStore| async move { common::effects(&store).await.len() };
-    // The child has joined and works. (tansu, after the rest of the suite has filled it
-    // with topics and groups, can take tens of seconds to serve a new group's first fetch:
-    // the deadlines are generous, and cost nothing when it is quick.)
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while count(store.clone()).await < 10 {
-        assert!(
-            Instant::now() < deadline,
-            "the child member never processed anything"
-        );
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the child member ended: {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The child has joined and works.
+    wait_for_disbursements(&store, &mut child, 10).await;
     // Kill it once the group has done a good part, while it is still busy.
     let killer_store = store.clone();
     let killer = tokio::spawn(async move {
@@ -283,6 +271,24 @@ async fn two_members_one_killed_mid_run_exactly_once() {
         0,
         "nothing left to settle"
     );
+}
+
+/// Waits until `store` holds `n` disbursements, failing the test if the `child` member
+/// ends first or it takes 180 s. (tansu, after the rest of the suite has filled it with
+/// topics and groups, can take tens of seconds to serve a new group's first fetch: the
+/// deadline is generous, and costs nothing when it is quick.)
+async fn wait_for_disbursements(store: &PgStore, child: &mut Child, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while common::effects(store).await.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the child member never got to {n}"
+        );
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the child member ended: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// One in-process member of `url`'s group: `concurrency` deliveries at a time, each held
@@ -805,21 +811,10 @@ async fn killed_and_succeeded(positions: bool) -> (usize, idem_core::ConsumerSta
         flag,
     ];
     let mut child = spawn_member(&group, &name, &store, &args);
-    let count = |store: PgStore| async move { common::effects(&store).await.len() };
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while count(store.clone()).await < 150 {
-        assert!(
-            Instant::now() < deadline,
-            "the child member never got to 150"
-        );
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the child member ended: {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_disbursements(&store, &mut child, 150).await;
     child.kill().expect("SIGKILL the child member");
     let _ = child.wait();
-    let at_kill = count(store.clone()).await;
+    let at_kill = common::effects(&store).await.len();
     assert!(at_kill < N, "killed mid-run ({at_kill} of {N})");
     let stats = consume_positioned(&url, &name, &store, (4, 10), Duration::from_secs(12)).await;
     ledger.assert_exactly_once(&common::effects(&store).await);

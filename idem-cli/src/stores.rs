@@ -82,7 +82,7 @@ pub(crate) struct Extras {
     /// Where an outcome tally is flushed: the durable store (none for `memory://`).
     pub(crate) outcome_counts: Option<Arc<dyn OutcomeCountStore>>,
     /// Where a log broker's positions are kept when its URL asks (`?positions=store`):
-    /// the durable store (Postgres), `None` for the others.
+    /// the durable store (Postgres, SQLite), `None` for `memory://`.
     pub(crate) positions: Option<Arc<dyn idem_core::PositionStore>>,
 }
 
@@ -193,7 +193,16 @@ pub(crate) async fn open<V: StoreVisitor>(
             }
             let identity = Identity::Sqlite(store.clone());
             let counts: Arc<dyn OutcomeCountStore> = Arc::new(store.clone());
-            with_filter(spec, store, identity, Some(counts), None, visitor).await
+            let positions: Arc<dyn idem_core::PositionStore> = Arc::new(store.clone());
+            with_filter(
+                spec,
+                store,
+                identity,
+                Some(counts),
+                Some(positions),
+                visitor,
+            )
+            .await
         }
         StoreUrl::Memory => {
             let store = idem_testkit::MemoryStore::new();

@@ -61,6 +61,7 @@ pub mod error;
 pub mod identity;
 pub mod inspect;
 mod outbox;
+mod position;
 pub mod retention;
 pub mod source;
 pub mod sql;

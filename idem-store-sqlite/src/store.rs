@@ -25,6 +25,8 @@ const CLAIM_IDENTITY: &str = include_str!("../migrations/0003_claim_identity.sql
 const OUTCOME_COUNTS: &str = include_str!("../migrations/0005_outcome_counts.sql");
 /// The reruns' record (`idem_runs`, [`ClaimStore::note_run`]).
 const RUNS: &str = include_str!("../migrations/0006_runs.sql");
+/// The log positions kept in claim transactions (`idem_positions`, [`idem_core::position`]).
+const POSITIONS: &str = include_str!("../migrations/0007_positions.sql");
 
 /// The current time as the store writes it (see `now!`).
 pub(crate) const NOW: &str = now!();
@@ -113,6 +115,10 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map("creating the reruns' record", e))?;
+        sqlx::raw_sql(POSITIONS)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map("creating the log positions", e))?;
         crate::source::migrate(&self.pool).await
     }
 
@@ -322,6 +328,15 @@ impl ClaimTx for SqliteTx {
             }
         }
         Ok(out)
+    }
+
+    /// Each partition's row read and written back in the transaction (one writer at a
+    /// time), at its move's epoch ([`idem_core::position`]).
+    async fn advance_positions(
+        &mut self,
+        moves: &[idem_core::PositionMove],
+    ) -> Result<(), StoreError> {
+        crate::position::advance(self, moves).await
     }
 
     async fn commit(self) -> Result<(), StoreError> {

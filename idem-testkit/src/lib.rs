@@ -50,6 +50,7 @@ pub mod fault;
 pub mod harness;
 pub mod ledger;
 pub mod memory;
+pub mod positions;
 pub mod sim;
 #[cfg(feature = "proptest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proptest")))]

@@ -1051,7 +1051,7 @@ impl KafkaConsumer {
                     param: "positions".to_owned(),
                     value: "store".to_owned(),
                     reason: "needs a position store: KafkaConfig::with_position_store (idem \
-                             consume gives its --store, which must be Postgres)"
+                             consume gives its --store, which must be Postgres or SQLite)"
                         .to_owned(),
                 })
             }

@@ -51,8 +51,8 @@ pub(crate) struct Args {
     horizon_margin: Duration,
 }
 
-/// The store that may keep a Kafka source's positions (`?positions=store`): `--store`
-/// when it is Postgres.
+/// The store that may keep a Kafka source's positions (`?positions=store`): `--store`,
+/// when one is given.
 async fn position_store(
     args: &Args,
 ) -> Result<Option<std::sync::Arc<dyn idem_core::PositionStore>>, CliError> {
@@ -63,6 +63,13 @@ async fn position_store(
             let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
             Ok(Some(std::sync::Arc::new(
                 PgStore::connect(&url, config).await?,
+            )))
+        }
+        Some(StoreUrl::Sqlite(path)) => {
+            let mut config = SqliteConfig::default();
+            config.create_if_missing = false;
+            Ok(Some(std::sync::Arc::new(
+                SqliteStore::connect(&path, config).await?,
             )))
         }
         _ => Ok(None),

@@ -99,14 +99,14 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         }
         StoreUrl::Memory => unreachable!("refused above"),
     };
-    let positions: Option<&dyn idem_core::PositionStore> = match &opened {
+    let positions: &dyn idem_core::PositionStore = match &opened {
         #[cfg(feature = "postgres")]
-        Opened::Pg(s) => Some(s),
-        Opened::Sqlite(_) => None,
+        Opened::Pg(s) => s,
+        Opened::Sqlite(s) => s,
     };
     // The brokers' redelivery horizons first: no cutoff inside them, whatever the floor.
     let sources = crate::horizon::pairs(&args.broker, &args.source)?;
-    let horizons = crate::horizon::read(&sources, positions).await?;
+    let horizons = crate::horizon::read(&sources, Some(positions)).await?;
     for h in &horizons {
         eprintln!("purge: redelivery horizon of {h}");
     }
