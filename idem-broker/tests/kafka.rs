@@ -884,19 +884,7 @@ async fn stale_member_commits(held: usize) -> usize {
     }
     drop(stale);
     // The new owner (after the stale member left) processes every one exactly once.
-    let next = KafkaConsumer::connect(&config)
-        .await
-        .expect("connect the next member");
-    let gate = Gate::new(store.clone(), store.grant_handler());
-    let stats = consumer::run(
-        &gate,
-        until_idle(next, Duration::from_secs(8)),
-        ConsumerConfig::new(1, 1),
-        std::future::pending::<()>(),
-        |_| {},
-    )
-    .await
-    .expect("next member");
+    let stats = next_member(&config, &store).await;
     if landed == 0 {
         assert_eq!(stats.processed, u64::try_from(held).unwrap(), "{stats:?}");
         ledger.assert_exactly_once(&common::effects(&store).await);
@@ -989,6 +977,24 @@ async fn three_members_two_killed_with_positions_stored_exactly_once() {
     );
 }
 
+/// A new member of `config`'s group, one delivery at a time into `store`, until idle
+/// for 8 s.
+async fn next_member(config: &KafkaConfig, store: &PgStore) -> idem_core::ConsumerStats {
+    let next = idem_broker::kafka::KafkaConsumer::connect(config)
+        .await
+        .expect("connect the next member");
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    consumer::run(
+        &gate,
+        until_idle(next, Duration::from_secs(8)),
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("the next member")
+}
+
 /// A member commits offsets 1..=9 of its partition while offset 0 is still in hand (a
 /// slow delivery), then dies holding 0. The group's committed offset cannot pass 0, so
 /// with broker commits only the successor reads 1..=9 again (nine duplicates); with
@@ -1019,18 +1025,7 @@ async fn successor_after_a_slow_first(positions: bool) -> (u64, u64) {
     // The member dies holding offset 0.
     drop(slow);
     drop(first);
-    let next = KafkaConsumer::connect(&config)
-        .await
-        .expect("connect the successor");
-    let stats = consumer::run(
-        &gate,
-        until_idle(next, Duration::from_secs(8)),
-        ConsumerConfig::new(1, 1),
-        std::future::pending::<()>(),
-        |_| {},
-    )
-    .await
-    .expect("successor");
+    let stats = next_member(&config, &store).await;
     ledger.assert_exactly_once(&common::effects(&store).await);
     (stats.processed, stats.duplicates)
 }

@@ -192,17 +192,8 @@ pub(crate) async fn open<V: StoreVisitor>(
                 store.migrate_grants().await?;
             }
             let identity = Identity::Sqlite(store.clone());
-            let counts: Arc<dyn OutcomeCountStore> = Arc::new(store.clone());
-            let positions: Arc<dyn idem_core::PositionStore> = Arc::new(store.clone());
-            with_filter(
-                spec,
-                store,
-                identity,
-                Some(counts),
-                Some(positions),
-                visitor,
-            )
-            .await
+            let (counts, positions) = durable(&store);
+            with_filter(spec, store, identity, counts, positions, visitor).await
         }
         StoreUrl::Memory => {
             let store = idem_testkit::MemoryStore::new();
@@ -226,19 +217,24 @@ pub(crate) async fn open<V: StoreVisitor>(
                 store.migrate_grants().await?;
             }
             let identity = Identity::Pg(store.clone());
-            let counts: Arc<dyn OutcomeCountStore> = Arc::new(store.clone());
-            let positions: Arc<dyn idem_core::PositionStore> = Arc::new(store.clone());
-            with_filter(
-                spec,
-                store,
-                identity,
-                Some(counts),
-                Some(positions),
-                visitor,
-            )
-            .await
+            let (counts, positions) = durable(&store);
+            with_filter(spec, store, identity, counts, positions, visitor).await
         }
     }
+}
+
+/// What a durable store keeps beside its claims: the outcome tally and log positions.
+#[allow(clippy::type_complexity)]
+fn durable<S>(
+    store: &S,
+) -> (
+    Option<Arc<dyn OutcomeCountStore>>,
+    Option<Arc<dyn idem_core::PositionStore>>,
+)
+where
+    S: OutcomeCountStore + idem_core::PositionStore + Clone + 'static,
+{
+    (Some(Arc::new(store.clone())), Some(Arc::new(store.clone())))
 }
 
 /// Puts the front filter (when asked for) in front of `store`: its marks are scoped to
