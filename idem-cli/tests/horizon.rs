@@ -253,3 +253,70 @@ fn the_longest_of_several_sources_wins_and_an_unknown_one_refuses_every_cutoff()
         .args([&pg, "-qc", &format!("DROP SCHEMA \"{schema}\" CASCADE")])
         .output();
 }
+
+/// A Kafka topic consumed with `?positions=store`: once every partition has a stored
+/// position, the topic's own retention is no part of the horizon (nothing before a
+/// stored position is delivered to the group again); its dead letters still are. On
+/// tansu, which reports no retention of a topic created without one, the dead-letter
+/// topic still leaves the horizon open, so this reads what `idem inspect` says of each
+/// part.
+#[test]
+fn a_kafka_topic_whose_positions_are_stored_adds_no_horizon_of_its_own() {
+    let (pg, schema) = store();
+    let brokers = env("IDEM_TEST_KAFKA_BROKERS", "127.0.0.1:9092");
+    let (topic, group) = (format!("horizon-{}", tag()), format!("g-{}", tag()));
+    let plain = format!("kafka://{brokers}?group={group}&partitions=2&batch_messages=1");
+    let stored = format!("{plain}&positions=store");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("many.jsonl");
+    let lines: String = (0..20)
+        .map(|i| {
+            format!(
+                "{{\"award_id\":\"H-{i}\",\"submission_timestamp\":\"2026-07-01T09:00:00Z\",\"amount_cents\":1}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(&f, lines).expect("write");
+    let file = f.to_str().expect("utf-8");
+    ok(&idem(&[
+        "publish",
+        "--broker",
+        &plain,
+        "--destination",
+        &topic,
+        "--file",
+        file,
+    ]));
+    let inspect = |broker: &str| {
+        ok(&idem(&[
+            "inspect", "--broker", broker, "--source", &topic, "--store", &pg, "--schema", &schema,
+        ]))
+    };
+    // Nothing consumed yet: no position stored, the topic's retention counts.
+    assert!(!inspect(&stored).contains("partitions stored"));
+    ok(&idem(&[
+        "consume",
+        "--broker",
+        &stored,
+        "--source",
+        &topic,
+        "--store",
+        &pg,
+        "--schema",
+        &schema,
+        "--exit-when-idle",
+        "8",
+    ]));
+    let shown = inspect(&stored);
+    assert!(
+        shown.contains(&format!(
+            "positions of all 2 partitions stored as \"kafka/{group}/{topic}\""
+        )),
+        "{shown}"
+    );
+    // The same topic read as a broker-commit source: its retention counts again.
+    assert!(!inspect(&plain).contains("partitions stored"));
+    let _ = Command::new("psql")
+        .args([&pg, "-qc", &format!("DROP SCHEMA \"{schema}\" CASCADE")])
+        .output();
+}
