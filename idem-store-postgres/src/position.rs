@@ -36,7 +36,7 @@ fn advance_sql(table: &SqlText, fenced: bool) -> SqlText {
             FROM unnest($2::int4[], $3::int8[], $4::int8[], $5::int8[]) AS u(part, epoch, settled, off) \
             GROUP BY u.part, u.epoch \
          ), locked AS MATERIALIZED ( \
-            SELECT p.partition, p.slot, m.settled, m.offsets FROM {table} AS p \
+            SELECT p.partition, p.slot, m.epoch, m.settled, m.offsets FROM {table} AS p \
             JOIN m ON m.part = p.partition AND m.slot = p.slot {at_epoch} \
             WHERE p.source = $1 ORDER BY p.partition FOR NO KEY UPDATE OF p \
          ) \
@@ -47,7 +47,7 @@ fn advance_sql(table: &SqlText, fenced: bool) -> SqlText {
             advanced_at = now() \
          FROM locked AS l \
          WHERE p.source = $1 AND p.partition = l.partition AND p.slot = l.slot \
-         RETURNING p.partition",
+         RETURNING p.partition, l.epoch",
         table,
         at_epoch,
         slots = SLOTS
@@ -124,7 +124,7 @@ pub(crate) async fn advance(tx: &mut PgTx, moves: &[PositionMove]) -> Result<(),
     let epochs: Vec<i64> = moves.iter().map(|m| m.epoch).collect();
     let settled: Vec<i64> = moves.iter().map(|m| m.settled_below).collect();
     let offsets: Vec<i64> = moves.iter().map(|m| m.offset).collect();
-    let moved: Vec<i32> = match sqlx::query_scalar(statement(text))
+    let moved: Vec<(i32, i64)> = match sqlx::query_as(statement(text))
         .bind(source.as_ref())
         .bind(&parts)
         .bind(&epochs)
@@ -139,7 +139,13 @@ pub(crate) async fn advance(tx: &mut PgTx, moves: &[PositionMove]) -> Result<(),
             return Err(map_sqlx(e, "advance the log positions"));
         }
     };
-    let mut taken: Vec<i32> = parts.into_iter().filter(|p| !moved.contains(p)).collect();
+    // A partition moved at one epoch and not at another (deliveries of two of this
+    // member's ownerships in one transaction) is fenced too.
+    let mut taken: Vec<i32> = moves
+        .iter()
+        .filter(|m| !moved.contains(&(m.partition, m.epoch)))
+        .map(|m| m.partition)
+        .collect();
     if taken.is_empty() {
         return Ok(());
     }

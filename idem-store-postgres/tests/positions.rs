@@ -130,3 +130,8 @@ async fn a_store_without_positions_refuses_a_move() {
     tx.advance_positions(&[]).await.expect("nothing to move");
     tx.rollback().await.expect("rollback");
 }
+
+#[tokio::test]
+async fn a_transaction_of_two_ownerships_is_fenced() {
+    scenario::a_transaction_of_two_ownerships_is_fenced(&common::fresh_pg().await).await;
+}

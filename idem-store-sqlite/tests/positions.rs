@@ -47,3 +47,8 @@ async fn without_fencing_the_stale_member_commits() {
     mutant::set(None);
     assert!(landed, "the mutant should let the stale commit land");
 }
+
+#[tokio::test]
+async fn a_transaction_of_two_ownerships_is_fenced() {
+    scenario::a_transaction_of_two_ownerships_is_fenced(&common::fresh().await.store).await;
+}

@@ -233,3 +233,23 @@ where
         Err(e) => panic!("not fenced but {e}"),
     }
 }
+
+/// One transaction holding deliveries of two ownerships of one partition (one handed
+/// out before the partition was taken again): fenced, whichever of its moves is current,
+/// and nothing of it lands.
+pub async fn a_transaction_of_two_ownerships_is_fenced<S>(store: &S)
+where
+    S: ClaimStore + PositionStore,
+{
+    let old = store.take_position(SOURCE, 8).await.expect("take").epoch;
+    let new = store
+        .take_position(SOURCE, 8)
+        .await
+        .expect("take again")
+        .epoch;
+    match commit_claims(store, &[at(8, 1, 0, old), at(8, 2, 0, new)]).await {
+        Err(StoreError::Fenced { partitions, .. }) => assert_eq!(partitions, vec![8]),
+        other => panic!("not fenced: {other:?}"),
+    }
+    assert_eq!(stored(store, 8).await, (None, vec![], new));
+}
