@@ -28,6 +28,26 @@ BEGIN
     END IF;
 END
 $award$;
--- `inspect` finds a key's outbox events.
-CREATE INDEX IF NOT EXISTS outbox_idempotency_key_idx
-    ON {schema}.outbox (idempotency_key);
+-- `inspect` and `audit export` find a key's outbox events (`idempotency_key = ANY(...)`):
+-- equality only, so a hash index, whose entry is a 4-byte hash code where a btree's holds
+-- the 64-character key: about a third of the WAL of the btree's entry and a quarter of its
+-- size, so it stays in memory at depth (docs/performance.md, `scripts/index-costs`). A
+-- schema made by an earlier version keeps its btree `outbox_idempotency_key_idx` (building
+-- an index here would hold the outbox's writers for as long as the build takes) until the
+-- hash index has been built beside it without blocking them:
+--   CREATE INDEX CONCURRENTLY outbox_idempotency_key_hash
+--       ON <schema>.outbox USING hash (idempotency_key);
+-- the next `migrate` then drops the btree (docs/stores.md). An invalid hash index (a
+-- concurrent build that failed) replaces nothing: drop it and build it again.
+DO $events$
+BEGIN
+    IF to_regclass('{schema}.outbox_idempotency_key_idx') IS NULL THEN
+        CREATE INDEX IF NOT EXISTS outbox_idempotency_key_hash
+            ON {schema}.outbox USING hash (idempotency_key);
+    ELSIF EXISTS (SELECT 1 FROM pg_index
+                  WHERE indexrelid = to_regclass('{schema}.outbox_idempotency_key_hash')
+                    AND indisvalid) THEN
+        DROP INDEX {schema}.outbox_idempotency_key_idx;
+    END IF;
+END
+$events$;

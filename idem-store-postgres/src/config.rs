@@ -59,11 +59,11 @@ pub struct PgConfig {
     /// Whether [`PgStore::migrate`](crate::PgStore::migrate) creates the indexes that make
     /// [`purge`](crate::PgStore::purge) and [`inspect_key`](crate::PgStore::inspect_key) /
     /// [`inspect_subject`](crate::PgStore::inspect_subject) fast
-    /// (`processed_messages(claimed_at)`, `processed_messages(award_id)`,
-    /// `outbox(idempotency_key)`, in `migrations/0002_audit_indexes.sql`). They are
-    /// maintained on every insert and cost about a fifth of the batch throughput; without
-    /// them those operations scan the tables. Default `true`. Setting it to `false` does
-    /// not drop indexes that exist.
+    /// (`processed_messages(claimed_at)` and a hash index of `outbox(idempotency_key)`, in
+    /// `migrations/0002_audit_indexes.sql`; lookups by award id use the identity index).
+    /// They are maintained on every insert (what each costs the batched claims:
+    /// `scripts/index-costs`); without them those operations scan the tables. Default
+    /// `true`. Setting it to `false` does not drop indexes that exist.
     pub audit_indexes: bool,
     /// The layout [`PgStore::migrate`](crate::PgStore::migrate) creates when
     /// `processed_messages` does not exist yet. Default [`PgLayout::Plain`] (the

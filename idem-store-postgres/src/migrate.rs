@@ -106,16 +106,22 @@ const COLUMNS: &[(&str, &str)] = &[
 ];
 /// Triggers the scripts create.
 const TRIGGERS: &[(&str, &str)] = &[("outbox", "idem_outbox_pending")];
-/// Relations whose presence asks for the script to run: an index an operator built
-/// beforehand for the script to swap in (0006_claim_identity.sql).
-const TO_SWAP_IN: &[&str] = &["processed_messages_identity_full"];
+/// Relations whose presence asks for the script to run (`a&b`: all of them): an index an
+/// operator built beforehand for the script to swap in (0006_claim_identity.sql), or
+/// beside the one it replaces (0002_audit_indexes.sql).
+const TO_SWAP_IN: &[&str] = &[
+    "processed_messages_identity_full",
+    "outbox_idempotency_key_hash&outbox_idempotency_key_idx",
+];
 
 /// What the catalog must hold for [`PgStore::migrate`] to run no DDL.
 struct Expected {
+    /// Each entry: a relation, or `a|b`: any one of them.
     relations: Vec<&'static str>,
     columns: Vec<(&'static str, &'static str)>,
     triggers: Vec<(&'static str, &'static str)>,
-    /// Relations that must not be there ([`TO_SWAP_IN`]).
+    /// Relations whose presence asks for the script to run ([`TO_SWAP_IN`]; `a&b`: all of
+    /// them).
     absent: Vec<&'static str>,
 }
 
@@ -132,12 +138,17 @@ impl Expected {
         if audit_indexes {
             // `processed_messages_award_id_idx` only where the identity index is still
             // partial (0002_audit_indexes.sql): not a relation every schema has.
-            relations.extend([
-                "processed_messages_claimed_at_idx",
-                "outbox_idempotency_key_idx",
-            ]);
-            if layout == PgLayout::Distributed {
-                relations.push("processed_messages_idempotency_key_idx");
+            relations.push("processed_messages_claimed_at_idx");
+            match layout {
+                // The hash index, or an earlier version's btree until the hash index is
+                // built beside it (0002_audit_indexes.sql).
+                PgLayout::Plain | PgLayout::Partitioned => {
+                    relations.push("outbox_idempotency_key_hash|outbox_idempotency_key_idx");
+                }
+                PgLayout::Distributed => relations.extend([
+                    "outbox_idempotency_key_idx",
+                    "processed_messages_idempotency_key_idx",
+                ]),
             }
         }
         Self {
@@ -449,7 +460,8 @@ impl PgStore {
         let missing: Result<Vec<String>, _> = sqlx::query_scalar(
             "WITH s AS (SELECT quote_ident($1) || '.' AS q) \
              SELECT r FROM unnest($2::text[]) AS r, s \
-               WHERE to_regclass(s.q || quote_ident(r)) IS NULL \
+               WHERE NOT EXISTS (SELECT 1 FROM unnest(string_to_array(r, '|')) AS x \
+                 WHERE to_regclass(s.q || quote_ident(x)) IS NOT NULL) \
              UNION ALL \
              SELECT t || '.' || c FROM unnest($3::text[], $4::text[]) AS u(t, c), s \
                WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a \
@@ -461,7 +473,8 @@ impl PgStore {
                  WHERE tr.tgrelid = to_regclass(s.q || quote_ident(t)) AND tr.tgname = g) \
              UNION ALL \
              SELECT r || ' (to swap in)' FROM unnest($7::text[]) AS r, s \
-               WHERE to_regclass(s.q || quote_ident(r)) IS NOT NULL",
+               WHERE NOT EXISTS (SELECT 1 FROM unnest(string_to_array(r, '&')) AS x \
+                 WHERE to_regclass(s.q || quote_ident(x)) IS NULL)",
         )
         .bind(self.schema())
         .bind(&expected.relations)

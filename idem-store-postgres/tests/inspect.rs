@@ -37,13 +37,112 @@ async fn inspect_shows_claims_and_their_events() {
         "{plan:#?}"
     );
     drop(tx);
+    assert_eq!(
+        events_plan(&store).await,
+        "outbox_idempotency_key_hash",
+        "a key's events are found through the hash index"
+    );
+    inspect_on(store).await;
+}
+
+/// The index through which `inspect` and `audit export` find the outbox events of a few
+/// keys (their statement's `idempotency_key = ANY($1)`), with sequential scans off.
+async fn events_plan(store: &idem_store_postgres::PgStore) -> String {
+    let mut tx = store.pool().begin().await.expect("begin");
+    sqlx::query("SET LOCAL enable_seqscan = off")
+        .execute(&mut *tx)
+        .await
+        .expect("set");
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN SELECT id FROM {} WHERE idempotency_key = ANY(ARRAY['a', 'b']) ORDER BY id",
+        store.table("outbox")
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .expect("explain");
+    ["outbox_idempotency_key_hash", "outbox_idempotency_key_idx"]
+        .into_iter()
+        .find(|i| plan.iter().any(|l| l.contains(&format!(" on {i}"))))
+        .unwrap_or_else(|| panic!("no index of the keys in {plan:#?}"))
+        .to_owned()
+}
+
+/// A schema made by an earlier version, with a btree of the outbox's keys: `migrate` keeps
+/// it (building the hash index there would hold the writers) and `inspect` reads through
+/// it; once the hash index is built beside it concurrently, the next `migrate` drops the
+/// btree, and `inspect` reads through the hash index. A hash index whose concurrent build
+/// failed (invalid) replaces nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_versions_key_btree_stays_until_the_hash_index_is_built_beside_it() {
+    let store = common::fresh_pg().await;
+    let schema = format!("\"{}\"", store.schema());
+    let ob = store.table("outbox");
+    let exec = |sql: String| {
+        let store = &store;
+        async move {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(store.pool())
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    };
+    exec(format!(
+        "DROP INDEX {schema}.outbox_idempotency_key_hash; \
+         CREATE INDEX outbox_idempotency_key_idx ON {ob} (idempotency_key); \
+         UPDATE {} SET script_md5 = 'an earlier version'",
+        store.table("idem_migrations")
+    ))
+    .await;
+    store.migrate().await.expect("migrate");
+    assert_eq!(events_plan(&store).await, "outbox_idempotency_key_idx");
+    assert_eq!(
+        audit_index_count(&store).await,
+        2,
+        "no hash index built in place"
+    );
+    // The btree counts as the index the script wants: the next start runs no DDL, so it
+    // does not wait for a transaction that holds the outbox open.
+    let mut reader = store.pool().begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {ob}")))
+        .execute(&mut *reader)
+        .await
+        .expect("read");
+    tokio::time::timeout(Duration::from_secs(2), store.migrate())
+        .await
+        .expect("a migrated schema with the btree runs no DDL")
+        .expect("migrate");
+    drop(reader);
+
+    // A failed concurrent build leaves an invalid index: it replaces nothing.
+    exec(format!(
+        "CREATE INDEX outbox_idempotency_key_hash ON {ob} USING hash (idempotency_key); \
+         UPDATE pg_index SET indisvalid = false \
+           WHERE indexrelid = '{schema}.outbox_idempotency_key_hash'::regclass"
+    ))
+    .await;
+    store.migrate().await.expect("migrate");
+    assert_eq!(
+        audit_index_count(&store).await,
+        3,
+        "the btree stays beside an invalid hash index"
+    );
+    exec(format!("DROP INDEX {schema}.outbox_idempotency_key_hash")).await;
+
+    exec(format!(
+        "CREATE INDEX CONCURRENTLY outbox_idempotency_key_hash ON {ob} USING hash (idempotency_key)"
+    ))
+    .await;
+    store.migrate().await.expect("migrate");
+    assert_eq!(events_plan(&store).await, "outbox_idempotency_key_hash");
+    assert_eq!(audit_index_count(&store).await, 2, "the btree is dropped");
     inspect_on(store).await;
 }
 
 async fn audit_index_count(store: &idem_store_postgres::PgStore) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname IN \
-         ('processed_messages_claimed_at_idx', 'processed_messages_award_id_idx', 'outbox_idempotency_key_idx')",
+         ('processed_messages_claimed_at_idx', 'processed_messages_award_id_idx', \
+          'outbox_idempotency_key_idx', 'outbox_idempotency_key_hash')",
     )
     .bind(store.schema())
     .fetch_one(store.pool())
