@@ -19,24 +19,19 @@ async fn inspect_shows_claims_and_their_events() {
         "the default migration creates the audit indexes, and no index of its own on award_id"
     );
     // The lookup by award id goes through the identity index (which leads with award_id).
-    let mut tx = store.pool().begin().await.expect("begin");
-    sqlx::query("SET LOCAL enable_seqscan = off")
-        .execute(&mut *tx)
-        .await
-        .expect("set");
-    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN SELECT idempotency_key FROM {} WHERE award_id = 'A-7'",
-        store.table("processed_messages")
-    )))
-    .fetch_all(&mut *tx)
-    .await
-    .expect("explain");
+    let plan = plan_without_seqscan(
+        &store,
+        format!(
+            "SELECT idempotency_key FROM {} WHERE award_id = 'A-7'",
+            store.table("processed_messages")
+        ),
+    )
+    .await;
     assert!(
         plan.iter()
             .any(|l| l.contains("processed_messages_identity_key")),
         "{plan:#?}"
     );
-    drop(tx);
     assert_eq!(
         events_plan(&store).await,
         "outbox_idempotency_key_hash",
@@ -48,23 +43,32 @@ async fn inspect_shows_claims_and_their_events() {
 /// The index through which `inspect` and `audit export` find the outbox events of a few
 /// keys (their statement's `idempotency_key = ANY($1)`), with sequential scans off.
 async fn events_plan(store: &idem_store_postgres::PgStore) -> String {
-    let mut tx = store.pool().begin().await.expect("begin");
-    sqlx::query("SET LOCAL enable_seqscan = off")
-        .execute(&mut *tx)
-        .await
-        .expect("set");
-    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN SELECT id FROM {} WHERE idempotency_key = ANY(ARRAY['a', 'b']) ORDER BY id",
-        store.table("outbox")
-    )))
-    .fetch_all(&mut *tx)
-    .await
-    .expect("explain");
+    let plan = plan_without_seqscan(
+        store,
+        format!(
+            "SELECT id FROM {} WHERE idempotency_key = ANY(ARRAY['a', 'b']) ORDER BY id",
+            store.table("outbox")
+        ),
+    )
+    .await;
     ["outbox_idempotency_key_hash", "outbox_idempotency_key_idx"]
         .into_iter()
         .find(|i| plan.iter().any(|l| l.contains(&format!(" on {i}"))))
         .unwrap_or_else(|| panic!("no index of the keys in {plan:#?}"))
         .to_owned()
+}
+
+/// The lines of `EXPLAIN query` with sequential scans off.
+async fn plan_without_seqscan(store: &idem_store_postgres::PgStore, query: String) -> Vec<String> {
+    let mut tx = store.pool().begin().await.expect("begin");
+    sqlx::query("SET LOCAL enable_seqscan = off")
+        .execute(&mut *tx)
+        .await
+        .expect("set");
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {query}")))
+        .fetch_all(&mut *tx)
+        .await
+        .expect("explain")
 }
 
 /// A schema made by an earlier version, with a btree of the outbox's keys: `migrate` keeps
