@@ -37,12 +37,13 @@ pub(crate) struct Sql {
     /// and the identity's).
     pub(crate) claim_identity: SqlStr,
     pub(crate) claim_batch_identity: SqlStr,
-    /// Whether `claim_batch_identity` answers every item — `(key, inserted, duplicate)`,
-    /// duplicate when it inserted nothing and the key's own row is in the statement's
-    /// snapshot — rather than returning the inserted keys alone. Any other refusal (a
-    /// conflict, or a row committed while the statement waited) is left to `classify`,
-    /// whose fresh snapshot answers as it always did.
-    pub(crate) claim_batch_classifies: bool,
+    /// Whether `claim_identity` and `claim_batch_identity` answer every item —
+    /// `(inserted, duplicate)`, and the key first in a batch; duplicate when it inserted
+    /// nothing and the key's own row is in the statement's snapshot — rather than the
+    /// inserted rows alone. Any other refusal (a conflict, or a row committed while the
+    /// statement waited) is left to `classify`, whose fresh snapshot answers as it always
+    /// did.
+    pub(crate) claims_classify: bool,
     /// After an identity claim inserted nothing: the key's own row (`o = 0`: duplicate),
     /// else the identity's (`o = 1`: conflict), per item.
     pub(crate) classify: SqlStr,
@@ -260,21 +261,38 @@ impl Shared {
                      ON CONFLICT (award_id, idempotency_key) DO NOTHING RETURNING idempotency_key", pm
                 )),
             },
-            // Any unique index: the key's primary key and the identity's index.
+            // Any unique index: the key's primary key and the identity's index. One round
+            // trip for the claim and, when it inserted nothing, whether the key's own row
+            // is there (see `claims_classify`): a redelivery is answered without a second
+            // statement. The lookup runs only when nothing was inserted.
             claim_identity: match layout {
-                PgLayout::Plain | PgLayout::Distributed => statement(sql!(
-                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
-                     VALUES ($1, $2, now(), $3) ON CONFLICT DO NOTHING", pm
+                PgLayout::Plain => statement(sql!(
+                    "WITH ins AS (INSERT INTO {pm} \
+                     (idempotency_key, award_id, claimed_at, submission_timestamp) \
+                     VALUES ($1, $2, now(), $3) ON CONFLICT DO NOTHING RETURNING 1) \
+                     SELECT EXISTS (SELECT 1 FROM ins), \
+                     CASE WHEN NOT EXISTS (SELECT 1 FROM ins) THEN \
+                     EXISTS (SELECT 1 FROM {pm} p WHERE p.idempotency_key = $1) END", pm
                 )),
                 PgLayout::Partitioned => statement(sql!(
-                    "INSERT INTO {pm} \
+                    "WITH ins AS (INSERT INTO {pm} \
                      (idempotency_key, award_id, claimed_at, submission_month, submission_timestamp) \
-                     VALUES ($1, $2, now(), $4::date, $3) ON CONFLICT DO NOTHING", pm
+                     VALUES ($1, $2, now(), $4::date, $3) ON CONFLICT DO NOTHING RETURNING 1) \
+                     SELECT EXISTS (SELECT 1 FROM ins), \
+                     CASE WHEN NOT EXISTS (SELECT 1 FROM ins) THEN \
+                     EXISTS (SELECT 1 FROM {pm} p WHERE p.idempotency_key = $1 \
+                     AND p.submission_month = $4::date) END", pm
+                )),
+                // See `claim_batch_identity`: on Citus the insert and the classification
+                // stay apart.
+                PgLayout::Distributed => statement(sql!(
+                    "INSERT INTO {pm} (idempotency_key, award_id, claimed_at, submission_timestamp) \
+                     VALUES ($1, $2, now(), $3) ON CONFLICT DO NOTHING", pm
                 )),
             },
             claim_batch_identity: match layout {
                 // One round trip for the claim and, for what it could not insert, whether
-                // the key's own row is there (see `claim_batch_classifies`): a lateral
+                // the key's own row is there (see `claims_classify`): a lateral
                 // index lookup per such key, never a plan that reads the whole table.
                 PgLayout::Plain | PgLayout::Partitioned => {
                     let (column, value) = match layout {
@@ -307,7 +325,7 @@ impl Shared {
                      ON CONFLICT DO NOTHING RETURNING idempotency_key", pm
                 )),
             },
-            claim_batch_classifies: layout != PgLayout::Distributed,
+            claims_classify: layout != PgLayout::Distributed,
             classify: {
                 statement(sql!(
                     "SELECT u.k, f.idempotency_key, f.o \
@@ -851,7 +869,7 @@ impl PgTx {
         } else {
             &shared.sql.claim_batch
         };
-        let classifies = identity && shared.sql.claim_batch_classifies;
+        let classifies = identity && shared.sql.claims_classify;
         let mut query = sqlx::query(sql.clone()).bind(&keys).bind(&subjects);
         if identity {
             let stamps: Vec<Option<&str>> = order
@@ -893,7 +911,7 @@ impl PgTx {
     }
 }
 
-/// A batch claim's answer for one key.
+/// A claim's answer for one key, from the claim statement itself.
 struct Answer {
     /// This statement inserted the key's row.
     claimed: bool,
@@ -925,8 +943,11 @@ impl ClaimTx for PgTx {
     /// One `INSERT … ON CONFLICT DO NOTHING`: one row inserted → `Claimed`, none →
     /// `Duplicate`; a `lock_timeout` (SQLSTATE 55P03) → `InProgress`. With the identity
     /// column (migrated), the insert records [`ClaimMeta::identity`] and yields to the
-    /// identity's unique index too; when it inserts nothing, a second statement reads
-    /// which row refused it: the key's (`Duplicate`) or the identity's (`Conflict`).
+    /// identity's unique index too; when it inserts nothing, the same statement answers
+    /// whether the key's own row is in its snapshot (`Duplicate`, the common redelivery).
+    /// Otherwise a second statement, with a snapshot of its own, reads which row refused
+    /// it: the key's (`Duplicate`: committed while the claim waited) or the identity's
+    /// (`Conflict`).
     async fn claim(
         &mut self,
         key: &IdempotencyKey,
@@ -950,12 +971,29 @@ impl ClaimTx for PgTx {
         if shared.layout == PgLayout::Partitioned {
             query = query.bind(Self::month(meta));
         }
-        match query.execute(self.own_conn()).await {
-            Ok(r) if r.rows_affected() == 1 => {
+        let answered = if identity && shared.sql.claims_classify {
+            query.fetch_one(self.own_conn()).await.and_then(|row| {
+                use sqlx::Row as _;
+                let claimed: bool = row.try_get(0)?;
+                let duplicate: Option<bool> = row.try_get(1)?;
+                Ok(Answer {
+                    claimed,
+                    duplicate: duplicate == Some(true),
+                })
+            })
+        } else {
+            query.execute(self.own_conn()).await.map(|r| Answer {
+                claimed: r.rows_affected() == 1,
+                duplicate: false,
+            })
+        };
+        match answered {
+            Ok(a) if a.claimed => {
                 self.claimed = true;
                 Ok(ClaimOutcome::Claimed)
             }
             Ok(_) if stamp.is_none() => Ok(ClaimOutcome::Duplicate),
+            Ok(a) if a.duplicate => Ok(ClaimOutcome::Duplicate),
             Ok(_) => Ok(self
                 .classify(&[(key, meta)])
                 .await?

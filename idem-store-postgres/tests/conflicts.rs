@@ -275,6 +275,75 @@ async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified_dist
     .await;
 }
 
+/// One claim answers a redelivery from its own statement, when the key's row is in that
+/// statement's snapshot; a row committed while the claim waited on it is not. Such a key
+/// must still come back `Duplicate` (classified by a statement of its own), never
+/// `InProgress` or `Conflict`; and a claim refused by the identity's row alone is a
+/// `Conflict`, never a `Duplicate`.
+async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(
+    store: idem_store_postgres::PgStore,
+) {
+    let (a, b) = (key("S-1", "1"), key("S-1", "2"));
+    let mut first = store.begin().await.expect("begin");
+    assert_eq!(
+        first.claim(&a, &meta("S-1")).await.expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.begin().await?;
+            let out = tx.claim(&a, &meta("S-1")).await?;
+            tx.rollback().await?;
+            Ok::<_, idem_core::StoreError>(out)
+        })
+    };
+    // Let the claim start (its snapshot taken) and wait on the uncommitted one.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the claim waits for the first claim"
+    );
+    first.commit().await.expect("commit");
+    assert_eq!(
+        waiting.await.expect("task").expect("claim"),
+        ClaimOutcome::Duplicate
+    );
+    // Committed before it began: in the claim's own snapshot.
+    assert_eq!(
+        common::claim_one(&store, &a, &meta("S-1")).await,
+        ClaimOutcome::Duplicate
+    );
+    // Another payload of the same submission: refused by the identity's row alone.
+    assert_eq!(
+        common::claim_one(&store, &b, &meta("S-1")).await,
+        ClaimOutcome::Conflict { existing: a }
+    );
+    common::drop_schema(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified_plain() {
+    a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(common::fresh_pg().await)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified_partitioned() {
+    a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(
+        common::fresh_partitioned_pg().await,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified_distributed() {
+    a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(
+        common::fresh_distributed_pg().await,
+    )
+    .await;
+}
+
 /// The key's own row decides before the identity's, as in a classification of its own: a
 /// batch item whose identity row was committed long ago, and whose key another consumer
 /// (the process policy's claim without identity) committed while the batch waited on it,

@@ -4,8 +4,8 @@
 -- submissions). A new submission: the statements idem-store-postgres and idem-grant send
 -- (src/store.rs: `begin`, `claim_identity`; idem-grant's handler through src/outbox.rs's
 -- `insert_and_enqueue`: the disbursement and its outbox event, the quiet form, in one
--- statement), then `COMMIT`. A redelivery: the claim inserts nothing, `classify` finds the
--- key's row (a duplicate), `ROLLBACK`. On a schema `idem migrate` made;
+-- statement), then `COMMIT`. A redelivery: the claim inserts nothing and, in the same
+-- statement, finds the key's row (a duplicate), `ROLLBACK`. On a schema `idem migrate` made;
 -- scripts/bench-postgres counts 4 submissions per 5 transactions and runs it with
 -- `-D prev=0 -D c=0`. The key and event id idem binds as parameters are computed here by
 -- the server. idem sends `BEGIN; SET LOCAL …` as one simple query; pgbench cannot combine
@@ -15,28 +15,23 @@
 \if :c % 5 = 0
 BEGIN;
 SET LOCAL lock_timeout = '5000ms';
-INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp)
-  VALUES (encode(sha256(convert_to(:prev || '/1', 'UTF8')), 'hex'), 'A-' || :prev || '-1', now(), '2026-07-01T09:00:00Z')
-  ON CONFLICT DO NOTHING;
-SELECT u.k, f.idempotency_key, f.o
-  FROM unnest(ARRAY[encode(sha256(convert_to(:prev || '/1', 'UTF8')), 'hex')], ARRAY['A-' || :prev || '-1'], ARRAY['2026-07-01T09:00:00Z'::text]) AS u(k, a, ts)
-  LEFT JOIN LATERAL (
-    SELECT p.idempotency_key, 0 AS o FROM processed_messages p
-    WHERE p.idempotency_key = u.k
-    UNION ALL
-    (SELECT p.idempotency_key, 1 AS o FROM processed_messages p
-     WHERE p.award_id = u.a AND p.submission_timestamp = u.ts
-     AND p.award_id IS NOT NULL AND p.submission_timestamp IS NOT NULL
-     LIMIT 1)
-    ORDER BY o LIMIT 1) f ON true;
+WITH ins AS (INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp)
+    VALUES (encode(sha256(convert_to(:prev || '/1', 'UTF8')), 'hex'), 'A-' || :prev || '-1', now(), '2026-07-01T09:00:00Z')
+    ON CONFLICT DO NOTHING RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM ins),
+  CASE WHEN NOT EXISTS (SELECT 1 FROM ins) THEN
+  EXISTS (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = encode(sha256(convert_to(:prev || '/1', 'UTF8')), 'hex')) END;
 ROLLBACK;
 \else
 \set n random(1, 1000000000)
 BEGIN;
 SET LOCAL lock_timeout = '5000ms';
-INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp)
-  VALUES (encode(sha256(convert_to(:n || '/1', 'UTF8')), 'hex'), 'A-' || :n || '-1', now(), '2026-07-01T09:00:00Z')
-  ON CONFLICT DO NOTHING;
+WITH ins AS (INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp)
+    VALUES (encode(sha256(convert_to(:n || '/1', 'UTF8')), 'hex'), 'A-' || :n || '-1', now(), '2026-07-01T09:00:00Z')
+    ON CONFLICT DO NOTHING RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM ins),
+  CASE WHEN NOT EXISTS (SELECT 1 FROM ins) THEN
+  EXISTS (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = encode(sha256(convert_to(:n || '/1', 'UTF8')), 'hex')) END;
 WITH idem_rows AS (INSERT INTO disbursements (award_id, amount_cents, idempotency_key)
     SELECT * FROM unnest(ARRAY['A-' || :n || '-1'], ARRAY[125000::int8], ARRAY[encode(sha256(convert_to(:n || '/1', 'UTF8')), 'hex')])),
   l AS (SELECT pg_advisory_xact_lock(1768187245, h) FROM
