@@ -9,6 +9,29 @@ use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 
 const TS: &str = "2026-07-01T09:00:00Z";
 
+/// `NAME::plain`, `NAME::partitioned` and `NAME::distributed`: the test `NAME(store)` on a
+/// new store of each layout.
+macro_rules! on_every_layout {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn plain() {
+                super::$name(super::common::fresh_pg().await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn partitioned() {
+                super::$name(super::common::fresh_partitioned_pg().await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn distributed() {
+                super::$name(super::common::fresh_distributed_pg().await).await;
+            }
+        }
+    };
+}
+
 fn key(subject: &str, payload: &str) -> IdempotencyKey {
     IdempotencyKey::derive(subject, TS, payload.as_bytes()).expect("key")
 }
@@ -253,27 +276,7 @@ async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(
     common::drop_schema(&store).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified_plain() {
-    a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(common::fresh_pg().await)
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified_partitioned() {
-    a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(
-        common::fresh_partitioned_pg().await,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified_distributed() {
-    a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(
-        common::fresh_distributed_pg().await,
-    )
-    .await;
-}
+on_every_layout!(a_batch_refused_by_a_claim_committed_while_it_waited_is_classified);
 
 /// One claim answers a redelivery from its own statement, when the key's row is in that
 /// statement's snapshot; a row committed while the claim waited on it is not. Such a key
@@ -322,27 +325,7 @@ async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(
     common::drop_schema(&store).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified_plain() {
-    a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(common::fresh_pg().await)
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified_partitioned() {
-    a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(
-        common::fresh_partitioned_pg().await,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified_distributed() {
-    a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(
-        common::fresh_distributed_pg().await,
-    )
-    .await;
-}
+on_every_layout!(a_claim_refused_by_a_claim_committed_while_it_waited_is_classified);
 
 /// The key's own row decides before the identity's, as in a classification of its own: a
 /// batch item whose identity row was committed long ago, and whose key another consumer

@@ -13,25 +13,22 @@
 -- search_path set to that schema.
 \set c :c + 1
 \if :c % 5 = 0
-BEGIN;
-SET LOCAL lock_timeout = '5000ms';
-WITH ins AS (INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp)
-    VALUES (encode(sha256(convert_to(:prev || '/1', 'UTF8')), 'hex'), 'A-' || :prev || '-1', now(), '2026-07-01T09:00:00Z')
-    ON CONFLICT DO NOTHING RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM ins),
-  CASE WHEN NOT EXISTS (SELECT 1 FROM ins) THEN
-  EXISTS (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = encode(sha256(convert_to(:prev || '/1', 'UTF8')), 'hex')) END;
-ROLLBACK;
+\set k :prev
 \else
 \set n random(1, 1000000000)
+\set k :n
+\endif
 BEGIN;
 SET LOCAL lock_timeout = '5000ms';
 WITH ins AS (INSERT INTO processed_messages (idempotency_key, award_id, claimed_at, submission_timestamp)
-    VALUES (encode(sha256(convert_to(:n || '/1', 'UTF8')), 'hex'), 'A-' || :n || '-1', now(), '2026-07-01T09:00:00Z')
+    VALUES (encode(sha256(convert_to(:k || '/1', 'UTF8')), 'hex'), 'A-' || :k || '-1', now(), '2026-07-01T09:00:00Z')
     ON CONFLICT DO NOTHING RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM ins),
   CASE WHEN NOT EXISTS (SELECT 1 FROM ins) THEN
-  EXISTS (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = encode(sha256(convert_to(:n || '/1', 'UTF8')), 'hex')) END;
+  EXISTS (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = encode(sha256(convert_to(:k || '/1', 'UTF8')), 'hex')) END;
+\if :c % 5 = 0
+ROLLBACK;
+\else
 WITH idem_rows AS (INSERT INTO disbursements (award_id, amount_cents, idempotency_key)
     SELECT * FROM unnest(ARRAY['A-' || :n || '-1'], ARRAY[125000::int8], ARRAY[encode(sha256(convert_to(:n || '/1', 'UTF8')), 'hex')])),
   l AS (SELECT pg_advisory_xact_lock(1768187245, h) FROM
