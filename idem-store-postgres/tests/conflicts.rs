@@ -234,6 +234,31 @@ async fn concurrent_batches_of_crossing_conflicts_never_deadlock() {
     common::drop_schema(&store).await;
 }
 
+/// What `waiter` answers when `key` is claimed by another transaction, uncommitted, as it
+/// starts, and committed while it waits on that claim: `waiter` is spawned, must still be
+/// waiting after 300 ms (its statement began with the claim invisible to it), and is
+/// awaited once the claim is committed.
+async fn committed_while_it_waits<T: Send + 'static>(
+    store: &idem_store_postgres::PgStore,
+    key: &IdempotencyKey,
+    held: &ClaimMeta,
+    waiter: impl std::future::Future<Output = Result<T, idem_core::StoreError>> + Send + 'static,
+) -> T {
+    let mut first = store.begin().await.expect("begin");
+    assert_eq!(
+        first.claim(key, held).await.expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    let waiting = tokio::spawn(waiter);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the waiter waits for the uncommitted claim"
+    );
+    first.commit().await.expect("commit");
+    waiting.await.expect("task").expect("waiter")
+}
+
 /// A batch claim answers a refused key from the rows its own statement can see; a row
 /// committed while the statement waited on it is not among them. Such a key must still
 /// come back `Duplicate` or `Conflict` (classified by a statement of its own), never
@@ -243,14 +268,9 @@ async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(
 ) {
     let (a, b) = (key("W-1", "1"), key("W-1", "2"));
     let fresh = key("W-2", "1");
-    let mut first = store.begin().await.expect("begin");
-    assert_eq!(
-        first.claim(&a, &meta("W-1")).await.expect("claim"),
-        ClaimOutcome::Claimed
-    );
-    let waiting = {
+    let waiter = {
         let store = store.clone();
-        tokio::spawn(async move {
+        async move {
             let mut tx = store.begin().await?;
             // The same key, another payload of the same submission, and a new one.
             let out = tx
@@ -261,16 +281,9 @@ async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(
             other.rollback().await?;
             tx.commit().await?;
             Ok::<_, idem_core::StoreError>((out, conflict))
-        })
+        }
     };
-    // Let the batch start (its snapshot taken) and wait on the uncommitted claim.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(
-        !waiting.is_finished(),
-        "the batch waits for the first claim"
-    );
-    first.commit().await.expect("commit");
-    let (out, conflict) = waiting.await.expect("task").expect("batch");
+    let (out, conflict) = committed_while_it_waits(&store, &a, &meta("W-1"), waiter).await;
     assert_eq!(out, [ClaimOutcome::Duplicate, ClaimOutcome::Claimed]);
     assert_eq!(conflict, [ClaimOutcome::Conflict { existing: a }]);
     common::drop_schema(&store).await;
@@ -287,29 +300,17 @@ async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(
     store: idem_store_postgres::PgStore,
 ) {
     let (a, b) = (key("S-1", "1"), key("S-1", "2"));
-    let mut first = store.begin().await.expect("begin");
-    assert_eq!(
-        first.claim(&a, &meta("S-1")).await.expect("claim"),
-        ClaimOutcome::Claimed
-    );
-    let waiting = {
+    let waiter = {
         let store = store.clone();
-        tokio::spawn(async move {
+        async move {
             let mut tx = store.begin().await?;
             let out = tx.claim(&a, &meta("S-1")).await?;
             tx.rollback().await?;
             Ok::<_, idem_core::StoreError>(out)
-        })
+        }
     };
-    // Let the claim start (its snapshot taken) and wait on the uncommitted one.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(
-        !waiting.is_finished(),
-        "the claim waits for the first claim"
-    );
-    first.commit().await.expect("commit");
     assert_eq!(
-        waiting.await.expect("task").expect("claim"),
+        committed_while_it_waits(&store, &a, &meta("S-1"), waiter).await,
         ClaimOutcome::Duplicate
     );
     // Committed before it began: in the claim's own snapshot.
@@ -339,30 +340,17 @@ async fn a_key_committed_while_the_batch_waited_is_a_duplicate_before_an_older_c
         common::claim_one(&store, &a, &meta("V-1")).await,
         ClaimOutcome::Claimed
     );
-    let mut other = store.begin().await.expect("begin");
-    assert_eq!(
-        other
-            .claim(&b, &meta("V-1").without_identity())
-            .await
-            .expect("claim"),
-        ClaimOutcome::Claimed
-    );
-    let waiting = {
+    let waiter = {
         let store = store.clone();
-        tokio::spawn(async move {
+        async move {
             let mut tx = store.begin().await?;
             let out = tx.claim_batch(&[(b, meta("V-1"))]).await?;
             tx.rollback().await?;
             Ok::<_, idem_core::StoreError>(out)
-        })
+        }
     };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(
-        !waiting.is_finished(),
-        "the batch waits for the key's claim"
-    );
-    other.commit().await.expect("commit");
-    let out = waiting.await.expect("task").expect("batch");
+    let held = meta("V-1").without_identity();
+    let out = committed_while_it_waits(&store, &b, &held, waiter).await;
     assert_eq!(out, [ClaimOutcome::Duplicate]);
     common::drop_schema(&store).await;
 }
