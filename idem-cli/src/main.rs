@@ -227,7 +227,11 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let result = runtime.block_on(async move {
+    // The command runs in a task of the runtime's, not in `block_on`'s own future: that
+    // future is polled on this thread, which is no worker and does not poll the sockets,
+    // so every answer from a server (four per message) would be a worker waking this
+    // thread. On a worker, the thread that sees a socket ready polls the task itself.
+    let command = runtime.spawn(async move {
         match cli.command {
             Command::Key(a) => cmd::key::run(a).await,
             Command::Demo(a) => cmd::demo::run(a).await,
@@ -241,6 +245,16 @@ fn main() {
             Command::Completions { .. } | Command::Man { .. } => Ok(()),
         }
     });
+    let result = match runtime.block_on(command) {
+        Ok(result) => result,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => {
+                eprintln!("idem: the command's task was cancelled: {e}");
+                std::process::exit(1);
+            }
+        },
+    };
     if let Err(e) = result {
         eprintln!("idem: {e}");
         std::process::exit(e.exit_code());

@@ -218,6 +218,13 @@ impl Turnstile {
 ///   past such an error until an operator acts, so acking or dead-lettering them would be
 ///   wrong and retrying them would spin.
 ///
+/// # Performance
+/// On tokio's multi-thread runtime, spawn this future (`tokio::spawn`) rather than
+/// awaiting it in `block_on`'s own future (the body of `#[tokio::main]`): that future is
+/// polled on a thread that is no worker and never polls the sockets, so each answer from
+/// the store or the broker wakes it from another thread. The `idem` command, which spawns
+/// it, took a third less CPU per message that way (docs/performance.md in the repository).
+///
 /// # Errors
 /// [`Error::Stream`] when the delivery stream yields an error; [`Error::Store`] with
 /// [`StoreError::Config`] after a configuration error. In-flight work is finished first.
