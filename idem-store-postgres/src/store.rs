@@ -266,23 +266,25 @@ impl Shared {
             // is there (see `claims_classify`): a redelivery is answered without a second
             // statement. The lookup runs only when nothing was inserted.
             claim_identity: match layout {
-                PgLayout::Plain => statement(sql!(
-                    "WITH ins AS (INSERT INTO {pm} \
-                     (idempotency_key, award_id, claimed_at, submission_timestamp) \
-                     VALUES ($1, $2, now(), $3) ON CONFLICT DO NOTHING RETURNING 1) \
-                     SELECT EXISTS (SELECT 1 FROM ins), \
-                     CASE WHEN NOT EXISTS (SELECT 1 FROM ins) THEN \
-                     EXISTS (SELECT 1 FROM {pm} p WHERE p.idempotency_key = $1) END", pm
-                )),
-                PgLayout::Partitioned => statement(sql!(
-                    "WITH ins AS (INSERT INTO {pm} \
-                     (idempotency_key, award_id, claimed_at, submission_month, submission_timestamp) \
-                     VALUES ($1, $2, now(), $4::date, $3) ON CONFLICT DO NOTHING RETURNING 1) \
-                     SELECT EXISTS (SELECT 1 FROM ins), \
-                     CASE WHEN NOT EXISTS (SELECT 1 FROM ins) THEN \
-                     EXISTS (SELECT 1 FROM {pm} p WHERE p.idempotency_key = $1 \
-                     AND p.submission_month = $4::date) END", pm
-                )),
+                PgLayout::Plain | PgLayout::Partitioned => {
+                    let (column, value, month) = match layout {
+                        PgLayout::Partitioned => (
+                            ", submission_month",
+                            ", $4::date",
+                            " AND p.submission_month = $4::date",
+                        ),
+                        PgLayout::Plain | PgLayout::Distributed => ("", "", ""),
+                    };
+                    statement(sql!(
+                        "WITH ins AS (INSERT INTO {pm} \
+                         (idempotency_key, award_id, claimed_at, submission_timestamp{column}) \
+                         VALUES ($1, $2, now(), $3{value}) ON CONFLICT DO NOTHING RETURNING 1) \
+                         SELECT EXISTS (SELECT 1 FROM ins), \
+                         CASE WHEN NOT EXISTS (SELECT 1 FROM ins) THEN \
+                         EXISTS (SELECT 1 FROM {pm} p WHERE p.idempotency_key = $1{month}) END",
+                        pm, column, value, month
+                    ))
+                }
                 // See `claim_batch_identity`: on Citus the insert and the classification
                 // stay apart.
                 PgLayout::Distributed => statement(sql!(
