@@ -17,8 +17,10 @@ use crate::BrokerError;
 /// | `delivery_limit` | `20` ([`DEFAULT_DELIVERY_LIMIT`]) | a quorum queue's `x-delivery-limit`, `1` to `4294967295` (see [`delivery_limit`](Self::delivery_limit): there is no "none"); not with `queue_type=classic` |
 /// | `confirm_timeout` | `30s` ([`DEFAULT_CONFIRM_TIMEOUT`]) | how long a publish (a dead letter, a relayed event) waits for the broker's confirm before it is a retryable error: a [duration](crate::parse_duration) of at least 1 ms |
 ///
-/// The client's own parameters (`heartbeat`, `connection_timeout`, `frame_max`,
-/// `channel_max`, `auth_mechanism`) stay in the URL for lapin; any other is an error.
+/// | `connection_timeout` | `30000` ([`DEFAULT_CONNECTION_TIMEOUT`](super::DEFAULT_CONNECTION_TIMEOUT)) | milliseconds (lapin's unit) that opening a connection may take: TCP, TLS and the AMQP handshake; past it, an error rather than a hang on a server that accepts and never answers |
+///
+/// The client's own parameters (`heartbeat`, `frame_max`, `channel_max`,
+/// `auth_mechanism`) stay in the URL for lapin; any other is an error.
 ///
 /// # TLS
 /// An `amqps://` URL connects with TLS (feature `tls`: rustls, verifying the server's

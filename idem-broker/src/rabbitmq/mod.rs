@@ -59,7 +59,10 @@
 //! - **URL parameters** (`amqp://guest:guest@127.0.0.1:5672/%2f?queue_type=classic`,
 //!   read by [`RabbitConfig::from_url`], whose table gives their defaults and values):
 //!   `queue_type` (`quorum` or `classic`), `delivery_limit` (a quorum queue's
-//!   `x-delivery-limit`, at least 1) and `confirm_timeout`. lapin's own `heartbeat`, `connection_timeout`,
+//!   `x-delivery-limit`, at least 1), `confirm_timeout` and `connection_timeout` (in
+//!   milliseconds, default 30,000: [`DEFAULT_CONNECTION_TIMEOUT`]), which bounds the
+//!   whole opening of a connection, TCP, TLS and the AMQP handshake, so a server that
+//!   accepts and never answers is an error rather than a hang. lapin's own `heartbeat`,
 //!   `frame_max`, `channel_max` and `auth_mechanism` stay in the URL; any other
 //!   parameter is an error.
 //! - **TLS**: `amqps://` connects with TLS (feature `tls`, rustls) verifying the server
@@ -74,6 +77,8 @@ mod publisher;
 pub use config::{QueueType, RabbitConfig, DEFAULT_CONFIRM_TIMEOUT, DEFAULT_DELIVERY_LIMIT};
 pub use consumer::{RabbitAcker, RabbitConsumer};
 pub use publisher::{pending_count, publish_raw, RabbitPublisher};
+
+use std::time::Duration;
 
 use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -100,10 +105,48 @@ pub(crate) async fn open(url: &str) -> Result<Connection, BrokerError> {
     let tls = read_tls_files(&files)?;
     #[cfg(feature = "tls")]
     crate::tls::install_default_provider();
+    let (url, limit) = connection_timeout(&url)?;
     let runtime = lapin::runtime::default_runtime().map_err(|e| BrokerError::connect(BROKER, e))?;
-    Connection::connect_with_config(&url, ConnectionProperties::default(), tls, runtime)
-        .await
-        .map_err(|e| BrokerError::connect(BROKER, e))
+    let opening =
+        Connection::connect_with_config(&url, ConnectionProperties::default(), tls, runtime);
+    match tokio::time::timeout(limit, opening).await {
+        Ok(opened) => opened.map_err(|e| BrokerError::connect(BROKER, e)),
+        Err(_) => Err(BrokerError::connect(
+            BROKER,
+            format!(
+                "the server did not finish the connection's handshake within {} ms \
+                 (connection_timeout): a RabbitMQ out of file handles (too many queues \
+                 for its `ulimit -n`) accepts connections and never answers them",
+                limit.as_millis()
+            ),
+        )),
+    }
+}
+
+/// How long [`open`] waits for a connection (TCP, TLS and the AMQP handshake) when the URL
+/// sets no `connection_timeout`.
+pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The URL without its `connection_timeout` (milliseconds, as lapin reads it), and that
+/// bound on the whole opening of a connection ([`DEFAULT_CONNECTION_TIMEOUT`] if absent).
+/// lapin bounds only the TCP connect with it: a server that accepts and never answers
+/// (one out of file handles does) would hold the handshake for ever.
+fn connection_timeout(url: &str) -> Result<(String, Duration), BrokerError> {
+    let (url, [ms]) = crate::setting::take_params(url, ["connection_timeout"])?;
+    let limit = match ms {
+        None => DEFAULT_CONNECTION_TIMEOUT,
+        Some(ms) => match ms.parse::<u64>() {
+            Ok(n) if n > 0 => Duration::from_millis(n),
+            _ => {
+                return Err(BrokerError::InvalidParam {
+                    param: "connection_timeout".to_owned(),
+                    value: ms,
+                    reason: "a whole number of milliseconds, at least 1".to_owned(),
+                })
+            }
+        },
+    };
+    Ok((url, limit))
 }
 
 /// Logs the broker's blocking and unblocking of `connection` ([`report_blocking`]) for
@@ -275,4 +318,58 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that takes the TCP connection and never answers (RabbitMQ out of file
+    /// handles does this) is a retryable connect error once `connection_timeout` passes,
+    /// not a hang.
+    #[tokio::test]
+    async fn a_server_that_never_answers_is_a_connect_error_after_connection_timeout() {
+        // Never accepted: the kernel completes the TCP handshake into the backlog.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = silent.local_addr().expect("addr").port();
+        let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f?connection_timeout=300");
+        let started = std::time::Instant::now();
+        let err = tokio::time::timeout(Duration::from_secs(20), open(&url))
+            .await
+            .expect("open returned")
+            .expect_err("no handshake");
+        assert!(started.elapsed() >= Duration::from_millis(300), "{err}");
+        assert!(matches!(err, BrokerError::Connect { .. }), "{err:?}");
+        assert!(err.is_retryable());
+        let cause = std::error::Error::source(&err)
+            .expect("a cause")
+            .to_string();
+        assert!(
+            cause.contains("within 300 ms") && cause.contains("file handles"),
+            "{cause}"
+        );
+    }
+
+    #[test]
+    fn connection_timeout_is_taken_from_the_url_and_checked() {
+        let (url, limit) =
+            connection_timeout("amqp://h/%2f?heartbeat=5&connection_timeout=1500").unwrap();
+        assert_eq!(
+            (url.as_str(), limit),
+            ("amqp://h/%2f?heartbeat=5", Duration::from_millis(1500))
+        );
+        let (url, limit) = connection_timeout("amqp://h/%2f").unwrap();
+        assert_eq!(
+            (url.as_str(), limit),
+            ("amqp://h/%2f", DEFAULT_CONNECTION_TIMEOUT)
+        );
+        for bad in ["0", "soon", "1.5", "-3"] {
+            let err = connection_timeout(&format!("amqp://h/%2f?connection_timeout={bad}"))
+                .expect_err(bad);
+            assert!(
+                matches!(&err, BrokerError::InvalidParam { param, .. } if param == "connection_timeout"),
+                "{bad}: {err:?}"
+            );
+        }
+    }
 }
