@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::ident::Ident;
@@ -454,6 +455,29 @@ pub struct PgStore {
     shared: Arc<Shared>,
 }
 
+/// One connection, alone, before the pool: a server that refuses it (none listening, a
+/// wrong password, no such database) answers at once, and its reason is the error. A pool
+/// retries a refused connection until `acquire_timeout` and then says only that it timed
+/// out, so an unreachable server took 30 s to be reported, without its cause.
+async fn first_connection(options: &PgConnectOptions, limit: Duration) -> Result<(), StoreError> {
+    use sqlx::Connection as _;
+    match tokio::time::timeout(limit, PgConnection::connect_with(options)).await {
+        Ok(Ok(connection)) => {
+            // Its work is done; a failed goodbye changes nothing.
+            let _ = connection.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(map_sqlx(e, "connect to Postgres")),
+        Err(_) => Err(StoreError::Unavailable {
+            message: format!(
+                "connect to Postgres: no answer within {} ms (acquire_timeout)",
+                limit.as_millis()
+            ),
+            source: None,
+        }),
+    }
+}
+
 impl PgStore {
     /// Connects a pool of at most [`PgConfig::max_connections`] to `url`.
     ///
@@ -473,6 +497,7 @@ impl PgStore {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let options = PgConnectOptions::from_str(url).map_err(|e| map_sqlx(e, "parse URL"))?;
+        first_connection(&options, config.acquire_timeout).await?;
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(config.acquire_timeout)

@@ -160,15 +160,44 @@ async fn a_missing_table_is_a_configuration_error_and_a_dead_server_is_unavailab
     drop(tx);
     common::drop_schema(&store).await;
 
-    // Nothing listens on port 1.
+    // Nothing listens on port 1: with the default acquire timeout (30 s), the refusal is
+    // the answer at once, with its reason, not a pool's timeout.
+    let started = std::time::Instant::now();
     let err = idem_store_postgres::PgStore::connect(
         "postgres://postgres@127.0.0.1:1/test",
-        idem_store_postgres::PgConfig::default().with_acquire_timeout(Duration::from_secs(2)),
+        idem_store_postgres::PgConfig::default(),
     )
     .await
     .expect_err("no server");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
     assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
     assert!(err.is_retryable());
+    let mut chain = err.to_string();
+    let mut cause = std::error::Error::source(&err);
+    while let Some(c) = cause {
+        chain.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    assert!(chain.contains("refused"), "{chain}");
+
+    // A role that does not exist is refused by the server itself, at once.
+    let wrong_role = common::url().replacen("://postgres@", "://no_such_role_idem@", 1);
+    assert_ne!(
+        wrong_role,
+        common::url(),
+        "the test needs a URL with the user postgres"
+    );
+    let err = idem_store_postgres::PgStore::connect(
+        &wrong_role,
+        idem_store_postgres::PgConfig::default(),
+    )
+    .await
+    .expect_err("no such role");
+    assert!(err.to_string().contains("connect to Postgres"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
