@@ -123,8 +123,10 @@ pub(crate) async fn open(url: &str) -> Result<Connection, BrokerError> {
     }
 }
 
-/// How long [`open`] waits for a connection (TCP, TLS and the AMQP handshake) when the URL
-/// sets no `connection_timeout`.
+/// How long opening a connection from a URL ([`RabbitConsumer::connect`],
+/// [`RabbitPublisher::connect_with`]) may take, TCP, TLS and the AMQP handshake together,
+/// when the URL sets no `connection_timeout`; past it, a retryable
+/// [`BrokerError::Connect`].
 pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The URL without its `connection_timeout` (milliseconds, as lapin reads it), and that
