@@ -31,7 +31,7 @@ fn unique(prefix: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("{prefix}-{}-{nanos}", std::process::id())
+    format!("idem-{prefix}-{}-{nanos:x}", std::process::id())
 }
 
 /// An outbox event whose payload is a submission the test handler accepts.
