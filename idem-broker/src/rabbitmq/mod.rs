@@ -137,16 +137,13 @@ fn connection_timeout(url: &str) -> Result<(String, Duration), BrokerError> {
     let (url, [ms]) = crate::setting::take_params(url, ["connection_timeout"])?;
     let limit = match ms {
         None => DEFAULT_CONNECTION_TIMEOUT,
-        Some(ms) => match ms.parse::<u64>() {
-            Ok(n) if n > 0 => Duration::from_millis(n),
-            _ => {
-                return Err(BrokerError::InvalidParam {
-                    param: "connection_timeout".to_owned(),
-                    value: ms,
-                    reason: "a whole number of milliseconds, at least 1".to_owned(),
-                })
-            }
-        },
+        Some(ms) => crate::setting::number_in(1..=u64::MAX)(&ms)
+            .map(Duration::from_millis)
+            .map_err(|reason| BrokerError::InvalidParam {
+                param: "connection_timeout".to_owned(),
+                value: ms,
+                reason: format!("milliseconds: {reason}"),
+            })?,
     };
     Ok((url, limit))
 }
