@@ -476,9 +476,9 @@ mod postgres {
             let ddl = [
                 sql!(
                     "CREATE TABLE IF NOT EXISTS {table} (
-                        award_id text NOT NULL,
+                        award_id text COLLATE \"C\" NOT NULL,
                         amount_cents bigint NOT NULL CHECK (amount_cents >= 0),
-                        idempotency_key text NOT NULL
+                        idempotency_key text COLLATE \"C\" NOT NULL
                      )",
                     table
                 ),

@@ -3,12 +3,19 @@
 
 CREATE SCHEMA IF NOT EXISTS {schema};
 
+-- Keys, event ids, award ids and subjects are compared byte by byte (COLLATE "C", here and
+-- in 0005, 0006 and 0010): hex digits and identifiers, whose order no language changes. In
+-- a database whose default collation is a language's (en_US.UTF-8, an ICU locale) every
+-- index insert would otherwise compare them through it (what that costs: the collation's
+-- row of scripts/index-costs). Columns of an earlier version keep their collation;
+-- equality, which is all idem asks of them, is the same under both.
+--
 -- The dedup table. Its three columns are the reference's: a table created by another
 -- program with exactly these columns is used as it is (CREATE ... IF NOT EXISTS leaves it
 -- alone). The claim relies only on the primary key (or any unique index) on the key.
 CREATE TABLE IF NOT EXISTS {schema}.processed_messages (
-    idempotency_key text PRIMARY KEY,
-    award_id        text,
+    idempotency_key text COLLATE "C" PRIMARY KEY,
+    award_id        text COLLATE "C",
     claimed_at      timestamptz DEFAULT now()
 );
 
@@ -18,19 +25,19 @@ CREATE TABLE IF NOT EXISTS {schema}.processed_messages (
 -- by the ADD COLUMN IF NOT EXISTS statements below.
 CREATE TABLE IF NOT EXISTS {schema}.outbox (
     id              bigserial PRIMARY KEY,
-    event_id        text,
+    event_id        text COLLATE "C",
     event_type      text NOT NULL,
-    subject         text,
-    idempotency_key text,
+    subject         text COLLATE "C",
+    idempotency_key text COLLATE "C",
     payload         jsonb NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT now(),
     published_at    timestamptz
 );
 
 ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS id bigserial;
-ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS event_id text;
-ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS subject text;
-ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS idempotency_key text;
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS event_id text COLLATE "C";
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS subject text COLLATE "C";
+ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS idempotency_key text COLLATE "C";
 ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS published_at timestamptz;
 -- Publish failures: an event the broker refuses `max_publish_attempts` times is moved
 -- aside (`failed_at` set, `last_error` kept) so that it no longer blocks the outbox's head.

@@ -24,8 +24,8 @@
 CREATE SCHEMA IF NOT EXISTS {schema};
 
 CREATE TABLE IF NOT EXISTS {schema}.processed_messages (
-    idempotency_key  text NOT NULL,
-    award_id         text,
+    idempotency_key  text COLLATE "C" NOT NULL,
+    award_id         text COLLATE "C",
     claimed_at       timestamptz DEFAULT now(),
     submission_month date NOT NULL,
     PRIMARY KEY (idempotency_key, submission_month)

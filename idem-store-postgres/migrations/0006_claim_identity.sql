@@ -38,7 +38,7 @@
 -- then 0002 drops the `award_id` index): catalog changes only, each lock held for an
 -- instant. Until then the partial index and the `award_id` index stay as they are.
 
-ALTER TABLE {schema}.processed_messages ADD COLUMN IF NOT EXISTS submission_timestamp text;
+ALTER TABLE {schema}.processed_messages ADD COLUMN IF NOT EXISTS submission_timestamp text COLLATE "C";
 
 -- The swap. An index under that name that cannot take the place of the identity index (a
 -- build that failed, left invalid; another definition; nothing to replace) is dropped

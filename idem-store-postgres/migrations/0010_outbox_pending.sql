@@ -27,7 +27,7 @@
 
 CREATE TABLE IF NOT EXISTS {schema}.outbox_pending (
     id      bigint PRIMARY KEY,
-    subject text
+    subject text COLLATE "C"
 );
 -- A subject's earlier unpublished events (the relay's order check).
 CREATE INDEX IF NOT EXISTS outbox_pending_subject_idx

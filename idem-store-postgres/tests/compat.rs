@@ -220,3 +220,135 @@ fn every_migration_is_ascii() {
         dir.display()
     );
 }
+
+/// The collation of each `(table, column)` of `store`'s schema named in `wanted`, and of
+/// each column of the indexes on them ("default" where none is set).
+async fn collations(store: &PgStore, wanted: &[(&str, &str)]) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for (table, column) in wanted {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT a.attname::text, coalesce(c.collname::text, 'default') \
+               FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation \
+              WHERE a.attrelid = to_regclass($1) AND a.attname = $2",
+        )
+        .bind(store.table(table))
+        .bind(*column)
+        .fetch_all(store.pool())
+        .await
+        .expect("collation");
+        assert_eq!(rows.len(), 1, "{table}.{column} exists");
+        out.push(((*table).to_owned(), rows[0].0.clone(), rows[0].1.clone()));
+    }
+    out
+}
+
+const KEY_COLUMNS: &[(&str, &str)] = &[
+    ("processed_messages", "idempotency_key"),
+    ("processed_messages", "award_id"),
+    ("processed_messages", "submission_timestamp"),
+    ("outbox", "event_id"),
+    ("outbox", "subject"),
+    ("outbox", "idempotency_key"),
+    ("outbox_pending", "subject"),
+];
+
+/// Every index on those columns, with the collation it compares by, for `store`'s schema.
+async fn index_collations(store: &PgStore) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT ic.relname::text || '.' || a.attname::text, coalesce(co.collname::text, 'default') \
+           FROM pg_index i \
+           JOIN pg_class ic ON ic.oid = i.indexrelid \
+           JOIN pg_class t ON t.oid = i.indrelid \
+           JOIN pg_namespace n ON n.oid = t.relnamespace \
+           JOIN LATERAL unnest(i.indkey::int2[], i.indcollation::oid[]) AS k(attnum, coll) ON true \
+           JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum \
+           LEFT JOIN pg_collation co ON co.oid = k.coll \
+          WHERE n.nspname = $1 AND t.relname IN ('processed_messages', 'outbox', 'outbox_pending') \
+            AND a.atttypid = 'text'::regtype \
+          ORDER BY 1",
+    )
+    .bind(store.schema())
+    .fetch_all(store.pool())
+    .await
+    .expect("index collations")
+}
+
+/// A new schema compares its keys, event ids, award ids and subjects byte by byte
+/// (COLLATE "C"), in the tables and in every index on them, whatever the database's
+/// default collation: in a database whose default is a language's, each index insert would
+/// otherwise go through it (migrations/0001_tables.sql).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_schema_compares_its_keys_byte_by_byte() {
+    for store in [
+        common::fresh_pg().await,
+        common::fresh_partitioned_pg().await,
+    ] {
+        let layout = store.layout();
+        for (table, column, collation) in collations(&store, KEY_COLUMNS).await {
+            assert_eq!(collation, "C", "{layout:?}: {table}.{column}");
+        }
+        let indexes = index_collations(&store).await;
+        for name in [
+            "processed_messages_pkey.idempotency_key",
+            "processed_messages_identity_key.award_id",
+            "processed_messages_identity_key.submission_timestamp",
+            "outbox_event_id_key.event_id",
+            "outbox_pending_subject_idx.subject",
+        ] {
+            let found = indexes.iter().find(|(n, _)| n == name);
+            assert_eq!(
+                found.map(|(_, c)| c.as_str()),
+                Some("C"),
+                "{layout:?}: {name} in {indexes:?}"
+            );
+        }
+        common::drop_schema(&store).await;
+    }
+}
+
+/// A table of an earlier version keeps its columns' collation (no rewrite, no long lock),
+/// and claims, conflicts and the outbox work on it as on a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_versions_columns_keep_their_collation() {
+    let store = common::bare_store(|c| c).await;
+    reference_processed_messages(&store).await;
+    store
+        .migrate()
+        .await
+        .expect("migrate over the reference table");
+    let got = collations(&store, &[("processed_messages", "idempotency_key")]).await;
+    assert_eq!(
+        got[0].2, "default",
+        "the reference table's key column is left as it was"
+    );
+    // The column 0006 adds is byte-wise beside the reference's default-collated award id,
+    // and the identity index spans both.
+    let got = collations(&store, &[("processed_messages", "submission_timestamp")]).await;
+    assert_eq!(got[0].2, "C");
+    let meta = ClaimMeta::new("A-1").with_submission_timestamp("2026-07-01T09:00:00Z");
+    let first = key("one");
+    let mut tx = store.begin().await.expect("begin");
+    assert_eq!(
+        tx.claim(&first, &meta).await.expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    tx.commit().await.expect("commit");
+    let mut tx = store.begin().await.expect("begin");
+    assert_eq!(
+        tx.claim(&first, &meta).await.expect("claim again"),
+        ClaimOutcome::Duplicate
+    );
+    tx.rollback().await.expect("rollback");
+    let mut tx = store.begin().await.expect("begin");
+    assert!(
+        matches!(
+            tx.claim(&key("changed"), &meta)
+                .await
+                .expect("claim a changed one"),
+            ClaimOutcome::Conflict { .. }
+        ),
+        "a changed resubmission of the same identity is a conflict"
+    );
+    tx.rollback().await.expect("rollback");
+    common::drop_schema(&store).await;
+}
