@@ -307,7 +307,7 @@ async fn a_new_schema_compares_its_keys_byte_by_byte() {
 }
 
 /// A table of an earlier version keeps its columns' collation (no rewrite, no long lock),
-/// and claims, conflicts and the outbox work on it as on a new one.
+/// and claims and conflicts work on it as on a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_versions_columns_keep_their_collation() {
     let store = common::bare_store(|c| c).await;
@@ -327,28 +327,20 @@ async fn an_earlier_versions_columns_keep_their_collation() {
     assert_eq!(got[0].2, "C");
     let meta = ClaimMeta::new("A-1").with_submission_timestamp("2026-07-01T09:00:00Z");
     let first = key("one");
-    let mut tx = store.begin().await.expect("begin");
     assert_eq!(
-        tx.claim(&first, &meta).await.expect("claim"),
+        common::claim_one(&store, &first, &meta).await,
         ClaimOutcome::Claimed
     );
-    tx.commit().await.expect("commit");
-    let mut tx = store.begin().await.expect("begin");
     assert_eq!(
-        tx.claim(&first, &meta).await.expect("claim again"),
+        common::claim_one(&store, &first, &meta).await,
         ClaimOutcome::Duplicate
     );
-    tx.rollback().await.expect("rollback");
-    let mut tx = store.begin().await.expect("begin");
     assert!(
         matches!(
-            tx.claim(&key("changed"), &meta)
-                .await
-                .expect("claim a changed one"),
+            common::claim_one(&store, &key("changed"), &meta).await,
             ClaimOutcome::Conflict { .. }
         ),
         "a changed resubmission of the same identity is a conflict"
     );
-    tx.rollback().await.expect("rollback");
     common::drop_schema(&store).await;
 }
