@@ -120,6 +120,11 @@ pub(crate) struct StoreSpec {
     pub(crate) schema: Option<String>,
     pub(crate) front_filter: Option<String>,
     pub(crate) max_connections: Option<u32>,
+    /// How long one statement of a claim transaction may run on the server (Postgres:
+    /// `idem consume` sets its `--handler-timeout`, so that the server cancels a statement
+    /// the handler's deadline gave up on).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) statement_timeout: Option<std::time::Duration>,
     /// The layout a Postgres store is migrated to when its tables do not exist yet
     /// (`idem migrate --layout`); an existing table keeps its own.
     #[cfg(feature = "postgres")]
@@ -157,6 +162,7 @@ impl StoreSpec {
             schema,
             front_filter,
             max_connections: None,
+            statement_timeout: None,
             #[cfg(feature = "postgres")]
             pg_layout: None,
             #[cfg(feature = "postgres")]
@@ -205,6 +211,9 @@ pub(crate) async fn open<V: StoreVisitor>(
             let mut config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
             if let Some(n) = spec.max_connections {
                 config = config.with_max_connections(n);
+            }
+            if spec.statement_timeout.is_some() {
+                config = config.with_statement_timeout(spec.statement_timeout);
             }
             if let Some(layout) = spec.pg_layout {
                 config = config.with_layout(layout);

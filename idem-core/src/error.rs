@@ -37,8 +37,21 @@ pub enum StoreError {
         #[source]
         source: Option<BoxError>,
     },
-    /// A serialization failure, deadlock or lock timeout: the transaction was rolled back
-    /// and running it again can succeed.
+    /// The store works but will not take this work now, whatever the message: a lock
+    /// that did not clear within the lock timeout (an operator's `LOCK TABLE`, a long
+    /// transaction), a read-only node (a failover to a standby), a full disk, no memory or
+    /// connections left, a shutdown under way. Retrying later can succeed, and it is never
+    /// the message's fault: the gate defers the delivery without counting an attempt.
+    #[error("store degraded: {message}")]
+    Degraded {
+        /// What was being done.
+        message: String,
+        /// The driver's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A serialization failure or deadlock: the transaction was rolled back and running it
+    /// again can succeed.
     #[error("transaction conflict: {message}")]
     Conflict {
         /// What was being done.
@@ -123,7 +136,7 @@ impl StoreError {
     /// Whether running the same operation again can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Unavailable { .. } | Self::Conflict { .. } => true,
+            Self::Unavailable { .. } | Self::Conflict { .. } | Self::Degraded { .. } => true,
             Self::Rejected { .. } | Self::Config(_) | Self::Fenced { .. } => false,
             Self::Other { retryable, .. } => *retryable,
         }
@@ -138,6 +151,20 @@ impl StoreError {
     /// Shorthand for [`StoreError::Unavailable`].
     pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Self::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Whether this failure is the store's whatever the message
+    /// ([`StoreError::Degraded`]): never counted against a delivery's attempts.
+    pub fn is_degraded(&self) -> bool {
+        matches!(self, Self::Degraded { .. })
+    }
+
+    /// Shorthand for [`StoreError::Degraded`].
+    pub fn degraded(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Degraded {
             message: message.into(),
             source: Some(source.into()),
         }

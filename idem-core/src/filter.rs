@@ -214,6 +214,11 @@ where
     ) -> Result<Option<u32>, StoreError> {
         self.store.note_run(key, note).await
     }
+
+    /// The durable store's probe: the filter is no evidence that the store works.
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.store.probe().await
+    }
 }
 
 async fn lookup<F: DoneFilter>(

@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -302,17 +301,26 @@ pub struct GateConfig {
     pub defer_delay: Duration,
     /// The nack delay of a delivery that failed with a transient error.
     pub retry: RetryPolicy,
-    /// A delivery that fails with a message-specific transient error (a handler error, a
-    /// serialization failure, a panic) on its `max_attempts`-th attempt (see
-    /// [`Delivery::attempt`]) is dead-lettered with the last error instead of nacked again.
-    /// A failure of the store's side ([`StoreError::Unavailable`]: unreachable, a broken
-    /// connection, a statement or idle-in-transaction timeout, a full disk) counts
-    /// against it only while other deliveries commit through the same gate — the failure
-    /// then recurs on this message while the store works (a write that always runs past
-    /// the statement timeout, a message that kills the server's backend); a store that is
-    /// down for everyone dead-letters nothing, and the consumer's reconnect deadline
-    /// decides. Such failures are counted by the gate in this process, not by the broker
-    /// (whose count also holds the redeliveries of an outage). Default 10.
+    /// How many failed attempts of a delivery, each its own fault, dead-letter it with
+    /// the last error (`attempts_exhausted`) instead of handing it back again. Default 10.
+    ///
+    /// Whose fault a failure is, is decided by evidence the store gives:
+    /// - the handler's own errors and panics are the message's, counted by the broker's
+    ///   delivery count ([`Delivery::attempt`]) where it keeps one;
+    /// - [`StoreError::Degraded`] (a lock wait anywhere in the transaction, a read-only
+    ///   node, a full disk) is the store's: never counted, the delivery is deferred;
+    /// - any other failure on the store's side (unreachable, a broken connection, a
+    ///   statement timeout, a serialization failure, an internal error, a handler past its
+    ///   deadline, idem-runtime's `Deadline`) counts only when it is this message's
+    ///   alone — since its previous failure another delivery committed its writes, or no
+    ///   other delivery failed on the store — and the store's own write
+    ///   ([`ClaimStore::probe`]) commits right after it. Such failures are counted by the
+    ///   gate in this process (not by the broker, whose count also holds the redeliveries
+    ///   of an outage), each when it happens: a store that is down, slow or failing for
+    ///   everyone dead-letters nothing, and faults met during an outage are not charged
+    ///   when it ends. Two messages that fail together while nothing else commits look
+    ///   like a store failing for everyone: they are deferred until one of them, or
+    ///   another delivery, commits.
     pub max_attempts: u32,
     /// Also check the attempts *before* the handler, so that a message that kills its
     /// process each time it runs (an OOM kill, an abort in a native library, a stack
@@ -493,13 +501,17 @@ pub struct Gate<S, H> {
     observer: Option<Arc<dyn GateObserver>>,
     /// Failed attempts per key, for deliveries whose broker keeps no count.
     attempts: Mutex<HashMap<IdempotencyKey, u32>>,
-    /// Deliveries settled through a working store (processed or duplicate): the witness
-    /// that tells a message the store fails on from a store that is down.
-    progress: AtomicU64,
-    /// Per key, failures the store's side answered for (unreachable, a broken
-    /// connection, a statement or idle timeout), and [`progress`](Gate::progress) at the
-    /// first of them.
-    store_faults: Mutex<HashMap<IdempotencyKey, (u32, u64)>>,
+    /// What decides whose fault a failure on the store's side is ([`Judge`]).
+    judge: Mutex<Judge>,
+    /// The last probe of the store ([`ClaimStore::probe`]): when it started and whether it
+    /// committed. Failures judged together share one probe that started after them.
+    probe: futures::lock::Mutex<Option<(Instant, bool)>>,
+    /// When a probe last committed ([`Gate::store_proven`]).
+    proven: Mutex<Option<Instant>>,
+    /// Identities whose earlier payload failed or was deferred in this process and has
+    /// not settled since: a later payload of the same identity waits for it
+    /// ([`Gate::held_back`]), so the first delivered wins through a failed first attempt.
+    unsettled: Mutex<HashMap<u64, (IdempotencyKey, Instant)>>,
     /// Held by the rerun being processed: reruns run one at a time in this gate, so a
     /// message that kills the process is never run beside another rerun, whose count
     /// ([`ClaimStore::note_run`]) it would raise with its own.
@@ -642,8 +654,10 @@ where
             config,
             observer: None,
             attempts: Mutex::new(HashMap::new()),
-            progress: AtomicU64::new(0),
-            store_faults: Mutex::new(HashMap::new()),
+            judge: Mutex::new(Judge::default()),
+            probe: futures::lock::Mutex::new(None),
+            proven: Mutex::new(None),
+            unsettled: Mutex::new(HashMap::new()),
             reruns: futures::lock::Mutex::new(()),
         }
     }
@@ -662,16 +676,23 @@ where
     }
 
     fn observed(&self, outcome: Outcome) -> Outcome {
-        if matches!(
-            outcome,
-            Outcome::Processed { .. } | Outcome::Duplicate { .. }
-        ) {
-            self.progress.fetch_add(1, Ordering::Relaxed);
+        // A committed handler write is evidence that the business path works (a
+        // duplicate, which writes nothing, is none).
+        if matches!(outcome, Outcome::Processed { .. }) {
+            lock(&self.judge).last_processed = Some(Instant::now());
         }
         if let Some(o) = &self.observer {
             o.outcome(&outcome);
         }
         outcome
+    }
+
+    /// When the store last proved that it works while deliveries failed on its side: the
+    /// start of the latest [probe](ClaimStore::probe) that committed (`None`: none did
+    /// yet). A supervisor that gives up on a store failing for long reads it, so that one
+    /// message failing alone (the store's probes commit) is not taken for a failing store.
+    pub fn store_proven(&self) -> Option<Instant> {
+        *lock(&self.proven)
     }
 
     /// The store.
@@ -706,20 +727,106 @@ where
     /// keeps the deliveries of one identity in arrival order, [`crate::consumer`]).
     pub fn identify<A: Acker>(&self, delivery: Delivery<A>) -> Identified<A, H::Input> {
         let submission = self.handler.identify(&delivery.payload, &delivery.headers);
-        let identity = submission.as_ref().ok().and_then(|sub| {
-            let meta = self.handler.claim_meta(sub);
-            meta.identity().map(|(subject, ts)| {
-                use std::hash::{Hash as _, Hasher as _};
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                (subject, ts).hash(&mut h);
-                h.finish()
-            })
-        });
+        let identity = submission
+            .as_ref()
+            .ok()
+            .and_then(|sub| self.identity_of(sub));
         Identified {
             delivery,
             submission,
             identity,
         }
+    }
+
+    /// A hash of `sub`'s [claim identity](ClaimMeta::identity) ([`Identified::identity`]).
+    fn identity_of(&self, sub: &Submission<H::Input>) -> Option<u64> {
+        let meta = self.handler.claim_meta(sub);
+        meta.identity().map(|(subject, ts)| {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (subject, ts).hash(&mut h);
+            h.finish()
+        })
+    }
+
+    /// How long an identity waits for its earlier payload's redelivery: twice the longest
+    /// retry delay. Past it (the earlier payload went to another consumer), the later one
+    /// is claimed, and the store's identity check decides.
+    fn hold_for(&self) -> Duration {
+        self.config
+            .retry
+            .max
+            .saturating_mul(2)
+            .max(self.config.defer_delay)
+    }
+
+    /// Whether `sub` must wait: an earlier payload of its identity (another key) failed or
+    /// was deferred in this process and has not settled since. **The first delivered
+    /// wins** through a failed first attempt: the later payload is deferred, not claimed,
+    /// until the earlier one settles (or [`hold_for`](Gate::hold_for) passes).
+    fn held_back(&self, sub: &Submission<H::Input>) -> bool {
+        if mutant::active(Mutant::LaterPayloadNotHeld) {
+            return false;
+        }
+        let mut map = lock(&self.unsettled);
+        if map.is_empty() {
+            return false;
+        }
+        let Some(id) = self.identity_of(sub) else {
+            return false;
+        };
+        match map.get(&id) {
+            Some((k, at)) if *k != sub.key => {
+                if at.elapsed() < self.hold_for() {
+                    true
+                } else {
+                    map.remove(&id);
+                    false
+                }
+            }
+            _ => false,
+        }
+    }
+
+    /// Records whether `sub`'s delivery left its identity unsettled (`settled` false: it
+    /// failed or was deferred, and will come again) for [`held_back`](Gate::held_back).
+    fn track(&self, sub: &Submission<H::Input>, settled: bool) {
+        let mut map = lock(&self.unsettled);
+        if settled && map.is_empty() {
+            return;
+        }
+        let Some(id) = self.identity_of(sub) else {
+            return;
+        };
+        if settled {
+            if map.get(&id).is_some_and(|(k, _)| *k == sub.key) {
+                map.remove(&id);
+            }
+            return;
+        }
+        if map.len() >= ATTEMPT_MEMORY && !map.contains_key(&id) {
+            let hold = self.hold_for();
+            map.retain(|_, (_, at)| at.elapsed() < hold);
+            if map.len() >= ATTEMPT_MEMORY {
+                map.clear();
+            }
+        }
+        let now = Instant::now();
+        let entry = map.entry(id).or_insert((sub.key, now));
+        if entry.0 == sub.key {
+            entry.1 = now;
+        }
+    }
+
+    /// Defers a delivery held back for an earlier payload of its identity.
+    async fn hold<A: Acker>(&self, delivery: Delivery<A>, key: IdempotencyKey) -> Outcome {
+        tracing::debug!(
+            target: "idem::gate",
+            key = key.short(),
+            "an earlier payload of this submission has not settled; deferred behind it"
+        );
+        let settle = delivery.acker.defer(self.config.defer_delay).await;
+        Outcome::Deferred { key, settle }
     }
 
     /// [`process`](Gate::process) for a delivery already [identified](Gate::identify).
@@ -869,66 +976,83 @@ where
     }
 
     fn forget_attempts(&self, key: &IdempotencyKey) {
-        let mut map = self
-            .attempts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = lock(&self.attempts);
         if !map.is_empty() {
             map.remove(key);
         }
         drop(map);
-        let mut faults = self
-            .store_faults
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !faults.is_empty() {
-            faults.remove(key);
-        }
+        lock(&self.judge).forget(key);
     }
 
-    /// Counts a failure of the store's side (unreachable, a broken connection, a
-    /// statement or idle timeout) on `key`'s delivery. Returns how many such failures the
-    /// key has had in this process, and whether other deliveries settled through the
-    /// store since the first of them: only then is the failure the message's own (it
-    /// recurs on this message while the store works for others). The broker's delivery
-    /// count is not used: it also counts the redeliveries of an outage.
-    fn store_fault(&self, key: Option<&IdempotencyKey>) -> (u32, bool) {
-        let Some(key) = key else { return (1, false) };
-        let now = self.progress.load(Ordering::Relaxed);
-        let mut map = self
-            .store_faults
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if map.len() >= ATTEMPT_MEMORY {
-            map.clear();
+    /// Whether the store answers for itself: a probe ([`ClaimStore::probe`]) that started
+    /// at or after `since` committed. Probes are shared: a failure judged while another's
+    /// probe runs waits for it, and uses it if it started after the failure.
+    async fn store_works(&self, since: Instant) -> bool {
+        let mut last = self.probe.lock().await;
+        if let Some((at, ok)) = *last {
+            if at >= since {
+                return ok;
+            }
         }
-        let entry = map.entry(*key).or_insert((0, now));
-        entry.0 += 1;
-        (entry.0, now > entry.1)
+        let started = Instant::now();
+        let ok = match self.store.probe().await {
+            Ok(()) => {
+                *lock(&self.proven) = Some(started);
+                true
+            }
+            Err(e) => {
+                tracing::debug!(target: "idem::gate", error = %e, "the store's probe failed: the failure is the store's");
+                false
+            }
+        };
+        *last = Some((started, ok));
+        ok
+    }
+
+    /// Judges a failure on the store's side (see [`Fault::Judged`]) of `key`'s delivery:
+    /// returns how many such failures were charged to the key in this process, and
+    /// whether this one was. It is charged when it is this message's alone — since the
+    /// key's previous failure another delivery committed its handler's writes, or no
+    /// other key failed on the store — and the store's own probe commits right after it.
+    /// Duplicates (which write nothing) are no evidence, and each failure is judged when
+    /// it happens, never later: faults met during an outage are not charged when the store
+    /// comes back.
+    async fn judge(&self, key: Option<&IdempotencyKey>) -> (u32, bool) {
+        let Some(key) = key else { return (0, false) };
+        let now = Instant::now();
+        let lookback = self.config.retry.max.max(Duration::from_secs(1));
+        let candidate = lock(&self.judge).failed(key, now, lookback);
+        let charged =
+            mutant::active(Mutant::StoreFaultCharged) || (candidate && self.store_works(now).await);
+        let mut judge = lock(&self.judge);
+        let n = judge.charge(key, charged);
+        (n, charged)
     }
 
     /// Settles a delivery whose transaction failed (and was rolled back), by the error's
-    /// class: the one place that decides between nack, dead letter and stop.
+    /// class and whose fault it is: the one place that decides between nack, deferral,
+    /// dead letter and stop. `reruns`: the run recorded for a rerun whose handler ran
+    /// (taken back when the failure is the store's, which never charges a run).
     async fn fail<A: Acker>(
         &self,
         delivery: Delivery<A>,
         key: Option<IdempotencyKey>,
         subject: Option<&str>,
         error: Error,
+        reruns: Option<u32>,
     ) -> Outcome {
         let class = error.class();
-        // A failure of the store's side counts towards the message's attempts only while
-        // the store works for other deliveries: a store that is down dead-letters nothing.
-        let store_down = matches!(
-            &error,
-            Error::Store(StoreError::Unavailable { .. })
-                | Error::Handler(HandlerError::Store(StoreError::Unavailable { .. }))
-        );
-        let (attempt, counted) = if store_down {
-            self.store_fault(key.as_ref())
-        } else {
-            (self.attempt_of(delivery.attempt, key.as_ref()), true)
+        let fault = Fault::of(&error);
+        let (attempt, counted) = match fault {
+            Fault::Store if !mutant::active(Mutant::StoreFaultCharged) => (0, false),
+            Fault::Store | Fault::Judged => self.judge(key.as_ref()).await,
+            Fault::Message => (self.attempt_of(delivery.attempt, key.as_ref()), true),
         };
+        if !counted {
+            if let Some(k) = &key {
+                self.note(k, reruns, RunNote::NotRun).await;
+            }
+        }
         let dead_letter = match class {
             ErrorClass::Permanent if !mutant::active(Mutant::PermanentErrorNacked) => {
                 let code = if matches!(
@@ -945,13 +1069,14 @@ where
             ErrorClass::Transient if counted && attempt >= self.config.max_attempts => {
                 Some(RejectReason::new(
                     ATTEMPTS_EXHAUSTED,
-                    if store_down {
-                        format!(
-                            "{attempt} attempts failed on the store while other deliveries \
-                             committed; the last failed with: {error}"
-                        )
-                    } else {
+                    if fault == Fault::Message {
                         format!("{attempt} attempts; the last failed with: {error}")
+                    } else {
+                        format!(
+                            "{attempt} attempts failed on this message while the store \
+                             worked (its own write committed after each, and the failure \
+                             was this message's alone); the last failed with: {error}"
+                        )
                     },
                 ))
             }
@@ -971,19 +1096,23 @@ where
             }
             return self.reject(delivery, subject, reason).await;
         }
-        let delay = self.config.retry.delay(key.as_ref(), attempt);
+        let delay = self.config.retry.delay(
+            key.as_ref(),
+            attempt.max(lock(&self.judge).failures(key.as_ref())),
+        );
         tracing::warn!(
             target: "idem::gate",
             key = key.as_ref().map(IdempotencyKey::short).unwrap_or_default(),
             class = class.as_str(),
             attempt,
+            charged = counted,
             retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
             error = %error,
-            "delivery failed; rolled back and nacked"
+            "delivery failed; rolled back and handed back"
         );
-        // A store outage is not the message's fault: where the broker allows, the
-        // delivery is kept and handed back without costing a broker delivery.
-        let settle = if store_down && !mutant::active(Mutant::OutageNacked) {
+        // A failure on the store's side is not the message's doing: where the broker
+        // allows, the delivery is kept and handed back without costing a broker delivery.
+        let settle = if fault != Fault::Message && !mutant::active(Mutant::OutageNacked) {
             delivery.acker.defer(delay).await
         } else {
             delivery.acker.nack(Some(delay)).await
@@ -1014,6 +1143,28 @@ where
         sub: Submission<H::Input>,
         trace: Option<TraceParent>,
     ) -> Outcome {
+        if self.held_back(&sub) {
+            return self.hold(delivery, sub.key).await;
+        }
+        let outcome = self.claim_and_settle(delivery, &sub, trace).await;
+        let settled = match &outcome {
+            Outcome::Failed { error, .. } => {
+                matches!(error, Error::Store(e) if e.is_fenced())
+            }
+            Outcome::Deferred { .. } => false,
+            _ => true,
+        };
+        self.track(&sub, settled);
+        outcome
+    }
+
+    /// [`process_identified`](Gate::process_identified) once it is the identity's turn.
+    async fn claim_and_settle<A: Acker>(
+        &self,
+        delivery: Delivery<A>,
+        sub: &Submission<H::Input>,
+        trace: Option<TraceParent>,
+    ) -> Outcome {
         let key = sub.key;
         let subject = Some(sub.subject.as_str());
         // A rerun: one at a time, its start recorded before anything runs.
@@ -1033,10 +1184,12 @@ where
             Ok(tx) => tx,
             Err(e) => {
                 self.note(&key, reruns, RunNote::NotRun).await;
-                return self.fail(delivery, Some(key), subject, e.into()).await;
+                return self
+                    .fail(delivery, Some(key), subject, e.into(), None)
+                    .await;
             }
         };
-        let meta = self.handler.claim_meta(&sub);
+        let meta = self.handler.claim_meta(sub);
         let mut claimed = tx.claim(&key, &meta).await;
         if let Ok(ClaimOutcome::Conflict { existing }) = claimed {
             if self.config.on_conflict == ConflictPolicy::Process {
@@ -1055,7 +1208,9 @@ where
             Err(e) => {
                 let _ = tx.rollback().await;
                 self.note(&key, reruns, RunNote::NotRun).await;
-                return self.fail(delivery, Some(key), subject, e.into()).await;
+                return self
+                    .fail(delivery, Some(key), subject, e.into(), None)
+                    .await;
             }
         };
         if !matches!(claimed, ClaimOutcome::Claimed) {
@@ -1119,7 +1274,7 @@ where
                 let handled = self
                     .guarded(
                         Instant::now(),
-                        trace::scoped(scope, self.handler.handle(&mut tx, &sub)),
+                        trace::scoped(scope, self.handler.handle(&mut tx, sub)),
                     )
                     .await;
                 match handled {
@@ -1131,7 +1286,8 @@ where
                     }
                     Err(e) => {
                         let _ = tx.rollback().await;
-                        self.fail(delivery, Some(key), subject, e.into()).await
+                        self.fail(delivery, Some(key), subject, e.into(), reruns)
+                            .await
                     }
                     Ok(()) if mutant::active(Mutant::AckBeforeCommit) => {
                         let receipt = CommitReceipt::new();
@@ -1146,7 +1302,9 @@ where
                                 if e.is_fenced() {
                                     return fenced(delivery, key, e);
                                 }
-                                return self.fail(delivery, Some(key), subject, e.into()).await;
+                                return self
+                                    .fail(delivery, Some(key), subject, e.into(), reruns)
+                                    .await;
                             }
                         }
                         let started = Instant::now();
@@ -1155,7 +1313,10 @@ where
                         match committed {
                             // The outcome of a failed commit may be unknown: never ack; the
                             // redelivery finds out through its claim.
-                            Err(e) => self.fail(delivery, Some(key), subject, e.into()).await,
+                            Err(e) => {
+                                self.fail(delivery, Some(key), subject, e.into(), reruns)
+                                    .await
+                            }
                             Ok(()) => {
                                 self.forget_attempts(&key);
                                 self.note(&key, reruns, RunNote::Settled).await;
@@ -1260,6 +1421,22 @@ where
         outcomes: &mut [Option<Outcome>],
         traces: &[Option<SpanTrace>],
     ) {
+        let mut valid = valid;
+        if !lock(&self.unsettled).is_empty() {
+            // A later payload of a submission whose earlier one has not settled waits.
+            let mut kept = Vec::with_capacity(valid.len());
+            for (i, d, sub) in valid {
+                if self.held_back(&sub) {
+                    outcomes[i] = Some(self.hold(d, sub.key).await);
+                } else {
+                    kept.push((i, d, sub));
+                }
+            }
+            valid = kept;
+            if valid.is_empty() {
+                return;
+            }
+        }
         // The first position of each key claims it; later copies are in-batch duplicates.
         let mut first: HashMap<IdempotencyKey, usize> = HashMap::with_capacity(valid.len());
         let mut unique: Vec<usize> = Vec::with_capacity(valid.len());
@@ -1290,12 +1467,17 @@ where
 
         let claims = match self.try_batch(&valid, &unique, &items, traces).await {
             Ok(c) => c,
-            Err(BatchFailure::Config(e)) => {
-                // No delivery can get past a configuration error: hand them all back.
-                let shared = Arc::new(e);
+            Err(BatchFailure::Config(e) | BatchFailure::Begin(e)) => {
+                // Nothing was claimed: every delivery met the same failure (a configuration
+                // error, which no delivery can get past, or a store that gave no
+                // transaction), and each is settled by it at once.
                 for (i, d, sub) in valid {
-                    let err = Error::Store(StoreError::Config(shared.to_string()));
-                    outcomes[i] = Some(self.fail(d, Some(sub.key), Some(&sub.subject), err).await);
+                    self.track(&sub, false);
+                    let err = Error::Store(again(&e));
+                    outcomes[i] = Some(
+                        self.fail(d, Some(sub.key), Some(&sub.subject), err, None)
+                            .await,
+                    );
                 }
                 return;
             }
@@ -1320,11 +1502,12 @@ where
             Vec::new();
         for (pos, (i, d, sub)) in valid.into_iter().enumerate() {
             let is_first = first.get(&sub.key) == Some(&pos);
-            match by_key
+            let claim = by_key
                 .get(&sub.key)
                 .copied()
-                .unwrap_or(ClaimOutcome::InProgress)
-            {
+                .unwrap_or(ClaimOutcome::InProgress);
+            self.track(&sub, claim != ClaimOutcome::InProgress);
+            match claim {
                 ClaimOutcome::Claimed if is_first => {
                     self.forget_attempts(&sub.key);
                     audit::processed(&sub.key, &sub.subject);
@@ -1421,7 +1604,7 @@ where
         traces: &[Option<SpanTrace>],
     ) -> Result<Vec<ClaimOutcome>, BatchFailure> {
         let started = Instant::now();
-        let mut tx = self.store.begin().await.map_err(BatchFailure::from_store)?;
+        let mut tx = self.store.begin().await.map_err(BatchFailure::begin)?;
         let claims = match tx.claim_batch(items).await {
             Ok(c) if c.len() == items.len() => {
                 let c = match self
@@ -1506,6 +1689,120 @@ where
     }
 }
 
+/// Locks `m`, whatever a panicking holder left in it (every value here stays valid).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whose fault a failure can be, by what it is (see [`Gate::fail`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// The store's, whatever the message ([`StoreError::Degraded`]: a lock wait, a
+    /// read-only node, a full disk): never charged.
+    Store,
+    /// The store's side failed (unreachable, a broken connection, a timeout, a
+    /// serialization failure, a handler past its deadline): the message's only by the
+    /// evidence [`Gate::judge`] weighs.
+    Judged,
+    /// The message's or its handler's own (a handler's error, a panic, a refusal):
+    /// counted by the broker's delivery count, or the gate's where it keeps none.
+    Message,
+}
+
+impl Fault {
+    fn of(error: &Error) -> Self {
+        let store = match error {
+            Error::Store(e) | Error::Handler(HandlerError::Store(e)) => e,
+            _ => return Self::Message,
+        };
+        if store.is_degraded() {
+            Self::Store
+        } else {
+            Self::Judged
+        }
+    }
+}
+
+/// A key's failures on the store's side in this process.
+#[derive(Debug, Clone, Copy)]
+struct KeyFaults {
+    /// Every such failure.
+    failures: u32,
+    /// Those charged to the message.
+    charged: u32,
+    /// When the latest happened.
+    last: Instant,
+}
+
+/// What [`Gate::judge`] weighs: each key's failures, the last keys that failed, and when a
+/// delivery last committed its handler's writes.
+#[derive(Debug, Default)]
+struct Judge {
+    keys: HashMap<IdempotencyKey, KeyFaults>,
+    /// The two most recent distinct keys that failed on the store's side, latest first.
+    recent: [Option<(IdempotencyKey, Instant)>; 2],
+    /// When a delivery last ended `Processed` (its handler's writes committed).
+    last_processed: Option<Instant>,
+}
+
+impl Judge {
+    /// Records a failure of `key` at `now`; returns whether it may be the message's own:
+    /// since the key's previous failure (or for `lookback`, at its first) another
+    /// delivery committed its writes, or no other key failed.
+    fn failed(&mut self, key: &IdempotencyKey, now: Instant, lookback: Duration) -> bool {
+        if self.keys.len() >= ATTEMPT_MEMORY && !self.keys.contains_key(key) {
+            self.keys.clear();
+        }
+        let since = match self.keys.get(key) {
+            Some(f) => Some(f.last),
+            None => now.checked_sub(lookback),
+        };
+        let after = |t: Instant| since.is_none_or(|s| t > s);
+        let others_failed = self
+            .recent
+            .iter()
+            .flatten()
+            .any(|(k, t)| k != key && after(*t));
+        let others_processed = self.last_processed.is_some_and(after);
+        let entry = self.keys.entry(*key).or_insert(KeyFaults {
+            failures: 0,
+            charged: 0,
+            last: now,
+        });
+        entry.failures += 1;
+        entry.last = now;
+        match self.recent {
+            [Some((k, _)), _] if k == *key => self.recent[0] = Some((*key, now)),
+            [first, _] => self.recent = [Some((*key, now)), first],
+        }
+        others_processed || !others_failed
+    }
+
+    /// Charges the latest failure of `key` when `charged`; returns the key's charges.
+    fn charge(&mut self, key: &IdempotencyKey, charged: bool) -> u32 {
+        match self.keys.get_mut(key) {
+            Some(f) => {
+                if charged {
+                    f.charged += 1;
+                }
+                f.charged
+            }
+            None => u32::from(charged),
+        }
+    }
+
+    /// Every failure of `key` on the store's side (for the retry delay).
+    fn failures(&self, key: Option<&IdempotencyKey>) -> u32 {
+        key.and_then(|k| self.keys.get(k)).map_or(0, |f| f.failures)
+    }
+
+    fn forget(&mut self, key: &IdempotencyKey) {
+        if !self.keys.is_empty() {
+            self.keys.remove(key);
+        }
+    }
+}
+
 /// A delivery whose transaction was fenced ([`StoreError::Fenced`]): its partition was
 /// taken by another member, which has it now. Rolled back, and left unsettled: an ack
 /// would be a lie, a nack or a dead letter would settle what is no longer ours.
@@ -1585,11 +1882,48 @@ impl SpanTrace {
 enum BatchFailure {
     /// The store is misconfigured: every delivery is handed back.
     Config(StoreError),
+    /// No transaction could be begun: every delivery failed on the store at once (one by
+    /// one, each would wait on the store again: a batch of 100 would wait 100 times).
+    Begin(StoreError),
     /// Anything else: retry each delivery in its own transaction.
     OneByOne,
 }
 
+/// `e` again, for each delivery of a batch that met it: the same variant and message,
+/// without the driver's source (which cannot be cloned).
+fn again(e: &StoreError) -> StoreError {
+    let message = e.to_string();
+    match e {
+        StoreError::Unavailable { .. } => StoreError::Unavailable {
+            message,
+            source: None,
+        },
+        StoreError::Degraded { .. } => StoreError::Degraded {
+            message,
+            source: None,
+        },
+        StoreError::Conflict { .. } => StoreError::Conflict {
+            message,
+            source: None,
+        },
+        StoreError::Rejected { .. } => StoreError::Rejected {
+            message,
+            source: None,
+        },
+        StoreError::Config(_) => StoreError::Config(message),
+        other => StoreError::other(message, other.is_retryable()),
+    }
+}
+
 impl BatchFailure {
+    fn begin(e: StoreError) -> Self {
+        if e.class() == ErrorClass::Config {
+            Self::Config(e)
+        } else {
+            Self::Begin(e)
+        }
+    }
+
     fn from_store(e: StoreError) -> Self {
         if e.class() == ErrorClass::Config {
             Self::Config(e)

@@ -30,6 +30,13 @@ pub enum Mutant {
     /// Advances a log position whatever the row's epoch: a member that lost its
     /// partition still commits for it (no fencing).
     UnfencedPositions,
+    /// Charges every failure on the store's side to the message, without the store's
+    /// evidence (a degraded store, a store down for everyone): good messages are
+    /// dead-lettered for the store's fault.
+    StoreFaultCharged,
+    /// Lets a later payload of a submission claim it while the earlier one's failed
+    /// attempt waits for its redelivery: the later payload takes effect.
+    LaterPayloadNotHeld,
 }
 
 #[cfg(feature = "_mutants")]
@@ -50,6 +57,8 @@ mod imp {
             Mutant::NoAttemptCheckBeforeHandler => 7,
             Mutant::OutageNacked => 8,
             Mutant::UnfencedPositions => 9,
+            Mutant::StoreFaultCharged => 10,
+            Mutant::LaterPayloadNotHeld => 11,
         }
     }
 

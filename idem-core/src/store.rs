@@ -262,6 +262,32 @@ pub trait ClaimStore: Send + Sync {
         let _ = (key, note);
         Ok(None)
     }
+
+    /// The store's own evidence that it works: a small write of its own that must commit
+    /// within a bound the store sets. The gate calls it after a delivery failed on the
+    /// store's side (a timeout, a broken connection, a serialization failure, a handler
+    /// past its deadline) and only counts the failure against the message when the probe
+    /// commits: a store that is down, read-only, out of space or slow for everyone fails
+    /// its probe too, and then no message is charged.
+    ///
+    /// # Contract
+    /// - `Ok(())` only when a write committed durably through the same server the claims
+    ///   go to, just now (never a cached answer).
+    /// - Bounded: it returns within a few seconds whatever the server does (a dead
+    ///   network path, a lock, a slow flush), answering `Err` when it could not finish.
+    /// - It needs no message and touches no business table; it must not wait for a claim
+    ///   transaction of the calling task (the gate calls it with none open).
+    ///
+    /// The default opens a transaction and commits it ([`begin`](ClaimStore::begin) then
+    /// [`ClaimTx::commit`]): a store that can write something cheaper and more telling
+    /// (Postgres assigns a transaction id, which a read-only node refuses, and flushes its
+    /// commit) overrides it.
+    ///
+    /// # Errors
+    /// The [`StoreError`] that stopped the probe.
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.begin().await?.commit().await
+    }
 }
 
 /// What [`ClaimStore::note_run`] records of a key's rerun.

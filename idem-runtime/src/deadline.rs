@@ -4,11 +4,19 @@
 //! Without a deadline, a handler that never returns (a lock it waits on with no timeout,
 //! a call to a service that hangs) holds its delivery, its transaction and any lease it
 //! keeps alive for ever: the broker sees an unacked delivery that is never settled, and
-//! nothing says why. With one, the attempt fails with [`DeadlineExceeded`] once `limit`
-//! has passed: the handler's future is dropped (which stops whatever it was doing, a
-//! lease's keep-alive included), the gate rolls the transaction back and nacks the
-//! delivery with its retry delay, and after [`GateConfig::max_attempts`] such attempts it
-//! is dead-lettered with `attempts_exhausted` and this error.
+//! nothing says why. With one, the attempt fails once `limit` has passed, as a store that
+//! did not answer in time ([`StoreError::Unavailable`] with [`DeadlineExceeded`] as its
+//! source): the handler's future is dropped (which stops whatever it was doing, a lease's
+//! keep-alive included), the gate rolls the transaction back and defers the delivery with
+//! its retry delay. The attempt counts against the message only with the store's evidence
+//! that it works for others (see [`GateConfig::max_attempts`]): a store slow for everyone
+//! dead-letters nothing, while a message whose handler alone never returns is
+//! dead-lettered with `attempts_exhausted` and this error once its attempts run out.
+//!
+//! Dropping the future stops the client, not the server: a statement still running there
+//! holds the connection, and the rollback waits for it. Give the store the same bound
+//! (idem-store-postgres's `PgConfig::statement_timeout`, which `idem consume
+//! --handler-timeout` sets), so that the server cancels the statement at the deadline.
 //!
 //! ```
 //! use std::time::Duration;
@@ -26,7 +34,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{ClaimMeta, Handler, HandlerError, Headers, RejectReason, Submission};
+use idem_core::{ClaimMeta, Handler, HandlerError, Headers, RejectReason, StoreError, Submission};
 
 /// A [`Handler`] whose [`handle`](Handler::handle) and
 /// [`handle_batch`](Handler::handle_batch) must return within `limit`; see the
@@ -54,6 +62,14 @@ impl<H> Deadline<H> {
     }
 }
 
+/// The failure of an attempt past its deadline: the store's side did not answer in time.
+fn past(limit: Duration) -> HandlerError {
+    HandlerError::Store(StoreError::Unavailable {
+        message: format!("the handler did not return within its deadline of {limit:?}"),
+        source: Some(Box::new(DeadlineExceeded(limit))),
+    })
+}
+
 /// An attempt's handler did not return within its [`Deadline`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the handler did not return within its deadline of {0:?}")]
@@ -78,9 +94,7 @@ impl<Tx: Send, H: Handler<Tx>> Handler<Tx> for Deadline<H> {
     ) -> Result<(), HandlerError> {
         match tokio::time::timeout(self.limit, self.inner.handle(tx, submission)).await {
             Ok(r) => r,
-            Err(_) => Err(HandlerError::Transient(Box::new(DeadlineExceeded(
-                self.limit,
-            )))),
+            Err(_) => Err(past(self.limit)),
         }
     }
 
@@ -95,9 +109,7 @@ impl<Tx: Send, H: Handler<Tx>> Handler<Tx> for Deadline<H> {
     ) -> Result<(), HandlerError> {
         match tokio::time::timeout(self.limit, self.inner.handle_batch(tx, submissions)).await {
             Ok(r) => r,
-            Err(_) => Err(HandlerError::Transient(Box::new(DeadlineExceeded(
-                self.limit,
-            )))),
+            Err(_) => Err(past(self.limit)),
         }
     }
 }

@@ -6,8 +6,13 @@
 //! - a delivery stream that ends or fails (a broker restart) is reconnected with
 //!   [`Backoff`], for at most [`SupervisorConfig::reconnect_timeout`] per outage;
 //! - deliveries that keep failing (the store is down) are each delayed by a growing
-//!   backoff; once they have failed for `reconnect_timeout` in a row the run ends with
-//!   [`SuperviseError::StoreFailing`];
+//!   backoff; once they have failed for `reconnect_timeout` in a row, with no probe of the
+//!   store committing meanwhile ([`Gate::store_proven`]: one message failing alone is the
+//!   gate's to judge, not a failing store), the run ends with
+//!   [`SuperviseError::StoreFailing`]. The deadline is checked every half second whatever
+//!   the workers are doing (all of them may be waiting on the store); deliveries in
+//!   flight then get five seconds to settle and are dropped unsettled (their
+//!   transactions roll back, the broker redelivers them);
 //! - an error [`consumer::run`] returns that no retry fixes (a `Config`-class failure: a
 //!   missing table or privilege) ends the run at once with [`SuperviseError::Consumer`],
 //!   nothing more acked;
@@ -187,21 +192,41 @@ impl Streak {
     }
 
     /// How long the next delivery waits (`None`: no failures), or `Err` once the
-    /// failures have lasted `timeout`.
-    fn wait(&self, timeout: Duration, backoff: Backoff) -> Option<Result<Duration, ()>> {
+    /// failures have lasted `timeout` ([`expired`](Streak::expired)).
+    fn wait(
+        &self,
+        timeout: Duration,
+        backoff: Backoff,
+        proven: Option<Instant>,
+    ) -> Option<Result<Duration, ()>> {
         let n = self.failures.load(Ordering::SeqCst);
         if n == 0 {
             return None;
         }
-        let since = *self.since.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(since) = since {
-            if since.elapsed() >= timeout {
-                *self.gave_up.lock().unwrap_or_else(PoisonError::into_inner) =
-                    Some((since.elapsed(), n));
-                return Some(Err(()));
-            }
+        if self.expired(timeout, proven) {
+            return Some(Err(()));
         }
         Some(Ok(backoff.delay(u32::try_from(n).unwrap_or(u32::MAX))))
+    }
+
+    /// Whether the failures have lasted `timeout` with no sign that the store works: no
+    /// delivery settled, and no probe of the store committed (`proven`, the gate's
+    /// [`store_proven`](idem_core::Gate::store_proven)) since they began. A message that
+    /// fails alone while the store's probes commit is the gate's to judge, not a failing
+    /// store. Records the give-up.
+    fn expired(&self, timeout: Duration, proven: Option<Instant>) -> bool {
+        let n = self.failures.load(Ordering::SeqCst);
+        let since = *self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(since) = since.filter(|_| n > 0) else {
+            return false;
+        };
+        let since = proven.map_or(since, |p| p.max(since));
+        if since.elapsed() < timeout {
+            return false;
+        }
+        let mut gave_up = self.gave_up.lock().unwrap_or_else(PoisonError::into_inner);
+        gave_up.get_or_insert((since.elapsed(), n));
+        true
     }
 
     fn gave_up(&self) -> Option<(Duration, u64)> {
@@ -214,7 +239,7 @@ impl Streak {
 /// outlast the deadline); it ends once no delivery arrived for `idle` while it was waited
 /// for; `ended` tells a stream the broker closed from one that went idle. (A hand-written
 /// stream: combinator closures here defeat rustc's `Send` proof for the caller's future.)
-struct Watched<St> {
+struct Watched<St, P> {
     inner: Pin<Box<St>>,
     idle: Option<Duration>,
     idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -223,14 +248,17 @@ struct Watched<St> {
     streak: Arc<Streak>,
     timeout: Duration,
     backoff: Backoff,
+    /// The gate's [`store_proven`](idem_core::Gate::store_proven).
+    proven: P,
     ended: Arc<AtomicBool>,
     done: bool,
 }
 
-impl<St, A, E> Stream for Watched<St>
+impl<St, A, E, P> Stream for Watched<St, P>
 where
     St: Stream<Item = Result<Delivery<A>, E>>,
     E: Into<BoxError>,
+    P: Fn() -> Option<Instant> + Unpin,
 {
     type Item = Result<Delivery<A>, BoxError>;
 
@@ -241,7 +269,10 @@ where
         }
         if !this.checked {
             this.checked = true;
-            match this.streak.wait(this.timeout, this.backoff) {
+            match this
+                .streak
+                .wait(this.timeout, this.backoff, (this.proven)())
+            {
                 None => {}
                 Some(Ok(wait)) => this.pause = Some(Box::pin(tokio::time::sleep(wait))),
                 Some(Err(())) => {
@@ -280,6 +311,28 @@ where
             }
         }
     }
+}
+
+/// How long deliveries in flight when the store's failures outlast the reconnect timeout
+/// get to settle before they are dropped unsettled.
+const GIVE_UP_GRACE: Duration = Duration::from_secs(5);
+
+/// Resolves once the store's failures have outlasted `timeout` ([`Streak::expired`]),
+/// checked every half second whatever the consumer is doing.
+async fn outlasted(streak: &Streak, timeout: Duration, proven: impl Fn() -> Option<Instant>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if streak.expired(timeout, proven()) {
+            return;
+        }
+    }
+}
+
+/// Resolves when `a` or `b` does. (An `async fn`, not a combinator with a closure: those
+/// defeat rustc's `Send` proof for the caller's future.)
+async fn first_of(a: impl Future<Output = ()>, b: impl Future<Output = ()>) {
+    futures::pin_mut!(a, b);
+    futures::future::select(a, b).await;
 }
 
 /// Runs `gate` over deliveries from `connect` until `shutdown`, the idle deadline, or a
@@ -339,21 +392,37 @@ where
             streak: Arc::clone(&streak),
             timeout,
             backoff: config.backoff,
+            proven: || gate.store_proven(),
             ended: Arc::clone(&ended),
             done: false,
         };
-        let result = consumer::run(
-            gate,
-            deliveries,
-            config.consumer,
+        // The deadline is kept whatever the workers are doing (every one may be waiting on
+        // the store): once the failures have outlasted it, the loop takes no more
+        // deliveries, and what is in flight gets `GIVE_UP_GRACE` to settle before it is
+        // dropped (its transactions roll back; the broker redelivers what was not acked).
+        let stop = first_of(
             shutdown.clone(),
-            |o: &Outcome| {
-                streak.record(o.kind());
-                counts.record(o);
-                observe(o);
-            },
-        )
-        .await;
+            outlasted(&streak, timeout, || gate.store_proven()),
+        );
+        let run = consumer::run(gate, deliveries, config.consumer, stop, |o: &Outcome| {
+            streak.record(o.kind());
+            counts.record(o);
+            observe(o);
+        })
+        .fuse();
+        let abandon = async {
+            outlasted(&streak, timeout, || gate.store_proven()).await;
+            tokio::time::sleep(GIVE_UP_GRACE).await;
+        }
+        .fuse();
+        futures::pin_mut!(run, abandon);
+        let result = futures::select! {
+            r = run => r,
+            () = abandon => {
+                tracing::warn!(target: "idem::consume", "the store kept failing past the reconnect timeout; in-flight deliveries abandoned unsettled");
+                Ok(ConsumerStats::default())
+            }
+        };
         let stopped = shutdown.peek().is_some();
         if let Some((after, deliveries)) = streak.gave_up() {
             return Err(SuperviseError::StoreFailing { after, deliveries });

@@ -40,6 +40,17 @@ pub struct PgConfig {
     /// transaction do not pile up on the pool. `None` waits until the other transaction
     /// ends, however long.
     pub lock_timeout: Option<Duration>,
+    /// How long any one statement of a claim transaction may run on the server before the
+    /// server cancels it (SQLSTATE 57014): `SET LOCAL statement_timeout` at the start of
+    /// each claim transaction, in the same round trip as the lock timeout. Set it to the
+    /// handler's deadline (`idem consume --handler-timeout` does): a handler dropped at
+    /// its deadline leaves no statement running on the server, and the rollback that
+    /// follows waits for nothing longer. Default `None`: the server's own setting.
+    pub statement_timeout: Option<Duration>,
+    /// How long the store's [probe](idem_core::ClaimStore::probe) (a new connection that
+    /// commits a transaction id) may take before it answers that the store does not work.
+    /// Default [`PgConfig::DEFAULT_PROBE_TIMEOUT`] (5 s).
+    pub probe_timeout: Duration,
     /// The pool's maximum number of connections ([`PgStore::connect`](crate::PgStore::connect)
     /// only). Default 10.
     pub max_connections: u32,
@@ -156,6 +167,8 @@ impl Default for PgConfig {
         Self {
             schema: "public".to_owned(),
             lock_timeout: Some(Self::DEFAULT_LOCK_TIMEOUT),
+            statement_timeout: None,
+            probe_timeout: Self::DEFAULT_PROBE_TIMEOUT,
             max_connections: 10,
             acquire_timeout: Duration::from_secs(30),
             notify: true,
@@ -171,6 +184,8 @@ impl Default for PgConfig {
 impl PgConfig {
     /// The default [`lock_timeout`](PgConfig::lock_timeout): 5 s.
     pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The default [`probe_timeout`](PgConfig::probe_timeout): 5 s.
+    pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
     /// The default configuration for `schema`.
     ///
@@ -189,6 +204,13 @@ impl PgConfig {
     #[must_use]
     pub fn with_lock_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.lock_timeout = timeout;
+        self
+    }
+
+    /// Sets [`statement_timeout`](PgConfig::statement_timeout).
+    #[must_use]
+    pub fn with_statement_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.statement_timeout = timeout;
         self
     }
 
@@ -251,6 +273,11 @@ impl PgConfig {
         if self.lock_timeout.is_some_and(|t| t.as_millis() == 0) {
             return Err(PgError::InvalidOption(
                 "lock_timeout must be at least 1 ms (use None for no timeout)".into(),
+            ));
+        }
+        if self.statement_timeout.is_some_and(|t| t.as_millis() == 0) {
+            return Err(PgError::InvalidOption(
+                "statement_timeout must be at least 1 ms (use None for the server's)".into(),
             ));
         }
         if self.partition_months_back > 1200 || self.partition_months_ahead > 1200 {

@@ -116,6 +116,11 @@ pub enum SqlStateClass {
     /// Another transaction got in the way; running it again can succeed
     /// ([`StoreError::Conflict`]).
     Conflict,
+    /// The server will not take this work now, whatever the message: a lock that did not
+    /// clear within the lock timeout, a read-only node, a full disk, no memory or
+    /// connections left, a shutdown under way ([`StoreError::Degraded`]: never charged to
+    /// the message).
+    Degraded,
     /// The server, the connection or a session limit failed; retrying later can succeed
     /// ([`StoreError::Unavailable`]).
     Unavailable,
@@ -133,17 +138,31 @@ pub enum SqlStateClass {
 ///
 /// | SQLSTATE | class |
 /// |---|---|
-/// | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available | `Conflict` |
-/// | `57014` query canceled (a `statement_timeout`), `25006` read-only transaction (a failover to a standby), `25P03` idle-in-transaction timeout, `08xxx` connection, `57P0x` shutdown, `53xxx` resources, `58030` I/O | `Unavailable` |
+/// | `40001` serialization failure, `40P01` deadlock | `Conflict` |
+/// | `55P03` lock not available (a `lock_timeout`: an operator's `LOCK TABLE`, a long transaction), `25006` read-only transaction (a failover to a standby), `53xxx` resources (a full disk, out of memory or connections), `57P01` admin shutdown, `57P03` cannot connect now | `Degraded` |
+/// | `57014` query canceled (a `statement_timeout`), `25P03` idle-in-transaction timeout, `08xxx` connection, other `57P0x`, `58xxx` system errors (`58030` I/O, `58P01` undefined file), `XXxxx` internal errors (`XX000`, `XX001` data corrupted) | `Unavailable` |
 /// | `3F000` no schema, `42P01` no table, `42703` no column, `42501` insufficient privilege | `Config` |
 /// | `22xxx` data (`22021` bad bytes such as NUL, `22001` string too long, `22P05` untranslatable character), `54xxx` program limits (`54000`, e.g. an index row too big), `23xxx` constraints, other `42xxx` | `Rejected` |
 /// | anything else | `Other` |
+///
+/// `Degraded` is the server's fault whatever the message, and never counts against a
+/// delivery's attempts. `Conflict` and `Unavailable` may be either's: the gate counts one
+/// against a message only with the store's evidence that it works (its probe commits, and
+/// the failure is this message's alone), so a message that always times out or always
+/// meets an internal error is dead-lettered after its attempts, with the SQLSTATE, while a
+/// store that fails everyone dead-letters nothing.
 pub fn classify_sqlstate(code: &str) -> SqlStateClass {
     match code {
-        "40001" | "40P01" | LOCK_NOT_AVAILABLE => SqlStateClass::Conflict,
-        "57014" | "25006" | "25P03" | "58030" => SqlStateClass::Unavailable,
+        "40001" | "40P01" => SqlStateClass::Conflict,
+        LOCK_NOT_AVAILABLE | "25006" | "57P01" | "57P03" => SqlStateClass::Degraded,
+        "57014" | "25P03" => SqlStateClass::Unavailable,
         "3F000" | "42P01" | "42703" | "42501" => SqlStateClass::Config,
-        c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57P") => {
+        c if c.starts_with("53") => SqlStateClass::Degraded,
+        c if c.starts_with("08")
+            || c.starts_with("57P")
+            || c.starts_with("58")
+            || c.starts_with("XX") =>
+        {
             SqlStateClass::Unavailable
         }
         c if c.starts_with("22")
@@ -172,7 +191,11 @@ pub fn map_sqlx(e: sqlx::Error, what: &str) -> StoreError {
                     source: Some(Box::new(e)),
                 },
                 SqlStateClass::Unavailable => StoreError::Unavailable {
-                    message,
+                    message: format!("{what} (SQLSTATE {code})"),
+                    source: Some(Box::new(e)),
+                },
+                SqlStateClass::Degraded => StoreError::Degraded {
+                    message: format!("{what} (SQLSTATE {code})"),
                     source: Some(Box::new(e)),
                 },
                 // Insufficient privilege, or DDL on a table this role does not own: a
@@ -242,17 +265,22 @@ mod tests {
         let table = [
             ("40001", Conflict),    // serialization_failure
             ("40P01", Conflict),    // deadlock_detected
-            ("55P03", Conflict),    // lock_not_available (lock_timeout)
+            ("55P03", Degraded),    // lock_not_available (lock_timeout)
             ("57014", Unavailable), // query_canceled (statement_timeout)
-            ("25006", Unavailable), // read_only_sql_transaction (failed over to a standby)
+            ("25006", Degraded),    // read_only_sql_transaction (failed over to a standby)
             ("25P03", Unavailable), // idle_in_transaction_session_timeout
             ("08006", Unavailable), // connection_failure
             ("08001", Unavailable), // sqlclient_unable_to_establish_sqlconnection
-            ("57P01", Unavailable), // admin_shutdown
-            ("57P03", Unavailable), // cannot_connect_now
-            ("53300", Unavailable), // too_many_connections
-            ("53100", Unavailable), // disk_full
+            ("57P01", Degraded),    // admin_shutdown
+            ("57P02", Unavailable), // crash_shutdown (a backend died: this message's?)
+            ("57P03", Degraded),    // cannot_connect_now
+            ("53300", Degraded),    // too_many_connections
+            ("53100", Degraded),    // disk_full
+            ("53200", Degraded),    // out_of_memory
             ("58030", Unavailable), // io_error
+            ("58P01", Unavailable), // undefined_file
+            ("XX000", Unavailable), // internal_error
+            ("XX001", Unavailable), // data_corrupted
             ("3F000", Config),      // invalid_schema_name
             ("42P01", Config),      // undefined_table
             ("42703", Config),      // undefined_column
@@ -265,7 +293,6 @@ mod tests {
             ("23502", Rejected),    // not_null_violation
             ("23505", Rejected),    // unique_violation (not the claim's: it uses ON CONFLICT)
             ("42601", Rejected),    // syntax_error
-            ("XX000", Other),       // internal_error
             ("IDEM1", Other),       // the append-only trigger
             ("", Other),
         ];
@@ -278,6 +305,7 @@ mod tests {
             let ok = match class {
                 Conflict => matches!(e, StoreError::Conflict { .. }) && e.is_retryable(),
                 Unavailable => matches!(e, StoreError::Unavailable { .. }) && e.is_retryable(),
+                Degraded => e.is_degraded() && e.is_retryable(),
                 Config => matches!(e, StoreError::Config(_)) && !e.is_retryable(),
                 Rejected => matches!(e, StoreError::Rejected { .. }) && !e.is_retryable(),
                 Other => matches!(e, StoreError::Other { .. }) && !e.is_retryable(),

@@ -366,13 +366,22 @@ impl Shared {
             enqueue_many_ctes,
             enqueue_many_traced_ctes,
         };
-        let begin = match config.lock_timeout {
-            // One round trip: a simple query with two statements.
-            Some(t) => statement(sql!(
-                "BEGIN; SET LOCAL lock_timeout = '{ms}ms'",
-                ms = t.as_millis()
+        // One round trip: a simple query with the settings after BEGIN.
+        let begin = match (config.lock_timeout, config.statement_timeout) {
+            (Some(l), Some(st)) => statement(sql!(
+                "BEGIN; SET LOCAL lock_timeout = '{l}ms'; SET LOCAL statement_timeout = '{st}ms'",
+                l = l.as_millis(),
+                st = st.as_millis()
             )),
-            None => sqlx::SqlSafeStr::into_sql_str("BEGIN"),
+            (Some(l), None) => statement(sql!(
+                "BEGIN; SET LOCAL lock_timeout = '{ms}ms'",
+                ms = l.as_millis()
+            )),
+            (None, Some(st)) => statement(sql!(
+                "BEGIN; SET LOCAL statement_timeout = '{ms}ms'",
+                ms = st.as_millis()
+            )),
+            (None, None) => sqlx::SqlSafeStr::into_sql_str("BEGIN"),
         };
         // Channel names are identifiers of at most 63 bytes; a truncated name shared by
         // two schemas only causes a spurious wake-up.
@@ -622,6 +631,35 @@ impl ClaimStore for PgStore {
             .await
             .map_err(|e| map_sqlx(e, "begin"))?;
         Ok(tx(conn))
+    }
+
+    /// A new connection (not a pooled one, so it also proves that the server takes new
+    /// connections, as after a failover) that assigns a transaction id and commits it: the
+    /// commit writes and flushes its WAL record. A read-only node refuses it (25006), a
+    /// stalled WAL disk or a synchronous standby that does not answer holds it, and
+    /// [`PgConfig::probe_timeout`] bounds it all. It touches no table.
+    async fn probe(&self) -> Result<(), StoreError> {
+        use sqlx::{Connection as _, Executor as _};
+        let options = self.pool.connect_options();
+        let limit = self.shared.config.probe_timeout;
+        let run = async {
+            let mut conn = PgConnection::connect_with(&options)
+                .await
+                .map_err(|e| map_sqlx(e, "probe: connect"))?;
+            let done = conn
+                .execute(sqlx::raw_sql("SELECT txid_current()"))
+                .await
+                .map_err(|e| map_sqlx(e, "probe: commit a transaction id"));
+            let _ = conn.close().await;
+            done.map(|_| ())
+        };
+        match tokio::time::timeout(limit, run).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable {
+                message: format!("probe: no commit within {} ms", limit.as_millis()),
+                source: None,
+            }),
+        }
     }
 
     /// Conflicts are detected once `processed_messages` has the identity column

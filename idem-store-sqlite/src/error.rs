@@ -24,8 +24,8 @@ const SQLITE_NOTADB: u32 = 26;
 ///
 /// | result code | class |
 /// |---|---|
-/// | `BUSY`, `LOCKED` | [`StoreError::Conflict`]: another writer; retry |
-/// | `FULL`, `IOERR`, `READONLY`, `CANTOPEN`, `NOMEM`, `CORRUPT`, `PROTOCOL`, `NOLFS`, `NOTADB` | [`StoreError::Unavailable`]: the file, its disk or the machine failed, not the message; nothing is dead-lettered for it while the store fails for everyone |
+/// | `BUSY`, `LOCKED`, `FULL`, `READONLY`, `NOMEM` | [`StoreError::Degraded`]: a lock another writer held past the busy timeout, a full disk, a read-only file, no memory: the store's fault whatever the message, never counted against it; retry |
+/// | `IOERR`, `CORRUPT`, `CANTOPEN`, `PROTOCOL`, `NOLFS`, `NOTADB` | [`StoreError::Unavailable`]: the file, its disk or the machine failed; counted against a message only with the store's evidence that it works for others (the gate's probe) |
 /// | `CONSTRAINT`, `TOOBIG`, `MISMATCH`, `RANGE` | [`StoreError::Rejected`]: this message's values, for good |
 /// | anything else | [`StoreError::Other`], not retryable |
 pub(crate) fn map(what: &str, e: sqlx::Error) -> StoreError {
@@ -34,17 +34,17 @@ pub(crate) fn map(what: &str, e: sqlx::Error) -> StoreError {
         sqlx::Error::Database(db) => {
             let code = db.code().and_then(|c| c.parse::<u32>().ok()).unwrap_or(0);
             match code & 0xff {
-                SQLITE_BUSY | SQLITE_LOCKED => StoreError::Conflict {
-                    message,
-                    source: Some(Box::new(e)),
-                },
-                SQLITE_NOMEM | SQLITE_READONLY | SQLITE_IOERR | SQLITE_CORRUPT | SQLITE_FULL
-                | SQLITE_CANTOPEN | SQLITE_PROTOCOL | SQLITE_NOLFS | SQLITE_NOTADB => {
-                    StoreError::Unavailable {
+                SQLITE_BUSY | SQLITE_LOCKED | SQLITE_FULL | SQLITE_READONLY | SQLITE_NOMEM => {
+                    StoreError::Degraded {
                         message,
                         source: Some(Box::new(e)),
                     }
                 }
+                SQLITE_IOERR | SQLITE_CORRUPT | SQLITE_CANTOPEN | SQLITE_PROTOCOL
+                | SQLITE_NOLFS | SQLITE_NOTADB => StoreError::Unavailable {
+                    message,
+                    source: Some(Box::new(e)),
+                },
                 SQLITE_CONSTRAINT | SQLITE_TOOBIG | SQLITE_MISMATCH | SQLITE_RANGE => {
                     StoreError::Rejected {
                         message,

@@ -229,6 +229,17 @@ impl ClaimStore for SqliteStore {
         Capabilities::TRANSACTIONAL
     }
 
+    /// Takes the database's write lock (`BEGIN IMMEDIATE`, waiting at most the busy
+    /// timeout) and commits: a locked, read-only or unreachable file fails it.
+    async fn probe(&self) -> Result<(), StoreError> {
+        let tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| map("probe: taking the write lock", e))?;
+        tx.commit().await.map_err(|e| map("probe: commit", e))
+    }
+
     /// One autocommitted statement on a pooled connection (`idem_runs`): durable when it
     /// returns, under `synchronous=FULL`.
     async fn note_run(

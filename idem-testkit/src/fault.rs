@@ -305,6 +305,11 @@ impl<S: ClaimStore> ClaimStore for FaultyStore<S> {
     ) -> Result<Option<u32>, StoreError> {
         self.inner.note_run(key, note).await
     }
+
+    /// The wrapped store's probe: the plan's faults strike the claims and the commit.
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.inner.probe().await
+    }
 }
 
 #[async_trait]

@@ -50,6 +50,8 @@ struct Shared {
     released: Notify,
     next_tx: AtomicU64,
     fail_outbox: AtomicBool,
+    unavailable: AtomicBool,
+    probes_fail: AtomicBool,
     lock_timeout: Mutex<Option<Duration>>,
 }
 
@@ -113,6 +115,29 @@ impl MemoryStore {
     /// back with it).
     pub fn fail_outbox_inserts(&self, fail: bool) {
         self.shared.fail_outbox.store(fail, Ordering::SeqCst);
+    }
+
+    /// From now on (until called with `false`), the store is down for everyone: `begin`
+    /// and [`probe`](ClaimStore::probe) fail with [`StoreError::Unavailable`].
+    pub fn set_unavailable(&self, down: bool) {
+        self.shared.unavailable.store(down, Ordering::SeqCst);
+    }
+
+    /// From now on (until called with `false`), the store's own
+    /// [probe](ClaimStore::probe) fails while transactions still begin: with a handler
+    /// whose writes fail on the store, a store failing for everyone.
+    pub fn fail_probes(&self, fail: bool) {
+        self.shared.probes_fail.store(fail, Ordering::SeqCst);
+    }
+
+    fn check_available(&self, what: &str) -> Result<(), StoreError> {
+        if self.shared.unavailable.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
+                message: format!("{what}: the in-memory store is down"),
+                source: None,
+            });
+        }
+        Ok(())
     }
 
     /// The committed claim of `key`.
@@ -202,6 +227,7 @@ impl ClaimStore for MemoryStore {
     type Tx = MemoryTx;
 
     async fn begin(&self) -> Result<MemoryTx, StoreError> {
+        self.check_available("begin")?;
         Ok(MemoryTx {
             shared: self.shared.clone(),
             id: self.shared.next_tx.fetch_add(1, Ordering::Relaxed) + 1,
@@ -215,6 +241,19 @@ impl ClaimStore for MemoryStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::TRANSACTIONAL
+    }
+
+    /// Commits at once unless the store is [down](MemoryStore::set_unavailable) or its
+    /// probes [fail](MemoryStore::fail_probes).
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.check_available("probe")?;
+        if self.shared.probes_fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
+                message: "probe: the in-memory store fails its own writes".into(),
+                source: None,
+            });
+        }
+        Ok(())
     }
 
     /// Kept beside the claims: like them, a simulated crash of the consumer leaves it.

@@ -18,15 +18,17 @@ use idem_testkit::{
 };
 
 /// Decides by the subject's prefix: `panic-` panics, `flaky-` fails transiently, `down-`
-/// finds the store unreachable, `refused-` is refused by the store for good, `missing-`
-/// meets a missing table, `hang-` counts a run in `runs` and never returns (a message
-/// that kills its process: the test drops the future, as the process's death would);
-/// anything else finds the store unreachable while `down` is set, and otherwise writes
-/// its effect.
+/// finds the store unreachable, `locked-` waits out a lock (the store degraded),
+/// `refused-` is refused by the store for good, `missing-` meets a missing table, `hang-`
+/// counts a run in `runs` and never returns (a message that kills its process: the test
+/// drops the future, as the process's death would); anything else finds the store
+/// unreachable while `down` is set, meets a serialization failure while `once` holds its
+/// amount (once: it is cleared), and otherwise writes its effect.
 #[derive(Clone, Default)]
 struct Scripted {
     runs: Arc<std::sync::atomic::AtomicU32>,
     down: Arc<std::sync::atomic::AtomicBool>,
+    once: Arc<std::sync::atomic::AtomicI64>,
 }
 
 #[async_trait]
@@ -39,6 +41,11 @@ impl Handler<MemoryTx> for Scripted {
         _: &Headers,
     ) -> Result<Submission<EffectInput>, RejectReason> {
         EffectHandler::parse(payload)
+    }
+
+    fn claim_meta(&self, sub: &Submission<EffectInput>) -> idem_core::ClaimMeta {
+        idem_core::ClaimMeta::new(sub.subject.clone())
+            .with_submission_timestamp(sub.input.timestamp.clone())
     }
 
     async fn handle(
@@ -61,6 +68,23 @@ impl Handler<MemoryTx> for Scripted {
         if s.starts_with("down-") || self.down.load(SeqCst) {
             return Err(HandlerError::Store(StoreError::Unavailable {
                 message: "connection refused".into(),
+                source: None,
+            }));
+        }
+        if s.starts_with("locked-") {
+            return Err(HandlerError::Store(StoreError::Degraded {
+                message: "lock not available (SQLSTATE 55P03)".into(),
+                source: None,
+            }));
+        }
+        if sub.input.amount != 0
+            && self
+                .once
+                .compare_exchange(sub.input.amount, 0, SeqCst, SeqCst)
+                .is_ok()
+        {
+            return Err(HandlerError::Store(StoreError::Conflict {
+                message: "could not serialize access (SQLSTATE 40001)".into(),
                 source: None,
             }));
         }
@@ -257,6 +281,8 @@ async fn transient_failures_back_off_and_are_dead_lettered_when_attempts_run_out
 #[tokio::test]
 async fn an_unreachable_store_is_never_dead_lettered() {
     let store = MemoryStore::new();
+    // The store's own write fails too: the store is down for everyone.
+    store.fail_probes(true);
     let broker = SimBroker::new(1);
     broker.publish(body("down-1"));
     let gate = Gate::with_config(
@@ -496,6 +522,7 @@ async fn a_store_outage_costs_no_run_and_dead_letters_nothing() {
     broker.publish(body("ok-1"));
     let handler = Scripted::default();
     handler.down.store(true, SeqCst);
+    store.fail_probes(true);
     let gate = Gate::with_config(
         store.clone(),
         handler.clone(),
@@ -509,8 +536,189 @@ async fn a_store_outage_costs_no_run_and_dead_letters_nothing() {
     }
     assert_eq!(broker.stats().deferrals, 10);
     handler.down.store(false, SeqCst);
+    store.fail_probes(false);
     let d = broker.receive().expect("handed back");
     assert_eq!(gate.process(d).await.kind(), OutcomeKind::Processed);
     assert!(broker.dead_letters().is_empty());
+    assert!(broker.is_settled());
+}
+
+/// Whose fault a failure on the store's side is, by the store's evidence: a message that
+/// fails alone while the store works (its probe commits, the others committed before) is
+/// dead-lettered after its attempts, with its reason. Before, only another commit after
+/// its first failure counted as evidence, so it was deferred for ever.
+#[tokio::test]
+async fn a_message_that_fails_alone_while_the_store_works_is_dead_lettered() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1);
+    for s in ["ok-1", "ok-2", "ok-3", "down-1"] {
+        broker.publish(body(s));
+    }
+    let gate = Gate::with_config(
+        store.clone(),
+        Scripted::default(),
+        GateConfig::default().with_max_attempts(3),
+    );
+    let kinds = drain(&gate, &broker).await;
+    assert_eq!(
+        kinds,
+        [
+            OutcomeKind::Processed,
+            OutcomeKind::Processed,
+            OutcomeKind::Processed,
+            OutcomeKind::Failed,
+            OutcomeKind::Failed,
+            OutcomeKind::Rejected
+        ]
+    );
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
+    assert!(
+        dead[0]
+            .1
+            .detail
+            .starts_with("3 attempts failed on this message while the store worked")
+            && dead[0].1.detail.contains("connection refused"),
+        "{}",
+        dead[0].1.detail
+    );
+    assert!(gate.store_proven().is_some(), "the probe committed");
+    assert!(broker.is_settled());
+}
+
+/// Several messages failing on the store together, with nothing committing between their
+/// failures, are a store failing for everyone even when its own probe commits (a slow
+/// business table, a trigger): none is dead-lettered, and each is processed once the
+/// store recovers.
+#[tokio::test]
+async fn messages_failing_together_on_the_store_are_never_dead_lettered() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1);
+    for i in 0..5 {
+        broker.publish(body(&format!("ok-{i}")));
+    }
+    let handler = Scripted::default();
+    handler.down.store(true, SeqCst);
+    let gate = Gate::with_config(
+        store.clone(),
+        handler.clone(),
+        GateConfig::default().with_max_attempts(2),
+    );
+    for _ in 0..6 {
+        for d in broker.receive_many(usize::MAX) {
+            assert_eq!(gate.process(d).await.kind(), OutcomeKind::Failed);
+        }
+    }
+    assert!(
+        broker.dead_letters().is_empty(),
+        "{:?}",
+        broker.dead_letters()
+    );
+    handler.down.store(false, SeqCst);
+    let kinds = drain(&gate, &broker).await;
+    assert_eq!(kinds, [OutcomeKind::Processed; 5]);
+    assert!(broker.is_settled());
+}
+
+/// A lock wait anywhere in the transaction, a read-only node, a full disk
+/// (`StoreError::Degraded`) is the store's fault whatever the message: never counted, even
+/// with one attempt allowed and the store's probe committing.
+#[tokio::test]
+async fn a_degraded_store_never_charges_the_message() {
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1).counting_runs();
+    broker.publish(body("locked-1"));
+    let gate = Gate::with_config(
+        store.clone(),
+        Scripted::default(),
+        GateConfig::default().with_max_attempts(1),
+    );
+    for _ in 0..5 {
+        let d = broker.receive().expect("handed back");
+        assert_eq!(d.attempt, Some(1), "deferred, at no broker delivery");
+        assert_eq!(gate.process(d).await.kind(), OutcomeKind::Failed);
+    }
+    assert!(broker.dead_letters().is_empty());
+    assert_eq!(broker.stats().deferrals, 5);
+}
+
+/// Reruns (their first run's process died) through a store failing for everyone: the run
+/// each records before its handler is taken back when the failure after the claim is the
+/// store's, so none is dead-lettered as a message that kills its consumer. Before, every
+/// message in flight during a restart in a slow store was dead-lettered unrun.
+#[tokio::test]
+async fn reruns_through_a_store_failing_for_everyone_are_deferred_not_dead_lettered() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1).counting_runs();
+    for i in 0..5 {
+        broker.publish(body(&format!("ok-{i}")));
+    }
+    // The consumer that held them dies: each comes back as a rerun (attempt 2).
+    drop(broker.receive_many(usize::MAX));
+    let handler = Scripted::default();
+    handler.down.store(true, SeqCst);
+    store.fail_probes(true);
+    let gate = Gate::with_config(
+        store.clone(),
+        handler.clone(),
+        GateConfig::default()
+            .with_max_attempts(3)
+            .with_check_attempts_before_handler(true),
+    );
+    for _ in 0..6 {
+        for d in broker.receive_many(usize::MAX) {
+            assert_eq!(d.attempt, Some(2), "a rerun, deferred since");
+            assert_eq!(gate.process(d).await.kind(), OutcomeKind::Failed);
+        }
+    }
+    assert!(
+        broker.dead_letters().is_empty(),
+        "{:?}",
+        broker.dead_letters()
+    );
+    handler.down.store(false, SeqCst);
+    store.fail_probes(false);
+    let kinds = drain(&gate, &broker).await;
+    assert_eq!(kinds, [OutcomeKind::Processed; 5]);
+    assert_eq!(store.effects().await.unwrap().len(), 5);
+}
+
+/// The first delivered wins through a failed first attempt: of two payloads of one
+/// submission, the first fails once (a serialization failure), the second arrives
+/// meanwhile and waits for it, so the first is paid and the second is the conflict.
+/// Before, the second claimed the identity while the first waited for its redelivery.
+#[tokio::test]
+async fn the_first_delivered_payload_wins_when_its_first_attempt_fails() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = MemoryStore::new();
+    let broker = SimBroker::new(1);
+    let ts = "2026-07-01T09:00:00Z";
+    broker.publish(encode_submission("A-1", ts, 100));
+    broker.publish(encode_submission("A-1", ts, 9999));
+    let handler = Scripted::default();
+    handler.once.store(100, SeqCst);
+    let gate = Gate::new(store.clone(), handler);
+    let first = broker.receive().expect("100");
+    let second = broker.receive().expect("9999");
+    assert_eq!(gate.process(first).await.kind(), OutcomeKind::Failed);
+    assert_eq!(
+        gate.process(second).await.kind(),
+        OutcomeKind::Deferred,
+        "the later payload waits for the earlier one"
+    );
+    let kinds = drain(&gate, &broker).await;
+    assert!(kinds.contains(&OutcomeKind::Conflict), "{kinds:?}");
+    let effects = store.effects().await.unwrap();
+    assert_eq!(effects.len(), 1);
+    assert_eq!(
+        effects[0].amount, 100,
+        "the first delivered is the one paid"
+    );
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].0.payload, encode_submission("A-1", ts, 9999));
     assert!(broker.is_settled());
 }

@@ -37,9 +37,11 @@ pub(crate) struct Args {
     /// How many batches are processed at once.
     #[arg(long, default_value_t = ConsumerConfig::DEFAULT_CONCURRENCY, value_name = "N", value_parser = at_least_one)]
     concurrency: usize,
-    /// Dead-letter a delivery that failed N times (a handler error or panic, a deadline
-    /// passed, a statement timeout that recurs on it while others commit) with the last
-    /// error (`attempts_exhausted`); a store down for everyone never counts.
+    /// Dead-letter a delivery that failed N times for its own reason with the last error
+    /// (`attempts_exhausted`): a handler error or panic, or a deadline, statement timeout
+    /// or internal error that recurs on it while the store's own probe write commits and
+    /// no other message fails the same way. A store that is down, locked, read-only or
+    /// slow for everyone never counts.
     #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one_u32)]
     max_attempts: u32,
     /// Run every redelivery's handler, even of a message that ended its consumer each
@@ -51,8 +53,10 @@ pub(crate) struct Args {
     #[arg(long)]
     no_rerun_check: bool,
     /// An attempt whose business writes (a batch's, for a batch) have not returned after
-    /// this long fails like a transient error (`5`, `500ms`, `2m`): a handler that never
-    /// returns is dead-lettered after --max-attempts instead of holding its delivery.
+    /// this long fails (`5`, `500ms`, `2m`), and a Postgres store has the server cancel
+    /// any statement of the attempt at the same bound (`statement_timeout`): a handler
+    /// that never returns is dead-lettered after --max-attempts instead of holding its
+    /// delivery, and leaves nothing running on the server.
     #[arg(long, value_name = "DURATION", value_parser = parse_secs, default_value = "30")]
     handler_timeout: Duration,
     /// What a conflicting resubmission leads to - the same award id and submission
@@ -152,7 +156,12 @@ impl StoreVisitor for Consume {
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
-    let spec = StoreSpec::new(&args.store, args.schema, args.front_filter)?;
+    let mut spec = StoreSpec::new(&args.store, args.schema, args.front_filter)?;
+    // The server cancels a statement the handler's deadline gave up on.
+    spec.statement_timeout = Some(
+        args.handler_timeout
+            .max(std::time::Duration::from_millis(1)),
+    );
     let metrics = Arc::new(crate::metrics::ConsumeEndpoint::default());
     if let Some(addr) = args.metrics_addr {
         metrics.serve(addr).await?;

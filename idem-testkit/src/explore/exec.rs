@@ -512,6 +512,12 @@ impl Run {
                         grant(Decision::AckLost);
                     }
                 }
+                Op::Probe => {
+                    grant(Decision::Proceed);
+                    if b.unavailable > 0 {
+                        grant(Decision::Fail(Fault::Unavailable));
+                    }
+                }
             }
             if !crashable.contains(wk) {
                 crashable.push(*wk);
@@ -819,6 +825,7 @@ impl Run {
                     Op::Handle { key, .. } => (3, key, false),
                     Op::Commit { .. } => (4, 0, false),
                     Op::Ack { .. } => (5, 0, false),
+                    Op::Probe => (6, 0, false),
                 })
                 .collect();
             pending.sort_unstable();
@@ -847,6 +854,7 @@ impl Run {
                 m.collateral.hash(&mut h);
             }
             m.outages_met.min(w.max_attempts).hash(&mut h);
+            m.proven.min(w.max_attempts).hash(&mut h);
             match &m.state {
                 MsgState::Ready(seq) => {
                     0u8.hash(&mut h);

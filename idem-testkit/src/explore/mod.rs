@@ -376,9 +376,10 @@ impl Config {
         }
     }
 
-    /// Store outages on one message: one valid key delivered once, one worker, up to
-    /// `max_attempts` store outages and as many faults per run (the other budgets as
-    /// `base`'s).
+    /// Store outages on one message: one valid key delivered once and one message whose
+    /// handler fails on every attempt (its failures are counted by the broker's delivery
+    /// count, which an outage must not raise), one worker, up to `max_attempts` store
+    /// outages and as many faults per run (the other budgets as `base`'s).
     pub fn outages(base: &Config) -> Self {
         let mut c = Self {
             workers: 1,
@@ -386,7 +387,7 @@ impl Config {
             copies: 1,
             conflicts: 0,
             killers: 0,
-            recurring: 0,
+            recurring: 1,
             check_before_handler: true,
             ..base.clone()
         };

@@ -35,6 +35,12 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// A failure on the store's side that the gate judges by the store's evidence
+    /// (`Unavailable`, `Conflict`), as opposed to a refusal or a configuration error.
+    pub(crate) fn judged(self) -> bool {
+        matches!(self, Self::Unavailable | Self::Conflict)
+    }
+
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Unavailable => "unavailable",
@@ -79,6 +85,8 @@ pub(crate) enum Op {
     Commit { tx: u64 },
     /// Ack delivery `tag`.
     Ack { tag: u64 },
+    /// The store's probe (`ClaimStore::probe`): a write of its own that commits, or not.
+    Probe,
 }
 
 /// The explorer's answer to a choice point.
@@ -139,6 +147,10 @@ pub(crate) struct Msg {
     pub(crate) collateral: u32,
     /// Store outages injected while a delivery of it was held.
     pub(crate) outages_met: u32,
+    /// Failures on the store's side that met it, each followed by a probe of the store
+    /// that committed (`ClaimStore::probe`): the store's evidence that the failure was
+    /// this message's, the only ground for dead-lettering it for them.
+    pub(crate) proven: u32,
     pub(crate) state: MsgState,
 }
 
@@ -397,6 +409,16 @@ impl World {
         }
     }
 
+    /// A probe of the store committed while `task`'s transaction had met a failure on
+    /// the store's side: the messages it holds have the store's evidence for that one.
+    pub(crate) fn note_proof(&mut self, task: TaskId) {
+        if self.outage.remove(&task) {
+            for idx in self.held_by(task) {
+                self.msgs[idx].proven += 1;
+            }
+        }
+    }
+
     pub(crate) fn make_ready(&mut self, idx: usize) {
         self.next_seq += 1;
         self.msgs[idx].state = MsgState::Ready(self.next_seq);
@@ -404,22 +426,26 @@ impl World {
 
     /// A valid message (index `idx`, key `k`) dead-lettered by `task` because its
     /// attempts ran out: lawful only if the deliveries that count against the message
-    /// itself reached the limit, or (the gate's count of store failures) its delivery
-    /// failed on a store outage and it met at least the limit of them.
+    /// itself reached the limit, or (the gate's count of failures on the store's side)
+    /// at least the limit of such failures met it, each with the store's evidence that it
+    /// worked (a probe that committed after it). A store failure without that evidence
+    /// never charges the message.
     fn check_exhausted(&mut self, task: TaskId, tag: u64, idx: usize, k: u8) {
         let m = &self.msgs[idx];
         let max = self.max_attempts;
-        let on_outage = !self.per_task_tx_check || self.outage.contains(&task);
-        if m.charged() >= max || (on_outage && m.outages_met >= max) {
+        if m.charged() >= max || m.proven >= max {
             return;
         }
         let what = format!(
             "t{task}: d{tag} (k{k}) dead-lettered ({ATTEMPTS_EXHAUSTED}) after {} of its \
              deliveries counted against it, the limit being {max} ({} deliveries, {} of \
-             them cost by store outages)",
+             them cost by store outages; {} store failures met, {} with the store's \
+             evidence that it worked)",
             m.charged(),
             m.deliveries,
             m.outage_nacks,
+            m.outages_met,
+            m.proven,
         );
         self.violate(what);
     }
@@ -544,7 +570,7 @@ impl ClaimStore for ExStore {
         w.refused.retain(|(t, _)| *t != task);
         w.outage.remove(&task);
         if let Decision::Fail(f) = d {
-            if f == Fault::Unavailable {
+            if f.judged() {
                 w.note_outage(task);
             }
             w.trace
@@ -572,6 +598,23 @@ impl ClaimStore for ExStore {
     /// and a second key for it is a `Conflict`.
     fn capabilities(&self) -> Capabilities {
         Capabilities::TRANSACTIONAL.with_conflict_detection(true)
+    }
+
+    /// A choice point: the probe commits (the messages of a transaction that met a
+    /// failure on the store's side get the store's evidence for it) or meets an outage.
+    async fn probe(&self) -> Result<(), StoreError> {
+        let d = Point::new(&self.0, Op::Probe).await;
+        let mut w = lock(&self.0);
+        let task = w.current_task;
+        w.record(task, ("probe", d));
+        if let Decision::Fail(f) = d {
+            w.trace
+                .push(format!("t{task}: probe fails ({})", f.as_str()));
+            return Err(f.error("probe"));
+        }
+        w.note_proof(task);
+        w.trace.push(format!("t{task}: probe commits"));
+        Ok(())
     }
 
     /// One atomic, durable step (an autocommitted upsert): no fault, no interleaving
@@ -613,7 +656,7 @@ impl ExTx {
         let task = w.current_task;
         w.record(task, ("commit", d));
         if let Decision::Fail(f) = d {
-            if f == Fault::Unavailable {
+            if f.judged() {
                 w.note_outage(task);
             }
             w.trace.push(format!(
@@ -639,6 +682,7 @@ impl ExTx {
                 "t{task}: commit tx{} applies nothing (aborted inside): Conflict",
                 self.id
             ));
+            w.note_outage(task);
             return Err(Fault::Conflict.error("commit (the transaction was aborted: 25P02)"));
         }
         if d == Decision::CommitUnknown {
@@ -722,7 +766,7 @@ impl ClaimTx for ExTx {
                     w.poisoned.insert(k);
                     w.refused.insert((task, k));
                 }
-                if f == Fault::Unavailable {
+                if f.judged() {
                     w.note_outage(task);
                 }
                 w.trace.push(format!(
