@@ -634,22 +634,36 @@ impl ClaimStore for PgStore {
     }
 
     /// A new connection (not a pooled one, so it also proves that the server takes new
-    /// connections, as after a failover) that assigns a transaction id and commits it: the
-    /// commit writes and flushes its WAL record. A read-only node refuses it (25006), a
-    /// stalled WAL disk or a synchronous standby that does not answer holds it, and
-    /// [`PgConfig::probe_timeout`] bounds it all. It touches no table.
+    /// connections, as after a failover) that commits a transaction holding a transaction
+    /// id and an `UPDATE` of `idem_runs` that matches no row: the commit writes and flushes
+    /// its WAL record, and writes nothing else. A standby refuses it, and so does a
+    /// database made read-only (`default_transaction_read_only`, SQLSTATE 25006); an
+    /// operator's lock on `idem_runs`, a stalled WAL disk or a synchronous standby that
+    /// does not answer holds it, and [`PgConfig::probe_timeout`] bounds it all. A schema
+    /// without `idem_runs` (not migrated since it came) commits the transaction id alone.
     async fn probe(&self) -> Result<(), StoreError> {
         use sqlx::{Connection as _, Executor as _};
         let options = self.pool.connect_options();
         let limit = self.shared.config.probe_timeout;
+        let runs = self.sql_table("idem_runs");
+        let write = crate::sql::statement(sql!(
+            "SELECT txid_current(); UPDATE {runs} SET runs = runs WHERE false",
+            runs
+        ));
         let run = async {
             let mut conn = PgConnection::connect_with(&options)
                 .await
                 .map_err(|e| map_sqlx(e, "probe: connect"))?;
-            let done = conn
-                .execute(sqlx::raw_sql("SELECT txid_current()"))
+            let mut done = conn
+                .execute(sqlx::raw_sql(write))
                 .await
-                .map_err(|e| map_sqlx(e, "probe: commit a transaction id"));
+                .map_err(|e| map_sqlx(e, "probe: commit a write"));
+            if matches!(done, Err(StoreError::Config(_))) {
+                done = conn
+                    .execute(sqlx::raw_sql("SELECT txid_current()"))
+                    .await
+                    .map_err(|e| map_sqlx(e, "probe: commit a transaction id"));
+            }
             let _ = conn.close().await;
             done.map(|_| ())
         };

@@ -2,7 +2,8 @@
 //! connection): when it recurs on one message while others commit, that message is
 //! dead-lettered after `max_attempts` with its reason (it used to be nacked for ever, as
 //! if the store were down); when every message times out, the store is what fails, and
-//! nothing is dead-lettered.
+//! nothing is dead-lettered. A degraded server (a locked table, a read-only node) charges
+//! no message, and a handler's deadline leaves nothing running on the server.
 
 mod common;
 
@@ -126,6 +127,194 @@ async fn a_statement_timeout_on_every_message_dead_letters_nothing() {
     use idem_testkit::TestStore as _;
     assert_eq!(store.effects().await.expect("effects").len(), 3);
     assert!(broker.dead_letters().is_empty());
+    common::drop_schema(&base).await;
+}
+
+/// The message whose write always runs past the statement timeout, delivered after
+/// three good ones (one at a time): nothing else commits after its first failure, but the
+/// store's probe does, so the failure is this message's alone and it is dead-lettered
+/// after its attempts. Before, it was deferred for ever (no commit of another delivery
+/// after its first fault, so the gate could not tell it from a store slow for everyone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_always_times_out_after_three_good_ones_is_dead_lettered() {
+    let (base, store) = slow_store("SLOW%").await;
+    let broker = SimBroker::new(3);
+    let ts = "2026-07-01T09:00:00Z";
+    for i in 0..3 {
+        broker.publish(encode_submission(&format!("OK-{i}"), ts, i));
+    }
+    broker.publish(encode_submission("SLOW-1", ts, 9));
+    let gate = Gate::with_config(
+        store.clone(),
+        EffectHandlerFor::<common::TestPg>::new(),
+        GateConfig::default().with_max_attempts(3),
+    );
+    rounds(&gate, &broker, 10).await;
+    assert!(
+        broker.is_settled(),
+        "the slow message was deferred for ever"
+    );
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].0.payload, encode_submission("SLOW-1", ts, 9));
+    assert_eq!(dead[0].1.code, idem_core::gate::ATTEMPTS_EXHAUSTED);
+    assert!(
+        dead[0].1.detail.contains("SQLSTATE 57014"),
+        "the reason names the SQLSTATE: {}",
+        dead[0].1.detail
+    );
+    use idem_testkit::TestStore as _;
+    assert_eq!(store.effects().await.expect("effects").len(), 3);
+    common::drop_schema(&base).await;
+}
+
+/// A handler past its deadline is dropped by the client; the server cancels its
+/// statement at the same bound (`PgConfig::statement_timeout`), so the rollback waits for
+/// nothing and no statement stays running on the server. Before, a write sleeping 300 s
+/// kept running there long after the deadline (sqlx sends no cancel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_past_its_deadline_leaves_no_statement_running_on_the_server() {
+    let base = common::fresh_pg().await;
+    let schema = base.schema().to_owned();
+    for sql in [
+        format!(
+            "CREATE FUNCTION \"{schema}\".stuck_effect() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN PERFORM pg_sleep(300); RETURN NEW; END $$"
+        ),
+        format!(
+            "CREATE TRIGGER stuck BEFORE INSERT ON \"{schema}\".effects \
+             FOR EACH ROW EXECUTE FUNCTION \"{schema}\".stuck_effect()"
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(base.pool())
+            .await
+            .expect("stuck trigger");
+    }
+    let limit = std::time::Duration::from_secs(1);
+    let store = PgStore::connect(
+        &common::url(),
+        PgConfig::new(schema.clone())
+            .expect("schema")
+            .with_max_connections(2)
+            .with_statement_timeout(Some(limit)),
+    )
+    .await
+    .expect("connect");
+    let gate = Gate::new(
+        common::TestPg(store),
+        idem_runtime::Deadline::new(EffectHandlerFor::<common::TestPg>::new(), limit),
+    );
+    let broker = SimBroker::new(1);
+    broker.publish(encode_submission("STUCK-1", "2026-07-01T09:00:00Z", 1));
+    let started = std::time::Instant::now();
+    let outcome = gate.process(broker.receive().expect("delivery")).await;
+    let took = started.elapsed();
+    assert_eq!(outcome.kind(), idem_core::OutcomeKind::Failed);
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "the attempt and its rollback took {took:?}"
+    );
+    let running: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+         AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()",
+    )
+    .bind(format!("\"{schema}\".\"effects\""))
+    .fetch_one(base.pool())
+    .await
+    .expect("pg_stat_activity");
+    assert_eq!(running, 0, "the stuck statement still runs on the server");
+    common::drop_schema(&base).await;
+}
+
+/// An operator's `LOCK TABLE` on the business table: each write waits out the lock
+/// timeout (SQLSTATE 55P03, `StoreError::Degraded`) and is deferred; no message is
+/// charged, even with one attempt allowed, and all are processed once the lock goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_business_table_charges_no_message() {
+    let base = common::fresh_pg().await;
+    let store = PgStore::connect(
+        &common::url(),
+        PgConfig::new(base.schema())
+            .expect("schema")
+            .with_max_connections(2)
+            .with_lock_timeout(Some(std::time::Duration::from_millis(200))),
+    )
+    .await
+    .expect("connect");
+    let store = common::TestPg(store);
+    let mut locker = base.pool().begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE \"{}\".effects IN ACCESS EXCLUSIVE MODE",
+        base.schema()
+    )))
+    .execute(&mut *locker)
+    .await
+    .expect("lock");
+    let broker = SimBroker::new(1);
+    let ts = "2026-07-01T09:00:00Z";
+    for i in 0..3 {
+        broker.publish(encode_submission(&format!("L-{i}"), ts, i));
+    }
+    let gate = Gate::with_config(
+        store.clone(),
+        EffectHandlerFor::<common::TestPg>::new(),
+        GateConfig::default().with_max_attempts(1),
+    );
+    rounds(&gate, &broker, 3).await;
+    assert!(
+        broker.dead_letters().is_empty(),
+        "{:?}",
+        broker.dead_letters()
+    );
+    assert!(!broker.is_settled());
+    locker.rollback().await.expect("unlock");
+    rounds(&gate, &broker, 5).await;
+    assert!(broker.is_settled());
+    assert!(broker.dead_letters().is_empty());
+    use idem_testkit::TestStore as _;
+    assert_eq!(store.effects().await.expect("effects").len(), 3);
+    common::drop_schema(&base).await;
+}
+
+/// A read-only node (a failover left the connections on a standby; here every
+/// transaction is read-only): each claim is refused with SQLSTATE 25006
+/// (`StoreError::Degraded`), the probe cannot commit either, and no message is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_store_charges_no_message() {
+    let base = common::fresh_pg().await;
+    let url = format!(
+        "{}?options=-c%20default_transaction_read_only%3Don",
+        common::url()
+    );
+    let store = PgStore::connect(
+        &url,
+        PgConfig::new(base.schema())
+            .expect("schema")
+            .with_max_connections(2),
+    )
+    .await
+    .expect("connect");
+    use idem_core::ClaimStore as _;
+    assert!(
+        store.probe().await.is_err(),
+        "a read-only node commits no transaction id"
+    );
+    let broker = SimBroker::new(1);
+    let ts = "2026-07-01T09:00:00Z";
+    broker.publish(encode_submission("RO-1", ts, 1));
+    let gate = Gate::with_config(
+        common::TestPg(store),
+        EffectHandlerFor::<common::TestPg>::new(),
+        GateConfig::default().with_max_attempts(1),
+    );
+    rounds(&gate, &broker, 4).await;
+    assert!(
+        broker.dead_letters().is_empty(),
+        "{:?}",
+        broker.dead_letters()
+    );
+    assert!(!broker.is_settled(), "nothing could be written");
     common::drop_schema(&base).await;
 }
 

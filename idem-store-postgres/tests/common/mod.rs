@@ -174,6 +174,10 @@ impl ClaimStore for TestPg {
     ) -> Result<Option<u32>, StoreError> {
         self.0.note_run(key, note).await
     }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.0.probe().await
+    }
 }
 
 #[async_trait]

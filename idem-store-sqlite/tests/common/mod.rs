@@ -54,6 +54,10 @@ impl ClaimStore for TestSqlite {
     ) -> Result<Option<u32>, StoreError> {
         self.store.note_run(key, note).await
     }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.store.probe().await
+    }
 }
 
 fn err(e: sqlx::Error) -> StoreError {
