@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures::{FutureExt as _, Stream};
+use futures::{FutureExt as _, Stream, StreamExt as _};
 use idem_core::{ConsumerConfig, Delivery, Gate};
 use idem_runtime::supervise::{supervise, SupervisorConfig};
 use idem_runtime::Attempt;
@@ -52,4 +52,76 @@ async fn a_closed_stream_is_reconnected_and_counts_survive() {
     assert_eq!(done.stats.deliveries(), 6);
     assert!(done.reconnects >= 3, "{done:?}");
     assert!(broker.is_settled());
+}
+
+/// A store that gives no transaction: each `begin` waits 300 ms (a pool waiting for a
+/// connection) and fails, and its probe fails too.
+#[derive(Debug, Clone, Default)]
+struct Down;
+
+#[idem_core::async_trait]
+impl idem_core::ClaimStore for Down {
+    type Tx = <MemoryStore as idem_core::ClaimStore>::Tx;
+
+    async fn begin(&self) -> Result<Self::Tx, idem_core::StoreError> {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Err(idem_core::StoreError::Unavailable {
+            message: "connection refused".into(),
+            source: None,
+        })
+    }
+
+    fn capabilities(&self) -> idem_core::Capabilities {
+        idem_core::Capabilities::TRANSACTIONAL
+    }
+
+    async fn probe(&self) -> Result<(), idem_core::StoreError> {
+        self.begin().await.map(|_| ())
+    }
+}
+
+/// `--reconnect-timeout` is kept whatever the workers are doing: a batch of 100 whose
+/// store gives no transaction fails at once (one `begin`, not one per delivery), and the
+/// run ends with `StoreFailing` about the deadline after the failures began. Before, the
+/// batch fell back to one transaction per delivery (100 × 300 ms) and the deadline was
+/// checked only when the stream was polled again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconnect_timeout_holds_while_the_workers_wait_on_the_store() {
+    let broker = SimBroker::new(3);
+    for i in 0..300 {
+        broker.publish(encode_submission(
+            &format!("D-{i}"),
+            "2026-07-01T09:00:00Z",
+            1,
+        ));
+    }
+    let gate = Gate::new(Down, EffectHandlerFor::<MemoryStore>::new());
+    let b = broker.clone();
+    let connect = move || {
+        let batch = b.receive_many(100);
+        async move {
+            let s: Deliveries = Box::pin(
+                futures::stream::iter(batch.into_iter().map(Ok)).chain(futures::stream::pending()),
+            );
+            Ok::<_, Attempt<std::io::Error>>(s)
+        }
+        .boxed()
+    };
+    let config = SupervisorConfig::new(ConsumerConfig::new(1, 100))
+        .reconnect_timeout(Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    let run = supervise(&gate, None, connect, config, std::future::pending(), |_| {});
+    let done = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the supervisor did not return");
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            done,
+            Err(idem_runtime::supervise::SuperviseError::StoreFailing { .. })
+        ),
+        "{done:?}"
+    );
+    assert!(took < Duration::from_secs(8), "gave up after {took:?}");
+    assert!(broker.dead_letters().is_empty());
 }
