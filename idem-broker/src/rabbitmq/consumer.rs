@@ -113,8 +113,9 @@ enum Plan {
 /// - `Ack` → `basic.ack`.
 /// - `Fail` → `basic.reject` (requeue) — after holding for the delay when there is one
 ///   and room to hold it.
-/// - `Defer` → held and handed back through the stream; `basic.nack` (requeue) only when
-///   the hold limit is reached, the consumer is closing, or the delivery would stay
+/// - `Defer` → held and handed back through the stream, even past the hold limit (the
+///   prefetch bounds what is held: deferrals that fill it stop the broker's sending);
+///   `basic.nack` (requeue) only when the consumer is closing, or the delivery would stay
 ///   unacked past [`MAX_UNACKED`].
 /// - `DeadLettered` → `basic.ack` once the dead letter is confirmed; otherwise held
 ///   [`DEAD_LETTER_RETRY`] and then `basic.reject` (a failed attempt: a dead-letter queue
@@ -127,9 +128,11 @@ fn plan(settle: Settle, room: Room) -> Plan {
             Plan::HoldThen(delay.min(MAX_HOLD), Frame::Reject)
         }
         Settle::Fail(_) => Plan::Send(Frame::Reject),
+        // Whatever is held already: a deferral keeps its prefetch slot, so once deferrals
+        // fill the prefetch the broker sends nothing more (fetching stops, memory stays
+        // bounded by the prefetch) and no requeue is counted against a message.
         Settle::Defer(delay)
-            if room.can_hold
-                && room.open
+            if room.open
                 && room.unacked_for.saturating_add(delay.min(MAX_HOLD)) <= MAX_UNACKED =>
         {
             Plan::HoldThenHandBack(delay.min(MAX_HOLD))
@@ -838,10 +841,11 @@ impl Acker for RabbitAcker {
 
     /// Not the message's fault, so it costs no delivery: held unacked here for the delay
     /// (at most a minute) and handed back through the consumer's stream with the same
-    /// attempt and headers; the broker sees no frame. Requeued with `basic.nack` instead
-    /// when half the prefetch is already held, when the consumer is closing, or when the
-    /// delivery would stay unacked here past 15 minutes (half RabbitMQ's default
-    /// `consumer_timeout`).
+    /// attempt and headers; the broker sees no frame. Held however many are held already:
+    /// each keeps its prefetch slot, so deferrals that fill the prefetch stop the broker's
+    /// sending until they come back (memory stays bounded by the prefetch). Requeued with
+    /// `basic.nack` instead only when the consumer is closing, or when the delivery would
+    /// stay unacked here past 15 minutes (half RabbitMQ's default `consumer_timeout`).
     async fn defer(self, delay: Duration) -> Result<(), AckError> {
         self.settle(Settle::Defer(delay)).await
     }
@@ -981,7 +985,8 @@ mod tests {
                 room(),
                 Plan::HoldThenHandBack(MAX_HOLD),
             ),
-            (Settle::Defer(s(1)), full, Plan::Send(Frame::Nack)),
+            // Deferrals that fill the prefetch stop the broker's sending; no requeue.
+            (Settle::Defer(s(1)), full, Plan::HoldThenHandBack(s(1))),
             (Settle::Defer(s(1)), closing, Plan::Send(Frame::Nack)),
             (
                 Settle::Defer(s(1)),
