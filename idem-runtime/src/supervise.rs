@@ -41,7 +41,12 @@ use crate::retry::{retry, Attempt, GaveUp};
 pub struct SupervisorConfig {
     /// The consumer loop's batch size and concurrency.
     pub consumer: ConsumerConfig,
-    /// End the run once no delivery arrived for this long (default: never).
+    /// End the run once no delivery arrived for this long (default: never), and nothing
+    /// is left for it: a delivery that failed or was deferred (it comes back after its
+    /// delay, held by the consumer or redelivered by the broker) is waited for until it
+    /// settles. One that does not come back within twice the gate's longest retry delay
+    /// after its last failure (the broker gave it to another consumer) ends the run with
+    /// [`SuperviseError::NotDrained`].
     pub exit_when_idle: Option<Duration>,
     /// How long the broker or the store may stay unreachable before the run ends
     /// (default 60 s).
@@ -107,6 +112,81 @@ pub enum SuperviseError<E: std::error::Error + 'static> {
     /// The consumer stopped on an error no retry fixes (a `Config`-class failure).
     #[error(transparent)]
     Consumer(Error),
+    /// The run went idle ([`SupervisorConfig::exit_when_idle`]) with deliveries left
+    /// unsettled: they failed or were deferred and did not come back to this consumer.
+    #[error(
+        "not drained: {left} deliveries that failed or were deferred did not come back \
+         within {:.0} s of their last attempt (another consumer may hold them, or the \
+         broker redelivers them later)",
+        .waited.as_secs_f64()
+    )]
+    NotDrained {
+        /// How many.
+        left: usize,
+        /// How long after its last attempt each was waited for.
+        waited: Duration,
+    },
+}
+
+/// Deliveries that failed or were deferred and have not settled since (by key): a drain
+/// ([`SupervisorConfig::exit_when_idle`]) waits for them.
+#[derive(Debug, Default)]
+struct Awaited {
+    keys: Mutex<std::collections::HashMap<idem_core::IdempotencyKey, Instant>>,
+    not_drained: Mutex<Option<usize>>,
+}
+
+/// What an idle consumer still waits for.
+enum Left {
+    /// Nothing: drained.
+    Nothing,
+    /// Deliveries that will come back.
+    Waiting,
+    /// Deliveries that did not come back within the bound (recorded as not drained).
+    Gone,
+}
+
+impl Awaited {
+    fn record(&self, o: &Outcome) {
+        let Some(key) = o.key() else { return };
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let comes_back = match o {
+            Outcome::Failed { error, .. } => {
+                !matches!(error, Error::Store(e) if e.is_fenced())
+                    && !error.class().eq(&idem_core::ErrorClass::Config)
+            }
+            Outcome::Deferred { .. } => true,
+            _ => false,
+        };
+        if comes_back {
+            keys.insert(*key, Instant::now());
+        } else if !keys.is_empty() {
+            keys.remove(key);
+        }
+    }
+
+    /// What is left, each delivery waited for at most `bound` after its last attempt.
+    fn left(&self, bound: Duration) -> Left {
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        if keys.is_empty() {
+            return Left::Nothing;
+        }
+        if keys.values().any(|at| at.elapsed() < bound) {
+            return Left::Waiting;
+        }
+        *self
+            .not_drained
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(keys.len());
+        Left::Gone
+    }
+
+    fn not_drained(&self) -> Option<usize> {
+        *self
+            .not_drained
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Counts by outcome across connections, and the first and last settle time.
@@ -243,6 +323,9 @@ struct Watched<St, P> {
     inner: Pin<Box<St>>,
     idle: Option<Duration>,
     idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// What an idle run still waits for, and how long after its last attempt.
+    awaited: Arc<Awaited>,
+    await_bound: Duration,
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
     checked: bool,
     streak: Arc<Streak>,
@@ -303,8 +386,18 @@ where
                         .idle_timer
                         .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
                     if timer.as_mut().poll(cx).is_ready() {
-                        this.done = true;
-                        return Poll::Ready(None);
+                        match this.awaited.left(this.await_bound) {
+                            Left::Nothing | Left::Gone => {
+                                this.done = true;
+                                return Poll::Ready(None);
+                            }
+                            Left::Waiting => {
+                                // Not drained yet: look again one idle period later.
+                                let mut again = Box::pin(tokio::time::sleep(idle));
+                                let _ = again.as_mut().poll(cx);
+                                this.idle_timer = Some(again);
+                            }
+                        }
                     }
                 }
                 Poll::Pending
@@ -362,6 +455,7 @@ where
     let shutdown = shutdown.shared();
     let counts = Counts::default();
     let streak = Arc::new(Streak::default());
+    let awaited = Arc::new(Awaited::default());
     let timeout = config.reconnect_timeout;
     let mut reconnects = 0u32;
     let mut next = first;
@@ -387,6 +481,8 @@ where
             inner: Box::pin(stream),
             idle: config.exit_when_idle,
             idle_timer: None,
+            awaited: Arc::clone(&awaited),
+            await_bound: gate.config().retry.max.saturating_mul(2),
             pause: None,
             checked: false,
             streak: Arc::clone(&streak),
@@ -405,6 +501,7 @@ where
             outlasted(&streak, timeout, || gate.store_proven()),
         );
         let run = consumer::run(gate, deliveries, config.consumer, stop, |o: &Outcome| {
+            awaited.record(o);
             streak.record(o.kind());
             counts.record(o);
             observe(o);
@@ -426,6 +523,12 @@ where
         let stopped = shutdown.peek().is_some();
         if let Some((after, deliveries)) = streak.gave_up() {
             return Err(SuperviseError::StoreFailing { after, deliveries });
+        }
+        if let Some(left) = awaited.not_drained() {
+            return Err(SuperviseError::NotDrained {
+                left,
+                waited: gate.config().retry.max.saturating_mul(2),
+            });
         }
         match result {
             Ok(_) if stopped || !ended.load(Ordering::SeqCst) => return Ok(done(reconnects)),

@@ -125,3 +125,84 @@ async fn the_reconnect_timeout_holds_while_the_workers_wait_on_the_store() {
     assert!(took < Duration::from_secs(8), "gave up after {took:?}");
     assert!(broker.dead_letters().is_empty());
 }
+
+/// The testkit's handler, except that a submission whose subject starts with `ONCE`
+/// fails its first attempt (a transient error of the handler's own).
+#[derive(Debug, Clone, Default)]
+struct FailsOnce {
+    inner: EffectHandlerFor<MemoryStore>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[idem_core::async_trait]
+impl idem_core::Handler<<MemoryStore as idem_core::ClaimStore>::Tx> for FailsOnce {
+    type Input = idem_testkit::EffectInput;
+
+    fn identify(
+        &self,
+        payload: &[u8],
+        headers: &idem_core::Headers,
+    ) -> Result<idem_core::Submission<Self::Input>, idem_core::RejectReason> {
+        self.inner.identify(payload, headers)
+    }
+
+    async fn handle(
+        &self,
+        tx: &mut <MemoryStore as idem_core::ClaimStore>::Tx,
+        sub: &idem_core::Submission<Self::Input>,
+    ) -> Result<(), idem_core::HandlerError> {
+        if sub.subject.starts_with("ONCE")
+            && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(idem_core::HandlerError::Transient("once".into()));
+        }
+        self.inner.handle(tx, sub).await
+    }
+}
+
+/// A drain ends only when drained: a delivery that failed comes back after its delay
+/// (here 1.5 s, held by the broker's side), longer than the idle limit (300 ms); the run
+/// waits for it and ends with it processed. Before, the run ended idle with the delivery
+/// still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_run_waits_for_a_delivery_that_failed_and_comes_back() {
+    let broker = SimBroker::new(5);
+    let ts = "2026-07-01T09:00:00Z";
+    broker.publish(encode_submission("ONCE-1", ts, 1));
+    broker.publish(encode_submission("OK-1", ts, 2));
+    let gate = Gate::new(MemoryStore::new(), FailsOnce::default());
+    let b = broker.clone();
+    // Every delivery seen before comes back 1.5 s late, as a broker's delayed redelivery.
+    let connect = move || {
+        let b = b.clone();
+        async move {
+            let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+            let s: Deliveries =
+                Box::pin(futures::stream::unfold((b, seen), |(b, seen)| async move {
+                    loop {
+                        if let Some(d) = b.receive() {
+                            let again = !seen.lock().unwrap().insert(d.payload.clone());
+                            if again {
+                                tokio::time::sleep(Duration::from_millis(1500)).await;
+                            }
+                            return Some((Ok(d), (b, seen)));
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }));
+            Ok::<_, Attempt<std::io::Error>>(s)
+        }
+        .boxed()
+    };
+    let config = SupervisorConfig::new(ConsumerConfig::new(1, 1))
+        .exit_when_idle(Some(Duration::from_millis(300)))
+        .reconnect_timeout(Duration::from_secs(5));
+    let run = supervise(&gate, None, connect, config, std::future::pending(), |_| {});
+    let done = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the supervisor did not return")
+        .expect("drained");
+    assert_eq!(done.stats.processed, 2, "{done:?}");
+    assert_eq!(done.stats.failed, 1, "{done:?}");
+    assert!(broker.is_settled());
+}

@@ -132,8 +132,7 @@ fn plan(settle: Settle, room: Room) -> Plan {
         // fill the prefetch the broker sends nothing more (fetching stops, memory stays
         // bounded by the prefetch) and no requeue is counted against a message.
         Settle::Defer(delay)
-            if room.open
-                && room.unacked_for.saturating_add(delay.min(MAX_HOLD)) <= MAX_UNACKED =>
+            if room.open && room.unacked_for.saturating_add(delay.min(MAX_HOLD)) <= MAX_UNACKED =>
         {
             Plan::HoldThenHandBack(delay.min(MAX_HOLD))
         }

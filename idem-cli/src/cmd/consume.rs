@@ -80,7 +80,10 @@ pub(crate) struct Args {
         hide_env_values = true
     )]
     front_filter: Option<String>,
-    /// Stop once no delivery arrived for this long (`5`, `500ms`, `2m`).
+    /// Stop once no delivery arrived for this long (`5`, `500ms`, `2m`) and nothing is
+    /// left: a delivery that failed or was deferred is waited for until it comes back and
+    /// settles; one that does not come back within twice the longest retry delay (two
+    /// minutes) after its last attempt ends the run with exit 1, saying how many are left.
     #[arg(long, value_name = "DURATION", value_parser = parse_secs)]
     exit_when_idle: Option<Duration>,
     /// Serve Prometheus metrics over HTTP at ADDR (e.g. 127.0.0.1:9898).
