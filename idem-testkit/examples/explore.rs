@@ -247,6 +247,13 @@ fn main() -> ExitCode {
             "Process mode, crossing conflicts".into(),
             Config::crossing(&args.config),
         ));
+        // The first delivered wins through failures of the store's side, in each mode.
+        for (name, base) in &bases {
+            passes.push((
+                format!("{name}, first delivered wins"),
+                Config::first_wins(base),
+            ));
+        }
     }
     // A message that kills its process on every run (where the broker counts runs: a
     // broker that counts deliveries cannot tell its runs from deferrals) and one whose

@@ -2,7 +2,7 @@
 //! choices enabled in the current state, and their application.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
@@ -146,6 +146,10 @@ fn take(world: &Shared, d: Decision) -> Vec<Delivery<ExAcker>> {
             None => b"poison".to_vec(),
         };
         let attempt = w.msgs[idx].deliveries;
+        let key = w.msgs[idx].key;
+        if let (Some(first), Some(k)) = (w.first_received.as_mut(), key) {
+            first.entry(ident_of(k)).or_insert(k);
+        }
         w.trace.push(format!(
             "t{task}: receives d{tag} = m{idx} (attempt {attempt})"
         ));
@@ -262,6 +266,7 @@ impl Run {
             counts_runs: config.counts_runs,
             check_before_handler: config.check_before_handler,
             void_commit_ok: config.mutant == Some(Mutant::VoidCommitReportedOk),
+            first_received: config.first_wins.then(BTreeMap::new),
             ..World::default()
         };
         world.durable.identity = 1;
@@ -801,6 +806,7 @@ impl Run {
         w.filter_up.hash(&mut h);
         w.poisoned.hash(&mut h);
         w.killer_runs.hash(&mut h);
+        w.first_received.hash(&mut h);
         w.lost_to_restore.hash(&mut h);
         for (t, k) in &w.refused {
             self.tasks.iter().position(|x| x.id == *t).hash(&mut h);

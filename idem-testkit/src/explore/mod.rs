@@ -84,7 +84,7 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, Mutant); 10] = [
+    pub const ALL: [(&'static str, Mutant); 12] = [
         (
             "ack-before-commit",
             Mutant::Core(idem_core::mutant::Mutant::AckBeforeCommit),
@@ -119,6 +119,14 @@ impl Mutant {
             Mutant::Core(idem_core::mutant::Mutant::OutageNacked),
         ),
         ("void-commit-reported-ok", Mutant::VoidCommitReportedOk),
+        (
+            "store-fault-charged",
+            Mutant::Core(idem_core::mutant::Mutant::StoreFaultCharged),
+        ),
+        (
+            "later-payload-not-held",
+            Mutant::Core(idem_core::mutant::Mutant::LaterPayloadNotHeld),
+        ),
     ];
 
     /// The configuration this mutant is searched in, from `base`: up to two faults per
@@ -126,15 +134,17 @@ impl Mutant {
     /// batch, for example); for `key-order-batch-claims`, [`Config::crossing`] (its
     /// deadlock needs two identities held crosswise, and no fault); for
     /// `no-attempt-check-before-handler`, [`Config::killer`] (the killer is run again
-    /// past the limit); for `outage-nacked`, [`Config::outages`] (a message meets
-    /// `max_attempts` store outages); for `void-commit-reported-ok`, at least one void
-    /// commit.
+    /// past the limit); for `outage-nacked` and `store-fault-charged`,
+    /// [`Config::outages`] (a message meets `max_attempts` store outages); for
+    /// `later-payload-not-held`, [`Config::first_wins`]; for `void-commit-reported-ok`, at
+    /// least one void commit.
     pub fn config(self, base: &Config) -> Config {
         use idem_core::mutant::Mutant as M;
         let mut config = match self {
             Mutant::Core(M::KeyOrderBatchClaims) => Config::crossing(base),
             Mutant::Core(M::NoAttemptCheckBeforeHandler) => Config::killer(base),
-            Mutant::Core(M::OutageNacked) => Config::outages(base),
+            Mutant::Core(M::OutageNacked | M::StoreFaultCharged) => Config::outages(base),
+            Mutant::Core(M::LaterPayloadNotHeld) => Config::first_wins(base),
             _ => {
                 let mut c = base.clone();
                 c.budgets.total = c.budgets.total.max(2);
@@ -255,6 +265,11 @@ pub struct Config {
     /// `ClaimStore::note_run`), so no neighbour is dead-lettered for them; the broker's
     /// own limit, which counts them, needs its margin.
     pub neighbour_check: bool,
+    /// Whether of two payloads of one submission the first a worker received must be the
+    /// one that takes effect ([`Config::first_wins`]): checked at every commit. Off by
+    /// default: across processes, or after a crash or an expiry, arrival order is the
+    /// broker's to keep.
+    pub first_wins: bool,
     /// The mutant to run instead of the real protocol.
     pub mutant: Option<Mutant>,
     /// Give up (not exhaustive) after this long.
@@ -302,6 +317,7 @@ impl Default for Config {
             counts_runs: true,
             check_before_handler: false,
             neighbour_check: false,
+            first_wins: false,
             mutant: None,
             time_limit: Duration::from_secs(3600),
         }
@@ -393,6 +409,40 @@ impl Config {
         };
         c.budgets.unavailable = c.budgets.unavailable.max(c.max_attempts);
         c.budgets.total = c.budgets.total.max(c.max_attempts);
+        c
+    }
+
+    /// The first delivered wins through failures: one submission sent with two payloads,
+    /// one worker (one process: its gate keeps the order), in `base`'s mode and batch, with
+    /// up to two failures of the store's side (unavailable, serialization) and a lock
+    /// timeout, and no crash, expiry or restore (which hand a delivery to another
+    /// process); the key received first must be the one that takes effect.
+    pub fn first_wins(base: &Config) -> Self {
+        let mut c = Self {
+            workers: 1,
+            keys: 1,
+            copies: 1,
+            conflicts: 1,
+            killers: 0,
+            recurring: 0,
+            on_conflict: idem_core::ConflictPolicy::DeadLetter,
+            first_wins: true,
+            ..base.clone()
+        };
+        c.budgets = Budgets {
+            crashes: 0,
+            unavailable: 1,
+            conflict: 1,
+            rejected: 0,
+            config: 0,
+            lost_acks: 0,
+            expiries: 0,
+            outages: 0,
+            restores: 0,
+            lock_timeouts: 1,
+            void_commits: 0,
+            total: 2,
+        };
         c
     }
 

@@ -260,6 +260,10 @@ pub(crate) struct World {
     /// Whether a conflicting resubmission is dead-lettered (the default policy) rather
     /// than processed: then at most one effect per identity.
     pub(crate) conflicts_dead_letter: bool,
+    /// With [`Config::first_wins`](super::Config::first_wins): each identity's key first
+    /// received by a worker. The identity's effect must be that key's, unless that key's
+    /// message was dead-lettered first.
+    pub(crate) first_received: Option<BTreeMap<u8, u8>>,
 }
 
 /// The shared world.
@@ -696,6 +700,29 @@ impl ExTx {
         }
         for (i, k) in &open.idents {
             w.durable.identities.insert(*i, *k);
+        }
+        let late: Vec<(u8, u8, u8)> = w
+            .first_received
+            .as_ref()
+            .map(|first| {
+                open.idents
+                    .iter()
+                    .filter_map(|(i, k)| first.get(i).filter(|f| *f != k).map(|f| (*i, *k, *f)))
+                    // A first payload dead-lettered (its attempts ran out, refused for
+                    // good) has given the identity up.
+                    .filter(|(_, _, f)| {
+                        !w.msgs
+                            .iter()
+                            .any(|m| m.key == Some(*f) && matches!(m.state, MsgState::Dead(_)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (i, k, f) in late {
+            w.violate(format!(
+                "t{task}: identity {i} took effect under k{k}, but k{f} was delivered first \
+                 (the first delivered must win)"
+            ));
         }
         for k in &open.effects {
             *w.durable.effects.entry(*k).or_insert(0) += 1;
