@@ -246,44 +246,42 @@ mod settle {
         .await;
     }
 
-    /// Deferrals past the hold limit (half the prefetch) are requeued to the broker at
-    /// once (`basic.nack`: on RabbitMQ 4.3+ that costs no delivery either; 3.x counts it);
-    /// the held ones come back through the stream after the delay, their count unchanged.
+    /// Deferrals that fill the prefetch are all held, none requeued (3.x and 4.0–4.2 count
+    /// a `basic.nack` towards the delivery limit): the broker sends nothing more until
+    /// they come back through the stream after the delay, their count unchanged; then the
+    /// rest follow. Before, past half the prefetch a deferral was requeued at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn deferrals_past_the_hold_limit_are_requeued() {
+    async fn deferrals_that_fill_the_prefetch_are_held_and_stop_the_sending() {
         common::within(async {
-            let name = fresh_name("rabbit-defer-limit");
-            publish_raw(&url(), &name, &plain_bodies(&name, 4))
+            let name = fresh_name("rabbit-defer-full");
+            publish_raw(&url(), &name, &plain_bodies(&name, 6))
                 .await
                 .expect("publish");
-            // Prefetch 4: at most 2 held.
             let mut stream = consumer(&name, 4).await;
             let taken = take(&mut stream, 4).await;
             let started = std::time::Instant::now();
             for d in taken {
                 d.acker.defer(Duration::from_secs(3)).await.expect("defer");
             }
-            assert_eq!(stream.held(), 2, "half the prefetch is held");
-            let early = take(&mut stream, 2).await;
-            assert!(started.elapsed() < Duration::from_secs(3));
+            assert_eq!(stream.held(), 4, "every deferral is held");
+            let back = take(&mut stream, 4).await;
             assert!(
-                early.iter().all(|d| d.attempt == Some(2)),
-                "requeued through the broker: {:?}",
-                early.iter().map(|d| d.attempt).collect::<Vec<_>>()
+                started.elapsed() >= Duration::from_secs(3),
+                "nothing came while the deferrals filled the prefetch"
             );
-            let late = take(&mut stream, 2).await;
-            assert!(started.elapsed() >= Duration::from_secs(3));
             assert!(
-                late.iter().all(|d| d.attempt == Some(1)),
-                "held and handed back: {:?}",
-                late.iter().map(|d| d.attempt).collect::<Vec<_>>()
+                back.iter().all(|d| d.attempt == Some(1)),
+                "held and handed back, uncounted: {:?}",
+                back.iter().map(|d| d.attempt).collect::<Vec<_>>()
             );
             assert_eq!(stream.held(), 0);
             let ok = Gate::new(MemoryStore::new(), Plain::default());
-            for o in ok
-                .process_batch(early.into_iter().chain(late).collect())
-                .await
-            {
+            for o in ok.process_batch(back).await {
+                assert!(o.settle_error().is_none(), "{o:?}");
+            }
+            let rest = take(&mut stream, 2).await;
+            assert!(rest.iter().all(|d| d.attempt == Some(1)));
+            for o in ok.process_batch(rest).await {
                 assert!(o.settle_error().is_none(), "{o:?}");
             }
             assert!(drain(&mut stream, Duration::from_secs(2)).await.is_empty());

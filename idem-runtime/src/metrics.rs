@@ -581,6 +581,7 @@ impl ReadyCheck for StoreReachable {
         };
         probe.backlog().await.map(|_| ()).map_err(|e| match e {
             StoreError::Unavailable { .. } => "unreachable".to_owned(),
+            StoreError::Degraded { .. } => "degraded".to_owned(),
             StoreError::Config(_) => "misconfigured".to_owned(),
             _ => "failing".to_owned(),
         })

@@ -387,7 +387,22 @@ impl TlsServer {
         let mut stop = run(&bin.join("pg_ctl"));
         stop.args(["stop", "-m", "immediate", "-D"]).arg(&data);
         stop.stdout(Stdio::null()).stderr(Stdio::null());
-        Self::started("postgres", port, child, Some(stop), Some(dir))
+        let server = Self::started("postgres", port, child, Some(stop), Some(dir));
+        // Listening is not ready: a server still starting up answers a connection with
+        // SQLSTATE 57P03. Ready is what `pg_isready` says (within the same minute).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !Command::new(bin.join("pg_isready"))
+            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string(), "-t", "2"])
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "postgres on port {port} was not ready within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
     }
 
     /// A second RabbitMQ node (`rabbitmq-server`, its own node name, data directory and
