@@ -21,8 +21,8 @@ use futures::StreamExt;
 use idem_broker::any::{pending_count, publish_raw, AnyConsumer, AnyPublisher, BrokerUrl};
 use idem_broker::{dead_letter_name, BrokerError};
 use idem_core::{
-    consumer, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, ConsumerConfig, Gate, IdempotencyKey,
-    Outcome, OutcomeKind,
+    consumer, Acker as _, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, ConsumerConfig, Gate,
+    IdempotencyKey, Outcome, OutcomeKind,
 };
 use idem_grant::GrantDb;
 use idem_store_postgres::PgStore;
@@ -339,4 +339,47 @@ async fn an_endpoint_that_stops_answering_fails_the_ack_and_ends_the_stream() {
         Some(Ok(d)) => panic!("a delivery through a frozen endpoint: {:?}", d.attempt),
         None => panic!("the stream ended without an error"),
     }
+}
+
+/// Deferrals that fill the prefetch stop the receives: nothing more is taken from the
+/// queue (memory stays bounded however long the store makes them wait) until they come
+/// back through the stream, uncounted; then the rest follow. Before, held deferrals did
+/// not count against the prefetch and the consumer went on receiving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferrals_that_fill_the_prefetch_stop_the_receives() {
+    common::within(async {
+        let url = sqs_url(&moto(), "visibility_timeout=30s&wait=1s");
+        let name = fresh_name("sqs-defer-full");
+        publish_raw(&url, &name, &plain_bodies(&name, 25))
+            .await
+            .expect("publish");
+        let mut stream = AnyConsumer::connect(&url, &name, 10)
+            .await
+            .expect("consumer");
+        let taken = take(&mut stream, 10).await;
+        let started = std::time::Instant::now();
+        for d in taken {
+            d.acker.defer(Duration::from_secs(3)).await.expect("defer");
+        }
+        let back = take(&mut stream, 10).await;
+        assert!(
+            started.elapsed() >= Duration::from_secs(3),
+            "a receive ran while the deferrals filled the prefetch"
+        );
+        assert!(
+            back.iter().all(|d| d.attempt == Some(1)),
+            "handed back, uncounted: {:?}",
+            back.iter().map(|d| d.attempt).collect::<Vec<_>>()
+        );
+        let gate = Gate::new(MemoryStore::new(), Plain::default());
+        for o in gate.process_batch(back).await {
+            assert!(o.settle_error().is_none(), "{o:?}");
+        }
+        let rest = take(&mut stream, 15).await;
+        for o in gate.process_batch(rest).await {
+            assert!(o.settle_error().is_none(), "{o:?}");
+        }
+        assert_eq!(pending_count(&url, &name).await.expect("count"), 0);
+    })
+    .await;
 }

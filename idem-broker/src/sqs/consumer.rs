@@ -223,13 +223,17 @@ impl Reader {
         }
     }
 
-    /// Starts receives up to the target, keeping at most `prefetch` messages (on hand
-    /// plus 10 per receive in flight) ahead; always one when nothing is on hand.
+    /// Starts receives up to the target, keeping at most `prefetch` messages (on hand,
+    /// held deferrals, plus 10 per receive in flight) ahead; always one when nothing is
+    /// on hand, unless deferrals fill the prefetch: then nothing is received until they
+    /// come back (memory stays bounded however long the store makes them wait).
     fn start_receives(&mut self) {
+        let held = self.shared.held.load(Ordering::Acquire);
         while !self.stopping
             && self.receives.len() < self.target
+            && held < self.prefetch
             && (self.receives.is_empty() && self.buf.is_empty()
-                || self.buf.len() + SQS_BATCH * (self.receives.len() + 1) <= self.prefetch)
+                || self.buf.len() + held + SQS_BATCH * (self.receives.len() + 1) <= self.prefetch)
         {
             let receive = self
                 .receiver
@@ -294,8 +298,9 @@ impl crate::pull::Pull for Reader {
                 return Ok(d);
             }
             let joined = if self.receives.is_empty() {
-                // Only when stopping: nothing on hand, no receive outstanding. A deferred
-                // delivery still held comes back before the stream ends.
+                // Stopping, or deferrals fill the prefetch: nothing on hand, no receive
+                // outstanding. A deferred delivery still held comes back (before the
+                // stream ends).
                 if self.shared.held.load(Ordering::Acquire) == 0 {
                     if let Some(link) = &self.idle {
                         link.stop();
