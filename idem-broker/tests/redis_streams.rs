@@ -150,6 +150,48 @@ mod lease {
         .await;
     }
 
+    /// Deferrals that fill the prefetch stop the reads: nothing new is read (memory stays
+    /// bounded however long the store makes them wait) until they come back with their
+    /// attempt; then the rest follow. Before, held deferrals did not count and the
+    /// consumer went on reading.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deferrals_that_fill_the_prefetch_stop_the_reads() {
+        common::within(async {
+            use idem_core::Acker;
+            let name = fresh_name("redis-defer-full");
+            publish_raw(&url(), &name, &plain_bodies(&name, 20))
+                .await
+                .expect("publish");
+            let mut owner = RedisStreamsConsumer::connect(&config(&name))
+                .await
+                .expect("owner");
+            let taken = take(&mut owner, 8).await;
+            let started = std::time::Instant::now();
+            for d in taken {
+                d.acker.defer(Duration::from_secs(3)).await.expect("defer");
+            }
+            let back = take(&mut owner, 8).await;
+            assert!(
+                started.elapsed() >= Duration::from_secs(3),
+                "read on while the deferrals filled the prefetch"
+            );
+            assert!(back.iter().all(|d| d.attempt == Some(1)));
+            let gate = idem_core::Gate::new(
+                idem_testkit::MemoryStore::new(),
+                super::common::Plain::default(),
+            );
+            for o in gate.process_batch(back).await {
+                assert!(o.settle_error().is_none(), "{o:?}");
+            }
+            let rest = take(&mut owner, 12).await;
+            assert!(rest.iter().all(|d| d.attempt == Some(1)));
+            for o in gate.process_batch(rest).await {
+                assert!(o.settle_error().is_none(), "{o:?}");
+            }
+        })
+        .await;
+    }
+
     /// A new consumer removes the group's consumers that are idle past `forget_after`
     /// with nothing pending, and keeps one that still holds an entry.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

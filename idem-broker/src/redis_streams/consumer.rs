@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -35,6 +35,9 @@ use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How often pending entries of silent consumers are looked for.
 const CLAIM_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a reader whose deferrals fill the prefetch looks for one that came back.
+const HELD_POLL: Duration = Duration::from_millis(20);
 
 /// Resets the idle time of the given entries that the group still assigns to this
 /// consumer; returns the ids that are no longer this consumer's (acked, or taken over).
@@ -80,6 +83,9 @@ struct Shared {
     next_id: AtomicU64,
     /// Into the reader: deferred entries, handed back after their delay.
     held: mpsc::UnboundedSender<Held>,
+    /// Deferred entries on their way back (held, or in the channel): counted against the
+    /// prefetch, so deferrals that fill it stop the reads.
+    holding: AtomicUsize,
 }
 
 /// A deferred entry on its way back into the consumer's stream, still registered (kept
@@ -253,6 +259,7 @@ impl Reader {
     /// is let go, and `XAUTOCLAIM` drops it from the pending list.
     async fn take_back_held(&mut self) -> Result<(), BrokerError> {
         while let Ok(held) = self.held.try_recv() {
+            self.shared.holding.fetch_sub(1, Ordering::AcqRel);
             let s = Arc::clone(&self.shared);
             let found: Vec<Entry> = match self
                 .reader
@@ -319,6 +326,12 @@ impl crate::pull::Pull for Reader {
             // A deferred entry comes back here at most one `block` after its delay.
             self.take_back_held().await?;
             if !self.buf.is_empty() {
+                continue;
+            }
+            if self.shared.holding.load(Ordering::Acquire) as u64 >= self.count {
+                // Deferrals fill the prefetch: nothing new is read or taken over until
+                // they come back (memory stays bounded however long they wait).
+                tokio::time::sleep(HELD_POLL).await;
                 continue;
             }
             if Instant::now() >= self.next_claim {
@@ -493,6 +506,7 @@ impl RedisStreamsConsumer {
             live: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             held: held_tx,
+            holding: AtomicUsize::new(0),
         });
         spawn_keep_alive(Arc::downgrade(&shared), config.keep_alive_every());
         let state = Reader {
@@ -589,8 +603,10 @@ impl Acker for RedisStreamsAcker {
         };
         drop(self);
         let weak = Arc::downgrade(&shared);
+        shared.holding.fetch_add(1, Ordering::AcqRel);
         crate::hold::hand_back_after(shared.held.clone(), held, delay, move |held| {
             if let Some(shared) = weak.upgrade() {
+                shared.holding.fetch_sub(1, Ordering::AcqRel);
                 shared.forget(held.reg);
             }
         });
