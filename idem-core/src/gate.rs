@@ -10,6 +10,7 @@ use futures::FutureExt as _;
 use tracing::Instrument as _;
 
 use crate::audit;
+use crate::clock::SharedClock;
 use crate::delivery::{AckProof, Acker, CommitReceipt, Delivery, Headers};
 use crate::error::{AckError, BoxError, Error, ErrorClass, HandlerError, RejectReason, StoreError};
 use crate::key::IdempotencyKey;
@@ -503,15 +504,22 @@ pub struct Gate<S, H> {
     attempts: Mutex<HashMap<IdempotencyKey, u32>>,
     /// What decides whose fault a failure on the store's side is ([`Judge`]).
     judge: Mutex<Judge>,
-    /// The last probe of the store ([`ClaimStore::probe`]): when it started and whether it
-    /// committed. Failures judged together share one probe that started after them.
-    probe: futures::lock::Mutex<Option<(Instant, bool)>>,
+    /// The last probe of the store ([`ClaimStore::probe`]): how many failures had been
+    /// judged when it started, and whether it committed. Failures judged together share
+    /// one probe that started after them.
+    probe: futures::lock::Mutex<Option<(u64, bool)>>,
     /// When a probe last committed ([`Gate::store_proven`]).
     proven: Mutex<Option<Instant>>,
     /// Identities whose earlier payload failed or was deferred in this process and has
-    /// not settled since: a later payload of the same identity waits for it
-    /// ([`Gate::held_back`]), so the first delivered wins through a failed first attempt.
-    unsettled: Mutex<HashMap<u64, (IdempotencyKey, Instant)>>,
+    /// not settled since, with that payload's key and the time by which it comes back:
+    /// a later payload of the same identity waits for it ([`Gate::held_back`]), so the
+    /// first delivered wins through a failed first attempt.
+    unsettled: Mutex<HashMap<u64, (IdempotencyKey, Duration)>>,
+    /// The delay each failed or deferred key was handed back with, until its identity's
+    /// turn is recorded ([`Gate::track`]).
+    handed_back: Mutex<HashMap<IdempotencyKey, Duration>>,
+    /// Time, for every decision the gate makes by it (the explorer's is logical).
+    clock: SharedClock,
     /// Held by the rerun being processed: reruns run one at a time in this gate, so a
     /// message that kills the process is never run beside another rerun, whose count
     /// ([`ClaimStore::note_run`]) it would raise with its own.
@@ -658,8 +666,19 @@ where
             probe: futures::lock::Mutex::new(None),
             proven: Mutex::new(None),
             unsettled: Mutex::new(HashMap::new()),
+            handed_back: Mutex::new(HashMap::new()),
+            clock: crate::clock::system(),
             reruns: futures::lock::Mutex::new(()),
         }
+    }
+
+    /// Reads time from `clock` for every decision it makes by time (whose fault a failure
+    /// is, how long a later payload waits for an earlier one); the default is the
+    /// process's monotonic clock. The explorer gives its logical one.
+    #[must_use]
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Reports stage latencies and outcomes to `observer`.
@@ -679,7 +698,7 @@ where
         // A committed handler write is evidence that the business path works (a
         // duplicate, which writes nothing, is none).
         if matches!(outcome, Outcome::Processed { .. }) {
-            lock(&self.judge).last_processed = Some(Instant::now());
+            lock(&self.judge).last_processed = Some(self.clock.now());
         }
         if let Some(o) = &self.observer {
             o.outcome(&outcome);
@@ -749,21 +768,12 @@ where
         })
     }
 
-    /// How long an identity waits for its earlier payload's redelivery: twice the longest
-    /// retry delay. Past it (the earlier payload went to another consumer), the later one
-    /// is claimed, and the store's identity check decides.
-    fn hold_for(&self) -> Duration {
-        self.config
-            .retry
-            .max
-            .saturating_mul(2)
-            .max(self.config.defer_delay)
-    }
-
     /// Whether `sub` must wait: an earlier payload of its identity (another key) failed or
     /// was deferred in this process and has not settled since. **The first delivered
     /// wins** through a failed first attempt: the later payload is deferred, not claimed,
-    /// until the earlier one settles (or [`hold_for`](Gate::hold_for) passes).
+    /// until the earlier one settles — or until the time by which the earlier one was due
+    /// back has passed with two deferrals' delay to spare (it went to another consumer;
+    /// the store's identity check then decides).
     fn held_back(&self, sub: &Submission<H::Input>) -> bool {
         if mutant::active(Mutant::LaterPayloadNotHeld) {
             return false;
@@ -776,8 +786,8 @@ where
             return false;
         };
         match map.get(&id) {
-            Some((k, at)) if *k != sub.key => {
-                if at.elapsed() < self.hold_for() {
+            Some((k, until)) if *k != sub.key => {
+                if self.clock.now() < *until {
                     true
                 } else {
                     map.remove(&id);
@@ -789,8 +799,10 @@ where
     }
 
     /// Records whether `sub`'s delivery left its identity unsettled (`settled` false: it
-    /// failed or was deferred, and will come again) for [`held_back`](Gate::held_back).
+    /// failed or was deferred, and comes back after the delay it was handed back with)
+    /// for [`held_back`](Gate::held_back).
     fn track(&self, sub: &Submission<H::Input>, settled: bool) {
+        let delay = lock(&self.handed_back).remove(&sub.key);
         let mut map = lock(&self.unsettled);
         if settled && map.is_empty() {
             return;
@@ -804,18 +816,32 @@ where
             }
             return;
         }
+        let now = self.clock.now();
         if map.len() >= ATTEMPT_MEMORY && !map.contains_key(&id) {
-            let hold = self.hold_for();
-            map.retain(|_, (_, at)| at.elapsed() < hold);
+            map.retain(|_, (_, until)| now < *until);
             if map.len() >= ATTEMPT_MEMORY {
                 map.clear();
             }
         }
-        let now = Instant::now();
-        let entry = map.entry(id).or_insert((sub.key, now));
+        // Due back after its delay; a later payload, deferred for `defer_delay` each time,
+        // waits two deferrals past that (a redelivery a little late, or handed back in
+        // one batch behind the later payload, still comes first).
+        let until = now
+            .saturating_add(delay.unwrap_or(self.config.defer_delay))
+            .saturating_add(self.config.defer_delay.saturating_mul(2));
+        let entry = map.entry(id).or_insert((sub.key, until));
         if entry.0 == sub.key {
-            entry.1 = now;
+            entry.1 = until;
         }
+    }
+
+    /// Notes the delay `key`'s delivery was handed back with, for [`track`](Gate::track).
+    fn handing_back(&self, key: &IdempotencyKey, delay: Duration) {
+        let mut map = lock(&self.handed_back);
+        if map.len() >= ATTEMPT_MEMORY {
+            map.clear();
+        }
+        map.insert(*key, delay);
     }
 
     /// Defers a delivery held back for an earlier payload of its identity.
@@ -985,19 +1011,21 @@ where
     }
 
     /// Whether the store answers for itself: a probe ([`ClaimStore::probe`]) that started
-    /// at or after `since` committed. Probes are shared: a failure judged while another's
-    /// probe runs waits for it, and uses it if it started after the failure.
-    async fn store_works(&self, since: Instant) -> bool {
+    /// after failure number `failure` was recorded committed. Probes are shared: a failure
+    /// judged while another's probe runs waits for it, and uses it if it started after
+    /// the failure.
+    async fn store_works(&self, failure: u64) -> bool {
         let mut last = self.probe.lock().await;
-        if let Some((at, ok)) = *last {
-            if at >= since {
+        if let Some((after, ok)) = *last {
+            if after >= failure {
                 return ok;
             }
         }
-        let started = Instant::now();
+        let started = lock(&self.judge).seen;
+        let wall = Instant::now();
         let ok = match self.store.probe().await {
             Ok(()) => {
-                *lock(&self.proven) = Some(started);
+                *lock(&self.proven) = Some(wall);
                 true
             }
             Err(e) => {
@@ -1019,11 +1047,11 @@ where
     /// comes back.
     async fn judge(&self, key: Option<&IdempotencyKey>) -> (u32, bool) {
         let Some(key) = key else { return (0, false) };
-        let now = Instant::now();
+        let now = self.clock.now();
         let lookback = self.config.retry.max.max(Duration::from_secs(1));
-        let candidate = lock(&self.judge).failed(key, now, lookback);
-        let charged =
-            mutant::active(Mutant::StoreFaultCharged) || (candidate && self.store_works(now).await);
+        let (candidate, failure) = lock(&self.judge).failed(key, now, lookback);
+        let charged = mutant::active(Mutant::StoreFaultCharged)
+            || (candidate && self.store_works(failure).await);
         let mut judge = lock(&self.judge);
         let n = judge.charge(key, charged);
         (n, charged)
@@ -1044,7 +1072,13 @@ where
         let class = error.class();
         let fault = Fault::of(&error);
         let (attempt, counted) = match fault {
-            Fault::Store if !mutant::active(Mutant::StoreFaultCharged) => (0, false),
+            Fault::Store if !mutant::active(Mutant::StoreFaultCharged) => {
+                if let Some(k) = &key {
+                    // Never charged, but its retry delay grows like any other's.
+                    lock(&self.judge).uncharged(k, self.clock.now());
+                }
+                (0, false)
+            }
             Fault::Store | Fault::Judged => self.judge(key.as_ref()).await,
             Fault::Message => (self.attempt_of(delivery.attempt, key.as_ref()), true),
         };
@@ -1110,6 +1144,9 @@ where
             error = %error,
             "delivery failed; rolled back and handed back"
         );
+        if let Some(k) = &key {
+            self.handing_back(k, delay);
+        }
         // A failure on the store's side is not the message's doing: where the broker
         // allows, the delivery is kept and handed back without costing a broker delivery.
         let settle = if fault != Fault::Message && !mutant::active(Mutant::OutageNacked) {
@@ -1470,14 +1507,25 @@ where
             Err(BatchFailure::Config(e) | BatchFailure::Begin(e)) => {
                 // Nothing was claimed: every delivery met the same failure (a configuration
                 // error, which no delivery can get past, or a store that gave no
-                // transaction), and each is settled by it at once.
-                for (i, d, sub) in valid {
+                // transaction), and each is settled by it at once — a key's copies in the
+                // batch as one failure, not one per copy.
+                for (pos, (i, d, sub)) in valid.into_iter().enumerate() {
+                    let copy = first.get(&sub.key) != Some(&pos) && e.class() != ErrorClass::Config;
+                    let err = Error::Store(if copy {
+                        StoreError::Degraded {
+                            message: format!(
+                                "{e} (a copy of a delivery of this batch, counted once)"
+                            ),
+                            source: None,
+                        }
+                    } else {
+                        again(&e)
+                    });
+                    let outcome = self
+                        .fail(d, Some(sub.key), Some(&sub.subject), err, None)
+                        .await;
                     self.track(&sub, false);
-                    let err = Error::Store(again(&e));
-                    outcomes[i] = Some(
-                        self.fail(d, Some(sub.key), Some(&sub.subject), err, None)
-                            .await,
-                    );
+                    outcomes[i] = Some(outcome);
                 }
                 return;
             }
@@ -1730,8 +1778,8 @@ struct KeyFaults {
     failures: u32,
     /// Those charged to the message.
     charged: u32,
-    /// When the latest happened.
-    last: Instant,
+    /// When the latest happened (on the gate's clock).
+    last: Duration,
 }
 
 /// What [`Gate::judge`] weighs: each key's failures, the last keys that failed, and when a
@@ -1740,16 +1788,20 @@ struct KeyFaults {
 struct Judge {
     keys: HashMap<IdempotencyKey, KeyFaults>,
     /// The two most recent distinct keys that failed on the store's side, latest first.
-    recent: [Option<(IdempotencyKey, Instant)>; 2],
+    recent: [Option<(IdempotencyKey, Duration)>; 2],
     /// When a delivery last ended `Processed` (its handler's writes committed).
-    last_processed: Option<Instant>,
+    last_processed: Option<Duration>,
+    /// How many failures were judged: each failure's number, for the probe that must
+    /// start after it.
+    seen: u64,
 }
 
 impl Judge {
-    /// Records a failure of `key` at `now`; returns whether it may be the message's own:
+    /// Records a failure of `key` at `now`; returns whether it may be the message's own —
     /// since the key's previous failure (or for `lookback`, at its first) another
-    /// delivery committed its writes, or no other key failed.
-    fn failed(&mut self, key: &IdempotencyKey, now: Instant, lookback: Duration) -> bool {
+    /// delivery committed its writes, or no other key failed — and the failure's number.
+    fn failed(&mut self, key: &IdempotencyKey, now: Duration, lookback: Duration) -> (bool, u64) {
+        self.seen += 1;
         if self.keys.len() >= ATTEMPT_MEMORY && !self.keys.contains_key(key) {
             self.keys.clear();
         }
@@ -1757,7 +1809,7 @@ impl Judge {
             Some(f) => Some(f.last),
             None => now.checked_sub(lookback),
         };
-        let after = |t: Instant| since.is_none_or(|s| t > s);
+        let after = |t: Duration| since.is_none_or(|s| t > s);
         let others_failed = self
             .recent
             .iter()
@@ -1775,7 +1827,21 @@ impl Judge {
             [Some((k, _)), _] if k == *key => self.recent[0] = Some((*key, now)),
             [first, _] => self.recent = [Some((*key, now)), first],
         }
-        others_processed || !others_failed
+        (others_processed || !others_failed, self.seen)
+    }
+
+    /// Records a failure of `key` that is the store's whatever the message
+    /// ([`Fault::Store`]): never charged, only counted for the retry delay.
+    fn uncharged(&mut self, key: &IdempotencyKey, now: Duration) {
+        if self.keys.len() >= ATTEMPT_MEMORY && !self.keys.contains_key(key) {
+            self.keys.clear();
+        }
+        let entry = self.keys.entry(*key).or_insert(KeyFaults {
+            failures: 0,
+            charged: 0,
+            last: now,
+        });
+        entry.failures += 1;
     }
 
     /// Charges the latest failure of `key` when `charged`; returns the key's charges.

@@ -98,6 +98,7 @@ fn gate_for(world: &Shared) -> Gate<Filtered<ExStore, ExFilter>, ExHandler> {
         .with_max_attempts(max_attempts)
         .with_check_attempts_before_handler(check);
     Gate::with_config(store, ExHandler(world.clone()), config)
+        .with_clock(Arc::new(WorldClock(world.clone())))
 }
 
 /// Takes the deliveries a granted receive chose.

@@ -432,12 +432,20 @@ impl World {
     /// attempts ran out: lawful only if the deliveries that count against the message
     /// itself reached the limit, or (the gate's count of failures on the store's side)
     /// at least the limit of such failures met it, each with the store's evidence that it
-    /// worked (a probe that committed after it). A store failure without that evidence
-    /// never charges the message.
+    /// worked (a probe that committed after it), counted over the copies of its key. A
+    /// store failure without that evidence never charges the message.
     fn check_exhausted(&mut self, task: TaskId, tag: u64, idx: usize, k: u8) {
         let m = &self.msgs[idx];
         let max = self.max_attempts;
-        if m.charged() >= max || m.proven >= max {
+        // The gate counts a key's failures on the store's side, whichever of its copies
+        // (messages of one key) met them.
+        let proven: u32 = self
+            .msgs
+            .iter()
+            .filter(|o| o.key == m.key)
+            .map(|o| o.proven)
+            .sum();
+        if m.charged() >= max || proven >= max {
             return;
         }
         let what = format!(
