@@ -408,22 +408,8 @@ impl Run {
     /// Every choice enabled now, in a canonical order.
     pub(crate) fn choices(&self) -> Vec<Choice> {
         let w = lock(&self.world);
-        let none = Budgets {
-            crashes: 0,
-            unavailable: 0,
-            conflict: 0,
-            rejected: 0,
-            config: 0,
-            lost_acks: 0,
-            expiries: 0,
-            outages: 0,
-            restores: 0,
-            lock_timeouts: 0,
-            void_commits: 0,
-            total: 0,
-        };
         let b = if self.budgets.total == 0 {
-            &none
+            &Budgets::NONE
         } else {
             &self.budgets
         };

@@ -206,6 +206,24 @@ pub struct Budgets {
     pub total: u32,
 }
 
+impl Budgets {
+    /// No fault of any kind.
+    pub const NONE: Self = Self {
+        crashes: 0,
+        unavailable: 0,
+        conflict: 0,
+        rejected: 0,
+        config: 0,
+        lost_acks: 0,
+        expiries: 0,
+        outages: 0,
+        restores: 0,
+        lock_timeouts: 0,
+        void_commits: 0,
+        total: 0,
+    };
+}
+
 /// What to explore.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -430,18 +448,11 @@ impl Config {
             ..base.clone()
         };
         c.budgets = Budgets {
-            crashes: 0,
             unavailable: 1,
             conflict: 1,
-            rejected: 0,
-            config: 0,
-            lost_acks: 0,
-            expiries: 0,
-            outages: 0,
-            restores: 0,
             lock_timeouts: 1,
-            void_commits: 0,
             total: 2,
+            ..Budgets::NONE
         };
         c
     }
