@@ -45,6 +45,18 @@ async fn slow_store(pattern: &str) -> (PgStore, common::TestPg) {
     (base, common::TestPg(store))
 }
 
+/// The test effect handler's gate on `store`, with `max_attempts`.
+fn gate(
+    store: common::TestPg,
+    max_attempts: u32,
+) -> Gate<common::TestPg, EffectHandlerFor<common::TestPg>> {
+    Gate::with_config(
+        store,
+        EffectHandlerFor::<common::TestPg>::new(),
+        GateConfig::default().with_max_attempts(max_attempts),
+    )
+}
+
 async fn rounds<S, H>(gate: &Gate<S, H>, broker: &SimBroker, n: usize)
 where
     S: idem_core::ClaimStore,
@@ -69,11 +81,7 @@ async fn a_statement_timeout_on_one_message_dead_letters_it_after_max_attempts()
     for i in 0..6 {
         broker.publish(encode_submission(&format!("OK-{i}"), ts, i));
     }
-    let gate = Gate::with_config(
-        store.clone(),
-        EffectHandlerFor::<common::TestPg>::new(),
-        GateConfig::default().with_max_attempts(3),
-    );
+    let gate = gate(store.clone(), 3);
     rounds(&gate, &broker, 10).await;
     assert!(
         broker.is_settled(),
@@ -103,11 +111,7 @@ async fn a_statement_timeout_on_every_message_dead_letters_nothing() {
     for i in 0..3 {
         broker.publish(encode_submission(&format!("ALL-{i}"), ts, i));
     }
-    let gate = Gate::with_config(
-        store.clone(),
-        EffectHandlerFor::<common::TestPg>::new(),
-        GateConfig::default().with_max_attempts(2),
-    );
+    let gate = gate(store.clone(), 2);
     rounds(&gate, &broker, 5).await;
     assert!(
         broker.dead_letters().is_empty(),
@@ -144,11 +148,7 @@ async fn a_write_that_always_times_out_after_three_good_ones_is_dead_lettered() 
         broker.publish(encode_submission(&format!("OK-{i}"), ts, i));
     }
     broker.publish(encode_submission("SLOW-1", ts, 9));
-    let gate = Gate::with_config(
-        store.clone(),
-        EffectHandlerFor::<common::TestPg>::new(),
-        GateConfig::default().with_max_attempts(3),
-    );
+    let gate = gate(store.clone(), 3);
     rounds(&gate, &broker, 10).await;
     assert!(
         broker.is_settled(),
@@ -256,11 +256,7 @@ async fn a_locked_business_table_charges_no_message() {
     for i in 0..3 {
         broker.publish(encode_submission(&format!("L-{i}"), ts, i));
     }
-    let gate = Gate::with_config(
-        store.clone(),
-        EffectHandlerFor::<common::TestPg>::new(),
-        GateConfig::default().with_max_attempts(1),
-    );
+    let gate = gate(store.clone(), 1);
     rounds(&gate, &broker, 3).await;
     assert!(
         broker.dead_letters().is_empty(),
@@ -303,11 +299,7 @@ async fn a_read_only_store_charges_no_message() {
     let broker = SimBroker::new(1);
     let ts = "2026-07-01T09:00:00Z";
     broker.publish(encode_submission("RO-1", ts, 1));
-    let gate = Gate::with_config(
-        common::TestPg(store),
-        EffectHandlerFor::<common::TestPg>::new(),
-        GateConfig::default().with_max_attempts(1),
-    );
+    let gate = gate(common::TestPg(store), 1);
     rounds(&gate, &broker, 4).await;
     assert!(
         broker.dead_letters().is_empty(),
