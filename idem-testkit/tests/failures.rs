@@ -150,6 +150,14 @@ fn recorded(
     }
 }
 
+/// The detail of the broker's one dead letter, which must be `attempts_exhausted`.
+fn exhausted(broker: &SimBroker) -> String {
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
+    dead[0].1.detail.clone()
+}
+
 /// Runs the consumer loop, one delivery at a time, over what the broker has ready now
 /// (what it nacks goes back to the broker, not into this run).
 async fn consume_ready(
@@ -217,13 +225,11 @@ async fn a_handler_that_always_panics_is_dead_lettered_after_max_attempts() {
             OutcomeKind::Rejected
         ]
     );
-    let dead = broker.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
+    let detail = exhausted(&broker);
     assert!(
-        dead[0].1.detail.contains("handler bug on panic-1"),
+        detail.contains("handler bug on panic-1"),
         "the reason carries the panic: {}",
-        dead[0].1.detail
+        detail
     );
     assert!(broker.is_settled(), "never looped");
 }
@@ -262,14 +268,8 @@ async fn transient_failures_back_off_and_are_dead_lettered_when_attempts_run_out
         delays.windows(2).all(|w| w[0] <= w[1]),
         "growing: {delays:?}"
     );
-    let dead = broker.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
-    assert!(
-        dead[0].1.detail.starts_with("6 attempts"),
-        "{}",
-        dead[0].1.detail
-    );
+    let detail = exhausted(&broker);
+    assert!(detail.starts_with("6 attempts"), "{}", detail);
     assert_eq!(
         store.effects().await.unwrap().len(),
         1,
@@ -382,14 +382,8 @@ async fn a_message_that_kills_its_process_is_dead_lettered_unrun_past_max_attemp
         "run max_attempts times, then never again"
     );
     assert_eq!(deaths, 3);
-    let dead = broker.dead_letters();
-    assert_eq!(dead.len(), 1, "{dead:?}");
-    assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
-    assert!(
-        dead[0].1.detail.contains("not run again"),
-        "{}",
-        dead[0].1.detail
-    );
+    let detail = exhausted(&broker);
+    assert!(detail.contains("not run again"), "{}", detail);
     assert_eq!(
         store.effects().await.unwrap().len(),
         2,
@@ -494,14 +488,8 @@ async fn the_neighbours_held_by_a_dying_process_are_not_charged_its_runs() {
         assert_eq!(deaths, 3, "the killer ran max_attempts times");
         assert_eq!(runs, 3);
         assert!(broker.is_settled());
-        let dead = broker.dead_letters();
-        assert_eq!(dead.len(), 1, "{dead:?}");
-        assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
-        assert!(
-            dead[0].1.detail.starts_with("ran 3 times"),
-            "{}",
-            dead[0].1.detail
-        );
+        let detail = exhausted(&broker);
+        assert!(detail.starts_with("ran 3 times"), "{}", detail);
         assert_eq!(
             store.effects().await.unwrap().len(),
             1,
@@ -571,17 +559,12 @@ async fn a_message_that_fails_alone_while_the_store_works_is_dead_lettered() {
             OutcomeKind::Rejected
         ]
     );
-    let dead = broker.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].1.code, ATTEMPTS_EXHAUSTED);
+    let detail = exhausted(&broker);
     assert!(
-        dead[0]
-            .1
-            .detail
-            .starts_with("3 attempts failed on this message while the store worked")
-            && dead[0].1.detail.contains("connection refused"),
+        detail.starts_with("3 attempts failed on this message while the store worked")
+            && detail.contains("connection refused"),
         "{}",
-        dead[0].1.detail
+        detail
     );
     assert!(gate.store_proven().is_some(), "the probe committed");
     assert!(broker.is_settled());
