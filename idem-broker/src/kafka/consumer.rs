@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -305,6 +305,13 @@ struct Shared {
     accept_position_gap: bool,
     /// What this member owns (a delivery's settled prefix, for its position).
     own: Arc<Ownership>,
+    /// Deliveries handed back (deferred or nacked) and not yet taken again: while they
+    /// fill the prefetch the stream takes nothing new from the poller (whose channel
+    /// fills, so it pauses the partitions), and memory stays bounded however long the
+    /// store makes them wait.
+    holding: AtomicUsize,
+    /// [`KafkaConfig::prefetch`].
+    prefetch: usize,
 }
 
 /// Settles `batch` and commits each owned partition's low-water mark, inside the fence.
@@ -440,6 +447,9 @@ async fn committer(
 /// a while (a tenth of `max.poll.interval.ms`, at most 1 s) it pauses the assigned
 /// partitions and keeps polling (so the member stays in the group however slow the
 /// handler: `max.poll.interval.ms` is met), and resumes them once there is room.
+/// Deliveries handed back (deferred, or nacked with a delay) count against the prefetch
+/// until they come back: while they fill it the stream takes nothing new, so the
+/// partitions pause and memory stays bounded however long the store makes them wait.
 pub struct KafkaConsumer {
     inner: BoxStream<'static, Result<Delivery<KafkaAcker>, BrokerError>>,
     name: String,
@@ -1007,14 +1017,19 @@ impl crate::pull::Pull for Reader {
             }
         }
         loop {
+            // Deliveries handed back fill the prefetch: only they are taken until there is
+            // room (the poller's channel fills meanwhile and it pauses the partitions).
+            let shared = &self.convert.shared;
+            let room = shared.holding.load(Ordering::Acquire) < shared.prefetch;
             tokio::select! {
                 biased;
                 Some(r) = self.retries.recv() => {
+                    self.convert.shared.holding.fetch_sub(1, Ordering::AcqRel);
                     if let Some(d) = self.convert.retried(r) {
                         return Ok(self.convert.counted(d).await);
                     }
                 }
-                m = self.polled.recv() => {
+                m = self.polled.recv(), if room => {
                     match m {
                         Some(Ok(d)) => {
                             if let Some(d) = self.convert.positioned(d).await? {
@@ -1105,6 +1120,8 @@ impl KafkaConsumer {
             positions,
             accept_position_gap: config.accept_position_gap,
             own: Arc::clone(&own),
+            holding: AtomicUsize::new(0),
+            prefetch,
         });
         tokio::spawn(committer(
             Arc::clone(&consumer),
@@ -1256,6 +1273,8 @@ impl KafkaAcker {
             headers: self.headers,
         };
         let tx = self.shared.retry.clone();
+        // Counted until the stream takes it again (`Reader::next`).
+        self.shared.holding.fetch_add(1, Ordering::AcqRel);
         match delay {
             Some(d) if !d.is_zero() => {
                 tokio::spawn(async move {
@@ -1264,9 +1283,10 @@ impl KafkaAcker {
                 });
                 Ok(())
             }
-            _ => tx
-                .send(retry)
-                .map_err(|_| AckError::new("kafka: the consumer is closed", false, None)),
+            _ => tx.send(retry).map_err(|_| {
+                self.shared.holding.fetch_sub(1, Ordering::AcqRel);
+                AckError::new("kafka: the consumer is closed", false, None)
+            }),
         }
     }
 
