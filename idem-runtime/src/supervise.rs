@@ -36,7 +36,7 @@ use idem_core::{
 use crate::retry::{retry, Attempt, GaveUp};
 
 /// How [`supervise`] runs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct SupervisorConfig {
     /// The consumer loop's batch size and concurrency.
@@ -46,8 +46,11 @@ pub struct SupervisorConfig {
     /// delay, held by the consumer or redelivered by the broker) is waited for until it
     /// settles. One that does not come back within twice the gate's longest retry delay
     /// after its last failure (the broker gave it to another consumer) ends the run with
-    /// [`SuperviseError::NotDrained`].
+    /// [`SuperviseError::NotDrained`]. With a [`source_check`](Self::source_check), the
+    /// run ends only once the source itself holds nothing more: see [`SourceCheck`].
     pub exit_when_idle: Option<Duration>,
+    /// How an idle run asks the source what it still holds (default: it does not ask).
+    pub source_check: Option<SourceCheck>,
     /// How long the broker or the store may stay unreachable before the run ends
     /// (default 60 s).
     pub reconnect_timeout: Duration,
@@ -61,6 +64,7 @@ impl SupervisorConfig {
         Self {
             consumer,
             exit_when_idle: None,
+            source_check: None,
             reconnect_timeout: Duration::from_secs(60),
             backoff: Backoff::default(),
         }
@@ -73,11 +77,57 @@ impl SupervisorConfig {
         self
     }
 
+    /// Sets [`source_check`](Self::source_check).
+    #[must_use]
+    pub fn source_check(mut self, check: Option<SourceCheck>) -> Self {
+        self.source_check = check;
+        self
+    }
+
     /// Sets [`reconnect_timeout`](Self::reconnect_timeout).
     #[must_use]
     pub fn reconnect_timeout(mut self, timeout: Duration) -> Self {
         self.reconnect_timeout = timeout;
         self
+    }
+}
+
+/// What a drain asks the broker once the run has gone idle with nothing of its own left
+/// ([`SupervisorConfig::exit_when_idle`]): how many messages the source still holds that
+/// this consumer may yet receive — messages another consumer holds, a dead consumer's
+/// until the broker hands them on (an SQS visibility timeout, a NATS `ack_wait`, a Kafka
+/// partition still assigned to a member whose session has not expired), records behind a
+/// consumer group's committed offset.
+///
+/// While the answer is not zero the run waits one idle period more and asks again; once
+/// nothing has been delivered for twice the gate's longest retry delay with the source
+/// still holding messages (or the broker not answering), it ends with
+/// [`SuperviseError::SourceNotDrained`], saying how many. A drain thus exits cleanly only
+/// when the source is empty for it. `idem consume` asks with
+/// `idem_broker::any::pending_count`.
+#[derive(Clone)]
+pub struct SourceCheck(
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<u64, BoxError>> + Send + Sync>,
+);
+
+impl SourceCheck {
+    /// A check that runs `f` each time it asks.
+    pub fn new<F, Fut>(f: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<u64, BoxError>> + Send + 'static,
+    {
+        Self(Arc::new(move || f().boxed()))
+    }
+
+    fn ask(&self) -> futures::future::BoxFuture<'static, Result<u64, BoxError>> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for SourceCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SourceCheck")
     }
 }
 
@@ -126,6 +176,23 @@ pub enum SuperviseError<E: std::error::Error + 'static> {
         /// How long after its last attempt each was waited for.
         waited: Duration,
     },
+    /// The run went idle ([`SupervisorConfig::exit_when_idle`]) and the source still held
+    /// messages ([`SourceCheck`]) after no delivery reached this consumer for `waited`.
+    #[error(
+        "not drained: {} after {:.0} s without a delivery (another consumer holds \
+         them, a dead one's until the broker hands them on, or they wait in partitions \
+         assigned elsewhere)",
+        match .left { Some(n) => format!("the source still holds {n} messages"), None => format!("the broker did not say what the source holds ({})", .detail) },
+        .waited.as_secs_f64()
+    )]
+    SourceNotDrained {
+        /// How many messages the source held at the last answer (`None`: no answer).
+        left: Option<u64>,
+        /// How long no delivery came.
+        waited: Duration,
+        /// The broker's last error, when it did not answer.
+        detail: String,
+    },
 }
 
 /// Deliveries that failed or were deferred and have not settled since (by key): a drain
@@ -134,6 +201,9 @@ pub enum SuperviseError<E: std::error::Error + 'static> {
 struct Awaited {
     keys: Mutex<std::collections::HashMap<idem_core::IdempotencyKey, Instant>>,
     not_drained: Mutex<Option<usize>>,
+    /// What the source held when the drain gave up on it ([`SourceCheck`]): how many
+    /// (`None`: no answer) and the broker's error.
+    source_left: Mutex<Option<(Option<u64>, String)>>,
 }
 
 /// What an idle consumer still waits for.
@@ -186,6 +256,20 @@ impl Awaited {
             .not_drained
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn source_not_drained(&self, left: Option<u64>, detail: String) {
+        *self
+            .source_left
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((left, detail));
+    }
+
+    fn source_left(&self) -> Option<(Option<u64>, String)> {
+        self.source_left
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -326,6 +410,12 @@ struct Watched<St, P> {
     /// What an idle run still waits for, and how long after its last attempt.
     awaited: Arc<Awaited>,
     await_bound: Duration,
+    /// Asks the source what it still holds once nothing of the run's own is left.
+    check: Option<SourceCheck>,
+    /// The question in flight.
+    asking: Option<futures::future::BoxFuture<'static, Result<u64, BoxError>>>,
+    /// When the last delivery came (or the stream started).
+    last_item: Instant,
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
     checked: bool,
     streak: Arc<Streak>,
@@ -372,6 +462,8 @@ where
         match this.inner.as_mut().poll_next(cx) {
             Poll::Ready(Some(item)) => {
                 this.idle_timer = None;
+                this.asking = None;
+                this.last_item = Instant::now();
                 this.checked = false;
                 Poll::Ready(Some(item.map_err(Into::into)))
             }
@@ -381,25 +473,47 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if let Some(idle) = this.idle {
+                let Some(idle) = this.idle else {
+                    return Poll::Pending;
+                };
+                if this.asking.is_none() {
                     let timer = this
                         .idle_timer
                         .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
-                    if timer.as_mut().poll(cx).is_ready() {
-                        match this.awaited.left(this.await_bound) {
-                            Left::Nothing | Left::Gone => {
-                                this.done = true;
-                                return Poll::Ready(None);
-                            }
-                            Left::Waiting => {
-                                // Not drained yet: look again one idle period later.
-                                let mut again = Box::pin(tokio::time::sleep(idle));
-                                let _ = again.as_mut().poll(cx);
-                                this.idle_timer = Some(again);
-                            }
+                    if timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    match (this.awaited.left(this.await_bound), &this.check) {
+                        (Left::Nothing, Some(check)) => this.asking = Some(check.ask()),
+                        (Left::Nothing | Left::Gone, _) => {
+                            this.done = true;
+                            return Poll::Ready(None);
                         }
+                        (Left::Waiting, _) => {}
                     }
                 }
+                if let Some(asking) = this.asking.as_mut() {
+                    let answer = ready!(asking.as_mut().poll(cx));
+                    this.asking = None;
+                    let (left, detail) = match answer {
+                        Ok(0) => {
+                            this.done = true;
+                            return Poll::Ready(None);
+                        }
+                        Ok(n) => (Some(n), String::new()),
+                        Err(e) => (None, e.to_string()),
+                    };
+                    if this.last_item.elapsed() >= this.await_bound {
+                        this.awaited.source_not_drained(left, detail);
+                        this.done = true;
+                        return Poll::Ready(None);
+                    }
+                    tracing::info!(target: "idem::consume", left, error = %detail, "idle, but the source still holds messages for this consumer: waiting for them");
+                }
+                // Not drained yet: look again one idle period later.
+                let mut again = Box::pin(tokio::time::sleep(idle));
+                let _ = again.as_mut().poll(cx);
+                this.idle_timer = Some(again);
                 Poll::Pending
             }
         }
@@ -483,6 +597,9 @@ where
             idle_timer: None,
             awaited: Arc::clone(&awaited),
             await_bound: gate.config().retry.max.saturating_mul(2),
+            check: config.source_check.clone(),
+            asking: None,
+            last_item: Instant::now(),
             pause: None,
             checked: false,
             streak: Arc::clone(&streak),
@@ -528,6 +645,13 @@ where
             return Err(SuperviseError::NotDrained {
                 left,
                 waited: gate.config().retry.max.saturating_mul(2),
+            });
+        }
+        if let Some((left, detail)) = awaited.source_left() {
+            return Err(SuperviseError::SourceNotDrained {
+                left,
+                waited: gate.config().retry.max.saturating_mul(2),
+                detail,
             });
         }
         match result {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::{FutureExt as _, Stream, StreamExt as _};
 use idem_core::{ConsumerConfig, Delivery, Gate};
-use idem_runtime::supervise::{supervise, SupervisorConfig};
+use idem_runtime::supervise::{supervise, SourceCheck, SuperviseError, SupervisorConfig};
 use idem_runtime::Attempt;
 use idem_testkit::harness::{encode_submission, EffectHandlerFor};
 use idem_testkit::{MemoryStore, SimAcker, SimBroker};
@@ -205,4 +205,107 @@ async fn an_idle_run_waits_for_a_delivery_that_failed_and_comes_back() {
     assert_eq!(done.stats.processed, 2, "{done:?}");
     assert_eq!(done.stats.failed, 1, "{done:?}");
     assert!(broker.is_settled());
+}
+
+/// A stream of whatever `broker` holds, polled every 50 ms, never ending.
+fn polling(broker: SimBroker) -> Deliveries {
+    Box::pin(futures::stream::unfold(broker, |b| async move {
+        loop {
+            if let Some(d) = b.receive() {
+                return Some((Ok(d), b));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }))
+}
+
+/// A drain ends only when the source is empty for it: three messages are invisible (a
+/// killed consumer's, until their visibility timeout runs out 1.5 s later) when the run
+/// goes idle after the two it could see; the source check says the source still holds
+/// them, so the run waits and processes all five. Without the check the run ended idle
+/// after two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_run_waits_until_the_source_is_empty() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let broker = SimBroker::new(5);
+    let ts = "2026-07-01T09:00:00Z";
+    for i in 0..2 {
+        broker.publish(encode_submission(&format!("SEEN-{i}"), ts, 1));
+    }
+    let invisible = Arc::new(AtomicU64::new(3));
+    let (b, inv) = (broker.clone(), Arc::clone(&invisible));
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        for i in 0..3 {
+            b.publish(encode_submission(&format!("LATE-{i}"), ts, 1));
+        }
+        inv.store(0, Ordering::SeqCst);
+    });
+    let (b, inv) = (broker.clone(), Arc::clone(&invisible));
+    let check = SourceCheck::new(move || {
+        let left = inv.load(Ordering::SeqCst) + u64::from(!b.is_settled());
+        async move { Ok(left) }
+    });
+    let gate = Gate::new(MemoryStore::new(), EffectHandlerFor::<MemoryStore>::new());
+    let b = broker.clone();
+    let connect = move || {
+        let b = b.clone();
+        async move { Ok::<_, Attempt<std::io::Error>>(polling(b)) }.boxed()
+    };
+    let config = SupervisorConfig::new(ConsumerConfig::new(1, 1))
+        .exit_when_idle(Some(Duration::from_millis(300)))
+        .source_check(Some(check))
+        .reconnect_timeout(Duration::from_secs(5));
+    let run = supervise(&gate, None, connect, config, std::future::pending(), |_| {});
+    let done = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the supervisor did not return")
+        .expect("drained");
+    assert_eq!(done.stats.processed, 5, "{done:?}");
+    assert!(broker.is_settled());
+}
+
+/// A source that keeps holding messages this consumer never receives (a dead Kafka
+/// member's partitions that are never handed on): once nothing has been delivered for
+/// twice the longest retry delay, the drain ends with `SourceNotDrained`, saying how
+/// many are left, instead of exiting 0 as if drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_run_whose_source_stays_full_is_not_drained() {
+    let broker = SimBroker::new(5);
+    broker.publish(encode_submission("ONLY-1", "2026-07-01T09:00:00Z", 1));
+    let check = SourceCheck::new(|| async { Ok(4) });
+    let gate = Gate::with_config(
+        MemoryStore::new(),
+        EffectHandlerFor::<MemoryStore>::new(),
+        idem_core::GateConfig::default().with_retry(idem_core::gate::RetryPolicy::fixed(
+            Duration::from_millis(400),
+        )),
+    );
+    let b = broker.clone();
+    let connect = move || {
+        let b = b.clone();
+        async move { Ok::<_, Attempt<std::io::Error>>(polling(b)) }.boxed()
+    };
+    let config = SupervisorConfig::new(ConsumerConfig::new(1, 1))
+        .exit_when_idle(Some(Duration::from_millis(200)))
+        .source_check(Some(check))
+        .reconnect_timeout(Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    let run = supervise(&gate, None, connect, config, std::future::pending(), |_| {});
+    let e = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the supervisor did not return")
+        .expect_err("not drained");
+    assert!(
+        matches!(e, SuperviseError::SourceNotDrained { left: Some(4), .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("still holds 4 messages"), "{e}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(broker.is_settled(), "the one it could see is processed");
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use idem_broker::any::BrokerUrl;
 use idem_core::{ClaimStore, ConflictPolicy, ConsumerConfig, Gate, GateConfig, Handler};
 use idem_grant::{GrantDb, GrantHandler, KeyDerivation};
-use idem_runtime::supervise::{supervise, SupervisorConfig};
+use idem_runtime::supervise::{supervise, SourceCheck, SupervisorConfig};
 
 use crate::cmd::{at_least_one, at_least_one_u32, broker_error, parse_secs};
 use crate::stores::{Extras, StoreSpec, StoreVisitor};
@@ -82,8 +82,11 @@ pub(crate) struct Args {
     front_filter: Option<String>,
     /// Stop once no delivery arrived for this long (`5`, `500ms`, `2m`) and nothing is
     /// left: a delivery that failed or was deferred is waited for until it comes back and
-    /// settles; one that does not come back within twice the longest retry delay (two
-    /// minutes) after its last attempt ends the run with exit 1, saying how many are left.
+    /// settles, and the broker is asked what the source still holds (messages another
+    /// consumer holds, a killed one's until the broker hands them on, records behind the
+    /// group's offset in partitions assigned elsewhere). What does not reach this consumer
+    /// within twice the longest retry delay (two minutes) ends the run with exit 1,
+    /// saying how much is left.
     #[arg(long, value_name = "DURATION", value_parser = parse_secs)]
     exit_when_idle: Option<Duration>,
     /// Serve Prometheus metrics over HTTP at ADDR (e.g. 127.0.0.1:9898).
@@ -170,8 +173,21 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         metrics.serve(addr).await?;
     }
     let (started, timeout) = (Instant::now(), args.reconnect_timeout);
+    // A drain ends only when the source holds nothing more for it.
+    let source_check = args.exit_when_idle.map(|_| {
+        let (url, name) = (broker.clone(), args.source.clone());
+        SourceCheck::new(move || {
+            let (url, name) = (url.clone(), name.clone());
+            async move {
+                idem_broker::any::pending_count(&url, &name)
+                    .await
+                    .map_err(Into::into)
+            }
+        })
+    });
     let config = SupervisorConfig::new(ConsumerConfig::new(args.concurrency, args.batch_size))
         .exit_when_idle(args.exit_when_idle)
+        .source_check(source_check)
         .reconnect_timeout(timeout);
     let migrate = !args.no_migrate;
     let visitor = Consume {

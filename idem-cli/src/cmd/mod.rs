@@ -543,7 +543,7 @@ pub(crate) fn supervise_error(
     match e {
         SuperviseError::Connect(e) => gave_up(what, e),
         SuperviseError::Consumer(idem_core::Error::Store(e)) => e.into(),
-        e @ SuperviseError::NotDrained { .. } => {
+        e @ (SuperviseError::NotDrained { .. } | SuperviseError::SourceNotDrained { .. }) => {
             CliError::failed(format!("consuming {source}: {e} (--exit-when-idle)"))
         }
         e => CliError::failed(format!("consuming {source}: {e} (--reconnect-timeout)")),
