@@ -51,6 +51,17 @@ pub struct PgConfig {
     /// commits a transaction id) may take before it answers that the store does not work.
     /// Default [`PgConfig::DEFAULT_PROBE_TIMEOUT`] (5 s).
     pub probe_timeout: Duration,
+    /// How long a round trip of a claim transaction (its `BEGIN`, claims, outbox and
+    /// position writes, `COMMIT` or `ROLLBACK`) waits for the server's answer beyond the
+    /// longer of [`lock_timeout`](Self::lock_timeout) and
+    /// [`statement_timeout`](Self::statement_timeout), which the server itself enforces.
+    /// No answer by then means the network path or the server is dead (a path that drops
+    /// packets gives no error for the kernel's whole retransmission time, about fifteen
+    /// minutes): the connection is closed, not given back to the pool, and the statement
+    /// fails with [`StoreError::Unavailable`](idem_core::StoreError) (a `COMMIT`'s outcome
+    /// is then unknown: the delivery is not acked, and its redelivery finds the claim done
+    /// or not). Default [`PgConfig::DEFAULT_REPLY_TIMEOUT`] (30 s).
+    pub reply_timeout: Duration,
     /// The pool's maximum number of connections ([`PgStore::connect`](crate::PgStore::connect)
     /// only). Default 10.
     pub max_connections: u32,
@@ -169,6 +180,7 @@ impl Default for PgConfig {
             lock_timeout: Some(Self::DEFAULT_LOCK_TIMEOUT),
             statement_timeout: None,
             probe_timeout: Self::DEFAULT_PROBE_TIMEOUT,
+            reply_timeout: Self::DEFAULT_REPLY_TIMEOUT,
             max_connections: 10,
             acquire_timeout: Duration::from_secs(30),
             notify: true,
@@ -186,6 +198,19 @@ impl PgConfig {
     pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
     /// The default [`probe_timeout`](PgConfig::probe_timeout): 5 s.
     pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The default [`reply_timeout`](PgConfig::reply_timeout): 30 s.
+    pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// How long a round trip of a claim transaction waits for an answer in all: the
+    /// longer of the lock and statement timeouts, plus the
+    /// [`reply_timeout`](PgConfig::reply_timeout).
+    pub(crate) fn reply_bound(&self) -> Duration {
+        let server = self
+            .lock_timeout
+            .unwrap_or_default()
+            .max(self.statement_timeout.unwrap_or_default());
+        server.saturating_add(self.reply_timeout)
+    }
 
     /// The default configuration for `schema`.
     ///
@@ -211,6 +236,13 @@ impl PgConfig {
     #[must_use]
     pub fn with_statement_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.statement_timeout = timeout;
+        self
+    }
+
+    /// Sets [`reply_timeout`](PgConfig::reply_timeout).
+    #[must_use]
+    pub fn with_reply_timeout(mut self, timeout: Duration) -> Self {
+        self.reply_timeout = timeout;
         self
     }
 

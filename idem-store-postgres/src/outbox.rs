@@ -274,7 +274,8 @@ impl PgTx {
                 PgColumn::Bool(v) => q.bind(v),
             };
         }
-        if let Err(e) = q.execute(self.own_conn()).await {
+        let (conn, reply) = self.io();
+        if let Err(e) = reply.wait(q.execute(conn)).await {
             self.mark_aborted();
             return Err(map_sqlx(
                 e,
@@ -319,7 +320,8 @@ impl OutboxWriter for PgTx {
         if notify {
             q = q.bind(shared.channel.as_str());
         }
-        if let Err(e) = q.execute(self.own_conn()).await {
+        let (conn, reply) = self.io();
+        if let Err(e) = reply.wait(q.execute(conn)).await {
             self.mark_aborted();
             return Err(map_sqlx(e, "enqueue outbox event"));
         }

@@ -94,23 +94,26 @@ pub(crate) async fn advance(tx: &mut PgTx, moves: &[PositionMove]) -> Result<(),
     let fenced = !mutant::active(Mutant::UnfencedPositions);
     if let [one] = moves {
         let slot = i16::try_from(one.offset.rem_euclid(SLOTS)).unwrap_or(0);
-        let moved: Option<i32> =
-            match sqlx::query_scalar(statement(advance_one_sql(&table, fenced)))
-                .bind(source.as_ref())
-                .bind(one.partition)
-                .bind(slot)
-                .bind(one.settled_below)
-                .bind(one.offset)
-                .bind(one.epoch)
-                .fetch_optional(tx.own_conn())
-                .await
-            {
-                Ok(m) => m,
-                Err(e) => {
-                    tx.mark_aborted();
-                    return Err(map_sqlx(e, "advance the log position"));
-                }
-            };
+        let (conn, reply) = tx.io();
+        let moved: Option<i32> = match reply
+            .wait(
+                sqlx::query_scalar(statement(advance_one_sql(&table, fenced)))
+                    .bind(source.as_ref())
+                    .bind(one.partition)
+                    .bind(slot)
+                    .bind(one.settled_below)
+                    .bind(one.offset)
+                    .bind(one.epoch)
+                    .fetch_optional(conn),
+            )
+            .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                tx.mark_aborted();
+                return Err(map_sqlx(e, "advance the log position"));
+            }
+        };
         return match moved {
             Some(_) => Ok(()),
             None => Err(StoreError::Fenced {
@@ -124,13 +127,17 @@ pub(crate) async fn advance(tx: &mut PgTx, moves: &[PositionMove]) -> Result<(),
     let epochs: Vec<i64> = moves.iter().map(|m| m.epoch).collect();
     let settled: Vec<i64> = moves.iter().map(|m| m.settled_below).collect();
     let offsets: Vec<i64> = moves.iter().map(|m| m.offset).collect();
-    let moved: Vec<(i32, i64)> = match sqlx::query_as(statement(text))
-        .bind(source.as_ref())
-        .bind(&parts)
-        .bind(&epochs)
-        .bind(&settled)
-        .bind(&offsets)
-        .fetch_all(tx.own_conn())
+    let (conn, reply) = tx.io();
+    let moved: Vec<(i32, i64)> = match reply
+        .wait(
+            sqlx::query_as(statement(text))
+                .bind(source.as_ref())
+                .bind(&parts)
+                .bind(&epochs)
+                .bind(&settled)
+                .bind(&offsets)
+                .fetch_all(conn),
+        )
         .await
     {
         Ok(m) => m,

@@ -611,15 +611,17 @@ impl ClaimStore for PgStore {
             aborted: false,
             claimed: false,
             lent: false,
+            stuck: false,
         };
+        let bound = self.shared.config.reply_bound();
         if let Some(mut conn) = self.shared.warm.take() {
             // A failure means it broke while it was parked (a server restart): it is
             // dropped, and a pooled connection is tried instead.
-            if PgTransactionManager::begin(&mut conn, begin())
-                .await
-                .is_ok()
+            match tokio::time::timeout(bound, PgTransactionManager::begin(&mut conn, begin())).await
             {
-                return Ok(tx(conn));
+                Ok(Ok(())) => return Ok(tx(conn)),
+                Ok(Err(_)) => {}
+                Err(_) => drop(conn.detach()),
             }
         }
         let mut conn = self
@@ -627,9 +629,13 @@ impl ClaimStore for PgStore {
             .acquire()
             .await
             .map_err(|e| map_sqlx(e, "begin"))?;
-        PgTransactionManager::begin(&mut conn, begin())
-            .await
-            .map_err(|e| map_sqlx(e, "begin"))?;
+        match tokio::time::timeout(bound, PgTransactionManager::begin(&mut conn, begin())).await {
+            Ok(begun) => begun.map_err(|e| map_sqlx(e, "begin"))?,
+            Err(_) => {
+                drop(conn.detach());
+                return Err(map_sqlx(no_answer(bound), "begin"));
+            }
+        }
         Ok(tx(conn))
     }
 
@@ -738,6 +744,44 @@ pub struct PgTx {
     /// The handler was handed the connection ([`PgTx::conn`]): its statements may have
     /// failed, or ended the transaction, without this transaction knowing.
     lent: bool,
+    /// A round trip got no answer within [`PgConfig::reply_timeout`]: the connection is
+    /// closed at the transaction's end, not given back to the pool.
+    stuck: bool,
+}
+
+/// The bound on one round trip of a claim transaction ([`PgConfig::reply_timeout`]).
+pub(crate) struct Reply<'a> {
+    bound: Duration,
+    stuck: &'a mut bool,
+}
+
+impl Reply<'_> {
+    /// `answer`, or an I/O error (`TimedOut`, so [`StoreError::Unavailable`]) once it has
+    /// not come within the bound; the transaction's connection is then closed at its end.
+    pub(crate) async fn wait<T>(
+        self,
+        answer: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
+        match tokio::time::timeout(self.bound, answer).await {
+            Ok(r) => r,
+            Err(_) => {
+                *self.stuck = true;
+                Err(no_answer(self.bound))
+            }
+        }
+    }
+}
+
+/// The error of a round trip without an answer within `bound`.
+fn no_answer(bound: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "no answer from Postgres within {} ms (the lock or statement timeout plus \
+             reply_timeout): the network path or the server is dead; the connection is closed",
+            bound.as_millis()
+        ),
+    ))
 }
 
 /// A transaction dropped before its end (a crash, a cancelled future) is rolled back as
@@ -745,6 +789,14 @@ pub struct PgTx {
 /// the pool's test when the connection goes back to it; the connection is never kept warm.
 impl Drop for PgTx {
     fn drop(&mut self) {
+        if self.stuck {
+            // No answer came on it: closed, not given back to the pool (whose test of it
+            // would wait on the dead path).
+            if let Some(conn) = self.conn.take() {
+                drop(conn.detach());
+            }
+            return;
+        }
         if let Some(conn) = self.conn.as_mut() {
             if PgTransactionManager::get_transaction_depth(conn) > 0 {
                 PgTransactionManager::start_rollback(conn);
@@ -768,6 +820,20 @@ impl PgTx {
         self.own_conn()
     }
 
+    /// The connection and the bound on its answers, for this crate's own statements
+    /// (which record their failures): see [`PgConfig::reply_timeout`].
+    pub(crate) fn io(&mut self) -> (&mut PgConnection, Reply<'_>) {
+        let conn = self
+            .conn
+            .as_deref_mut()
+            .expect("a PgTx holds its connection until commit or rollback consumes it");
+        let reply = Reply {
+            bound: self.shared.config.reply_bound(),
+            stuck: &mut self.stuck,
+        };
+        (conn, reply)
+    }
+
     /// The connection, for this crate's own statements (which record their failures).
     pub(crate) fn own_conn(&mut self) -> &mut PgConnection {
         self.conn
@@ -779,10 +845,13 @@ impl PgTx {
     /// not aborted on the server? `Ok(())` when it can be committed; otherwise it has been
     /// rolled back (or was ended by the handler) and the error says which.
     async fn check_lent(&mut self) -> Result<(), StoreError> {
-        let state: Result<bool, sqlx::Error> =
-            sqlx::query_scalar("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
-                .fetch_one(self.own_conn())
-                .await;
+        let (conn, reply) = self.io();
+        let state: Result<bool, sqlx::Error> = reply
+            .wait(
+                sqlx::query_scalar("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
+                    .fetch_one(conn),
+            )
+            .await;
         match state {
             Ok(true) => Ok(()),
             // Nothing written: nothing to lose, and nothing to tell apart (a transaction
@@ -824,10 +893,28 @@ impl PgTx {
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
-        let ended = if commit {
-            PgTransactionManager::commit(&mut conn).await
-        } else {
-            PgTransactionManager::rollback(&mut conn).await
+        let bound = self.shared.config.reply_bound();
+        if self.stuck {
+            // A round trip got no answer: closing the connection ends the transaction on
+            // the server (rolled back), if the server is there at all.
+            drop(conn.detach());
+            return if commit {
+                Err(no_answer(bound))
+            } else {
+                Ok(())
+            };
+        }
+        let ending = async {
+            if commit {
+                PgTransactionManager::commit(&mut conn).await
+            } else {
+                PgTransactionManager::rollback(&mut conn).await
+            }
+        };
+        let Ok(ended) = tokio::time::timeout(bound, ending).await else {
+            // Closed, not given back: its state is unknown (a COMMIT's outcome too).
+            drop(conn.detach());
+            return Err(no_answer(bound));
         };
         match ended {
             Ok(()) if PgTransactionManager::get_transaction_depth(&conn) == 0 => {
@@ -911,14 +998,16 @@ impl PgTx {
             let months: Vec<String> = items.iter().map(|(_, m)| Self::month(m)).collect();
             query = query.bind(months);
         }
-        let rows: Vec<(String, Option<String>, Option<i32>)> =
-            match query.fetch_all(self.own_conn()).await {
-                Ok(rows) => rows,
-                Err(e) => {
-                    self.aborted = true;
-                    return Err(map_sqlx(e, "classify claims"));
-                }
-            };
+        let rows: Vec<(String, Option<String>, Option<i32>)> = match {
+            let (conn, reply) = self.io();
+            reply.wait(query.fetch_all(conn)).await
+        } {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.aborted = true;
+                return Err(map_sqlx(e, "classify claims"));
+            }
+        };
         let mut found: HashMap<String, ClaimOutcome> = HashMap::with_capacity(rows.len());
         for (k, existing, o) in rows {
             found.insert(k, refusal(existing, o)?.unwrap_or(ClaimOutcome::InProgress));
@@ -961,7 +1050,10 @@ impl PgTx {
             let months: Vec<String> = order.iter().map(|&i| Self::month(&items[i].1)).collect();
             query = query.bind(months);
         }
-        let rows = match query.fetch_all(self.own_conn()).await {
+        let rows = match {
+            let (conn, reply) = self.io();
+            reply.wait(query.fetch_all(conn)).await
+        } {
             Ok(rows) => rows,
             Err(e) => {
                 self.aborted = true;
@@ -1051,7 +1143,11 @@ impl ClaimTx for PgTx {
             query = query.bind(Self::month(meta));
         }
         let answered = if identity && shared.sql.claims_classify {
-            query.fetch_one(self.own_conn()).await.and_then(|row| {
+            {
+                let (conn, reply) = self.io();
+                reply.wait(query.fetch_one(conn)).await
+            }
+            .and_then(|row| {
                 use sqlx::Row as _;
                 let claimed: bool = row.try_get(0)?;
                 let duplicate: Option<bool> = row.try_get(1)?;
@@ -1061,7 +1157,11 @@ impl ClaimTx for PgTx {
                 })
             })
         } else {
-            query.execute(self.own_conn()).await.map(|r| Answer {
+            {
+                let (conn, reply) = self.io();
+                reply.wait(query.execute(conn)).await
+            }
+            .map(|r| Answer {
                 claimed: r.rows_affected() == 1,
                 duplicate: false,
             })

@@ -398,3 +398,159 @@ mod lent {
         common::drop_schema(&store).await;
     }
 }
+
+/// A TCP hop to the test server whose path can go dead: frozen, it forwards nothing in
+/// either direction but keeps every connection open (the kernel acknowledges what is
+/// sent, so the client sees neither an error nor an answer — a path that drops packets
+/// looks the same to the application until the kernel's retransmissions give up).
+struct Hop {
+    port: u16,
+    frozen: tokio::sync::watch::Sender<bool>,
+}
+
+impl Hop {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the hop");
+        let port = listener.local_addr().expect("hop address").port();
+        let server = common::url();
+        let server = server
+            .split('@')
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or("127.0.0.1:5432")
+            .to_owned();
+        let (frozen, _) = tokio::sync::watch::channel(false);
+        let watch = frozen.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(upstream) = tokio::net::TcpStream::connect(&server).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (ur, uw) = upstream.into_split();
+                tokio::spawn(Self::pipe(cr, uw, watch.subscribe()));
+                tokio::spawn(Self::pipe(ur, cw, watch.subscribe()));
+            }
+        });
+        Self { port, frozen }
+    }
+
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut frozen: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            if frozen.wait_for(|f| !*f).await.is_err() {
+                return;
+            }
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            // Read just before the path froze: held until it thaws.
+            if frozen.wait_for(|f| !*f).await.is_err() {
+                return;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn url(&self) -> String {
+        let url = common::url();
+        let (head, tail) = url.split_once('@').expect("a URL with user@host");
+        let db = tail.split_once('/').map_or("test", |(_, db)| db);
+        format!("{head}@127.0.0.1:{}/{db}", self.port)
+    }
+
+    fn freeze(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+}
+
+/// A network path that goes dead under an open claim transaction: its `COMMIT` gets no
+/// answer, and instead of waiting for the kernel's retransmissions to give up (about
+/// fifteen minutes), the store answers `Unavailable` once the lock timeout plus
+/// `reply_timeout` have passed, closing the connection (nothing is acked: the commit's
+/// outcome is unknown). Once the path is back, the key's claim is settled one way or the
+/// other on a new connection: claimed again (the server rolled the first transaction back
+/// when its connection closed) or a duplicate (the `COMMIT`, held in the path, arrived
+/// after all) — never stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_network_path_fails_the_commit_within_the_reply_timeout() {
+    use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore as _, ClaimTx as _, IdempotencyKey};
+    use std::time::{Duration, Instant};
+    let base = common::fresh_pg().await;
+    let hop = Hop::start().await;
+    let store = PgStore::connect(
+        &hop.url(),
+        PgConfig::new(base.schema())
+            .expect("schema")
+            .with_lock_timeout(Some(Duration::from_millis(500)))
+            .with_reply_timeout(Duration::from_millis(1_500))
+            .with_max_connections(2),
+    )
+    .await
+    .expect("connect through the hop");
+    let key = IdempotencyKey::derive("PATH-1", "2026-07-01T09:00:00Z", b"1").expect("key");
+    let meta = ClaimMeta::new("PATH-1");
+    let mut tx = store.begin().await.expect("begin");
+    assert_eq!(
+        tx.claim(&key, &meta).await.expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    hop.freeze(true);
+    let started = Instant::now();
+    let committed = tokio::time::timeout(Duration::from_secs(20), tx.commit())
+        .await
+        .expect("the commit on a dead path answers within 20 s");
+    let took = started.elapsed();
+    let e = committed.expect_err("no answer is no commit");
+    assert!(
+        e.is_retryable() && matches!(e, idem_core::StoreError::Unavailable { .. }),
+        "{e:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(1_900) && took < Duration::from_secs(10),
+        "answered after {took:?} (the bound is 2 s)"
+    );
+    hop.freeze(false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        // A connection opened while the path was dead may fail once: the store's to retry.
+        let mut tx = match store.begin().await {
+            Ok(tx) => tx,
+            Err(e) => {
+                assert!(e.is_retryable() && Instant::now() < deadline, "{e:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        match tx.claim(&key, &meta).await {
+            Ok(ClaimOutcome::Claimed) => {
+                tx.commit().await.expect("commit once the path is back");
+                break;
+            }
+            // The COMMIT was on its way when the path died, and arrived once it was back:
+            // its outcome was unknown, and the redelivery finds the claim done.
+            Ok(ClaimOutcome::Duplicate) => {
+                tx.rollback().await.expect("rollback");
+                break;
+            }
+            other => {
+                let _ = tx.rollback().await;
+                assert!(
+                    Instant::now() < deadline,
+                    "the key is not claimable again: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
