@@ -709,6 +709,126 @@ async fn a_delivery_whose_member_dies_counts_on_in_the_next_member() {
     assert_eq!(d.attempt, Some(N + 3), "the nacked run survives the member");
 }
 
+/// The next `n` deliveries of `consumer`, each within `within`.
+async fn take_n(
+    consumer: &mut idem_broker::kafka::KafkaConsumer,
+    n: usize,
+    within: Duration,
+) -> Vec<idem_core::Delivery<idem_broker::kafka::KafkaAcker>> {
+    let mut got = Vec::new();
+    for _ in 0..n {
+        got.push(
+            next_within(consumer, within)
+                .await
+                .expect("a delivery in time")
+                .expect("the stream goes on")
+                .expect("a delivery"),
+        );
+    }
+    got
+}
+
+/// Deferred deliveries that fill the prefetch stop the stream from taking new ones until
+/// they come back (the poller's channel fills and it pauses the partition): however long
+/// the store makes them wait, what the member holds stays bounded, and a deferral is not
+/// a delivery (each comes back with the attempt it had).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferrals_that_fill_the_prefetch_stop_the_fetching() {
+    use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
+    use idem_core::Acker as _;
+    let config = one_partition(&common::fresh_name("defer-full")).with_prefetch(8);
+    let bodies: Vec<Vec<u8>> = (0..20).map(|i| format!("m-{i:02}").into_bytes()).collect();
+    KafkaPublisher::connect_config(&config)
+        .await
+        .expect("publisher")
+        .publish_raw(&bodies)
+        .await
+        .expect("publish");
+    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+    let first = take_n(&mut consumer, 8, Duration::from_secs(120)).await;
+    let started = Instant::now();
+    for d in first {
+        d.acker.defer(Duration::from_secs(3)).await.expect("defer");
+    }
+    let back = take_n(&mut consumer, 8, Duration::from_secs(30)).await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "took new deliveries while the deferrals filled the prefetch"
+    );
+    let mut payloads: Vec<&[u8]> = back.iter().map(|d| d.payload.as_slice()).collect();
+    payloads.sort_unstable();
+    let want: Vec<&[u8]> = bodies[..8].iter().map(Vec::as_slice).collect();
+    assert_eq!(payloads, want, "the deferred ones come back first");
+    assert!(
+        back.iter().all(|d| d.attempt == Some(1)),
+        "a deferral is not a delivery"
+    );
+    let gate = Gate::new(idem_testkit::MemoryStore::new(), common::Plain::default());
+    for o in gate.process_batch(back).await {
+        assert!(o.settle_error().is_none(), "{o:?}");
+    }
+    let rest = take_n(&mut consumer, 12, Duration::from_secs(30)).await;
+    let mut payloads: Vec<&[u8]> = rest.iter().map(|d| d.payload.as_slice()).collect();
+    payloads.sort_unstable();
+    let want: Vec<&[u8]> = bodies[8..].iter().map(Vec::as_slice).collect();
+    assert_eq!(payloads, want);
+    for o in gate.process_batch(rest).await {
+        assert!(o.settle_error().is_none(), "{o:?}");
+    }
+}
+
+/// Keyed publishing (`idem publish` keys each record by its subject): the bodies of one
+/// key land on one partition in the order given, each delivery carrying its key, so a
+/// group delivers a subject's payloads in publish order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_bodies_of_one_subject_share_a_partition_in_order() {
+    use idem_broker::any::AnyPublisher;
+    use idem_broker::kafka::KafkaConsumer;
+    let topic = common::fresh_name("keyed");
+    let group = format!("idem-test-{:08x}", rand::random::<u32>());
+    let url = BrokerUrl::parse(&url_in(&group, 4)).expect("URL");
+    let bodies: Vec<Vec<u8>> = (0..12).map(|i| format!("{i:02}").into_bytes()).collect();
+    let keys: Vec<Option<Vec<u8>>> = (0..12)
+        .map(|i| Some(format!("subject-{}", i % 3).into_bytes()))
+        .collect();
+    AnyPublisher::connect(&url, &topic)
+        .await
+        .expect("publisher")
+        .publish_keyed(&bodies, &keys, &[])
+        .await
+        .expect("publish");
+    let config = KafkaConfig::from_url(&url, &topic).expect("config");
+    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+    let got = take_n(&mut consumer, 12, Duration::from_secs(120)).await;
+    let mut by_key: HashMap<String, Vec<(i32, String)>> = HashMap::new();
+    for d in &got {
+        let key = d
+            .headers
+            .iter()
+            .find(|(k, _)| k == idem_broker::kafka::KEY_HEADER)
+            .map(|(_, v)| v.clone())
+            .expect("each delivery carries its key");
+        by_key.entry(key).or_default().push((
+            d.acker.partition(),
+            String::from_utf8(d.payload.clone()).expect("text"),
+        ));
+    }
+    assert_eq!(by_key.len(), 3, "{by_key:?}");
+    for (key, seen) in by_key {
+        let n: usize = key.trim_start_matches("subject-").parse().expect("n");
+        let want: Vec<String> = (0..12)
+            .filter(|i| i % 3 == n)
+            .map(|i| format!("{i:02}"))
+            .collect();
+        let got: Vec<String> = seen.iter().map(|(_, b)| b.clone()).collect();
+        assert_eq!(got, want, "{key}: in publish order");
+        assert!(
+            seen.iter().all(|(p, _)| *p == seen[0].0),
+            "{key}: on one partition: {seen:?}"
+        );
+    }
+}
+
 /// A message fetched behind the first delivery of its member's ownership, whose member
 /// dies while it runs before any commit of its neighbours landed (they are held
 /// unsettled): each next member counts it one higher — the record in `NAME.attempts`

@@ -98,6 +98,29 @@ impl AnyPublisher {
     ) -> Result<(), BrokerError> {
         each_broker!(self, Self, p => p.publish_raw_with_headers(bodies, headers).await)
     }
+
+    /// As [`publish_raw_with_headers`](Self::publish_raw_with_headers), the body at `i`
+    /// with the key `keys[i]` where the broker has keys: on Kafka the record key, so the
+    /// bodies of one key go to one partition in the order given (and are consumed in
+    /// it); the other brokers keep one queue or stream in publish order and have no use
+    /// for it.
+    ///
+    /// # Errors
+    /// As [`publish_raw`](Self::publish_raw).
+    #[allow(unused_variables)] // with no broker feature
+    pub async fn publish_keyed(
+        &self,
+        bodies: &[Vec<u8>],
+        keys: &[Option<Vec<u8>>],
+        headers: &[(String, String)],
+    ) -> Result<(), BrokerError> {
+        match self {
+            #[cfg(feature = "kafka")]
+            Self::Kafka(p) => p.publish_keyed(bodies, keys, headers).await,
+            #[allow(unreachable_patterns)]
+            _ => self.publish_raw_with_headers(bodies, headers).await,
+        }
+    }
 }
 
 #[async_trait]

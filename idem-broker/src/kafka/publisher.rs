@@ -137,11 +137,28 @@ impl KafkaPublisher {
         bodies: &[Vec<u8>],
         headers: &[(String, String)],
     ) -> Result<(), BrokerError> {
+        self.publish_keyed(bodies, &[], headers).await
+    }
+
+    /// As [`publish_raw_with_headers`](Self::publish_raw_with_headers), the body at `i`
+    /// with key `keys[i]` (none where `keys` is shorter or holds `None`): records of one
+    /// key go to one partition, in the order given, so its members read them in that
+    /// order.
+    ///
+    /// # Errors
+    /// As [`publish_raw`](Self::publish_raw).
+    pub async fn publish_keyed(
+        &self,
+        bodies: &[Vec<u8>],
+        keys: &[Option<Vec<u8>>],
+        headers: &[(String, String)],
+    ) -> Result<(), BrokerError> {
         self.produce_all(
             bodies
                 .iter()
-                .map(|b| Outgoing {
-                    key: None,
+                .enumerate()
+                .map(|(i, b)| Outgoing {
+                    key: keys.get(i).and_then(Option::as_deref),
                     payload: b,
                     headers: headers.to_vec(),
                 })

@@ -2,6 +2,8 @@
 //! validated: bad input is the consumer's to dead-letter), published durably and
 //! confirmed by the broker. `--header NAME=VALUE` (repeatable) puts the same headers on
 //! every message, for example a W3C `traceparent` to follow through consume and relay.
+//! On Kafka each record is keyed by its subject (`--key-field`), so the lines of one
+//! subject reach one partition in file order.
 
 use std::time::Instant;
 
@@ -29,6 +31,27 @@ pub(crate) struct Args {
     /// fields, SQS string attributes, Kafka headers.
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header)]
     headers: Vec<(String, String)>,
+    /// Kafka only: each record's key is the value at this JSON pointer in its line (the
+    /// subject: by default `/award_id`, a grant submission's). The lines of one subject
+    /// then go to one partition in file order, and a consumer group delivers them in that
+    /// order, so the first published is the first delivered. A line that is not JSON or
+    /// lacks the field has no key; `--key-field ''` publishes every record without one.
+    #[arg(long, value_name = "POINTER", default_value = "/award_id")]
+    key_field: String,
+}
+
+/// The Kafka record key of `line`: the value at `pointer` (a string's text, any other
+/// value's JSON), or `None` (not JSON, no such field, or no pointer).
+fn record_key(line: &[u8], pointer: &str) -> Option<Vec<u8>> {
+    if pointer.is_empty() {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(line).ok()?;
+    match value.pointer(pointer)? {
+        serde_json::Value::String(s) => Some(s.clone().into_bytes()),
+        serde_json::Value::Null => None,
+        other => Some(other.to_string().into_bytes()),
+    }
 }
 
 /// `NAME=VALUE`: a non-empty name without spaces, `=` or control characters, and a value
@@ -78,6 +101,20 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     };
     let bodies = split_lines(&data);
     drop(data);
+    if !args.key_field.is_empty() && !args.key_field.starts_with('/') {
+        return Err(CliError::usage(format!(
+            "--key-field {:?}: a JSON pointer starts with '/' (for example /award_id)",
+            args.key_field
+        )));
+    }
+    let keys: Vec<Option<Vec<u8>>> = if broker.kind() == idem_broker::any::BrokerKind::Kafka {
+        bodies
+            .iter()
+            .map(|b| record_key(b, &args.key_field))
+            .collect()
+    } else {
+        Vec::new()
+    };
     for (name, value) in &args.headers {
         if name.eq_ignore_ascii_case(idem_core::TRACEPARENT_HEADER)
             && idem_core::TraceParent::parse(value).is_err()
@@ -92,9 +129,11 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         .map_err(|e| broker_error(&format!("{} {}", broker.kind(), broker), &e))?;
     let started = Instant::now();
     let mut published = 0usize;
-    for chunk in bodies.chunks(CHUNK) {
+    for (i, chunk) in bodies.chunks(CHUNK).enumerate() {
+        let from = (i * CHUNK).min(keys.len());
+        let to = (from + chunk.len()).min(keys.len());
         publisher
-            .publish_raw_with_headers(chunk, &args.headers)
+            .publish_keyed(chunk, &keys[from..to], &args.headers)
             .await
             .map_err(|e| {
                 broker_error(
@@ -134,6 +173,18 @@ mod tests {
         for bad in ["traceparent", "=x", "a b=c", "a\tb=c", "a=b\nc", ""] {
             assert!(parse_header(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn records_are_keyed_by_the_field() {
+        use super::record_key;
+        let line = br#"{"award_id": "A-1", "n": 7, "none": null}"#;
+        assert_eq!(record_key(line, "/award_id"), Some(b"A-1".to_vec()));
+        assert_eq!(record_key(line, "/n"), Some(b"7".to_vec()));
+        assert_eq!(record_key(line, "/none"), None);
+        assert_eq!(record_key(line, "/missing"), None);
+        assert_eq!(record_key(line, ""), None);
+        assert_eq!(record_key(b"not json", "/award_id"), None);
     }
 
     #[test]
