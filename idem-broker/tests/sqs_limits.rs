@@ -383,3 +383,46 @@ async fn deferrals_that_fill_the_prefetch_stop_the_receives() {
     })
     .await;
 }
+
+/// The first bytes a client sends to a listener on a loopback port when it is reached as
+/// `sqs://HOST:PORT` (`HOST` a name or an address): a TLS `ClientHello` begins with the
+/// handshake record type 0x16, plain HTTP with its method.
+async fn first_bytes(host: &str, settings: &str) -> Vec<u8> {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let seen = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut first = [0u8; 4];
+        s.read_exact(&mut first).expect("the client's first bytes");
+        let _ = s.shutdown(Shutdown::Both);
+        first.to_vec()
+    });
+    let url = sqs_url(
+        &format!("{host}:{port}"),
+        &format!("connect_timeout=2s&request_timeout=2s{settings}"),
+    );
+    // Fails (the listener speaks no SQS): only what it sent first matters.
+    let _ = tokio::time::timeout(Duration::from_secs(20), pending_count(&url, "tls-probe")).await;
+    tokio::task::spawn_blocking(move || seen.join().expect("listener"))
+        .await
+        .expect("join")
+}
+
+/// `sqs://NAME:PORT` speaks TLS first: a VPC or FIPS endpoint by name got the AWS
+/// signatures, the session token and every message body in clear (`http://`), and its
+/// answers could be forged. A loopback address stays plain HTTP (a stand-in on the same
+/// machine), and `tls=false` asks for it by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_endpoint_is_reached_over_tls() {
+    let by_name = first_bytes("localhost", "").await;
+    assert_eq!(
+        by_name[0], 0x16,
+        "a TLS handshake record first: {by_name:?}"
+    );
+    let by_address = first_bytes("127.0.0.1", "").await;
+    assert_eq!(&by_address, b"POST", "plain HTTP to a loopback address");
+    let asked = first_bytes("localhost", "&tls=false").await;
+    assert_eq!(&asked, b"POST", "plain HTTP when the URL asks for it");
+}

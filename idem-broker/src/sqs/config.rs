@@ -37,14 +37,19 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// An SQS queue and how to consume it.
 ///
-/// [`from_url`](Self::from_url) reads an `sqs://` URL: its authority is the endpoint
-/// (`sqs://127.0.0.1:5000` is `http://127.0.0.1:5000`, such as moto; `sqs://` takes the
-/// AWS configuration: `AWS_ENDPOINT_URL`, or AWS itself), and idem's settings ride in its
-/// query (`sqs://127.0.0.1:5000?visibility_timeout=10s`). Each duration is a
+/// [`from_url`](Self::from_url) reads an `sqs://` URL: its authority is the endpoint,
+/// reached over TLS (`sqs://sqs.eu-west-1.amazonaws.com` and a VPC or FIPS endpoint's
+/// name are `https://…`), except a loopback address (`sqs://127.0.0.1:5000` is
+/// `http://127.0.0.1:5000`, such as moto on the same machine); `tls=false` asks for
+/// plaintext by name (a local stand-in such as `sqs://localstack:4566?tls=false`), and
+/// `tls=true` for TLS to a loopback address. `sqs://` takes the AWS configuration
+/// (`AWS_ENDPOINT_URL`, or AWS itself). idem's settings ride in the URL's query
+/// (`sqs://127.0.0.1:5000?visibility_timeout=10s`). Each duration is a
 /// [duration](crate::parse_duration); those SQS itself counts are whole seconds:
 ///
 /// | parameter | default | value |
 /// |---|---|---|
+/// | `tls` | `true`, except for a loopback address (`127.0.0.0/8`, `::1`) | `true` or `false`: whether the endpoint in the URL is reached over TLS (`https://`) |
 /// | `region` | the AWS configuration's (`AWS_REGION`, the profile's, the instance's) | an AWS region such as `eu-west-1` |
 /// | `visibility_timeout` | `30s` | `1s` to `12h`; kept extended while a delivery is unsettled |
 /// | `wait` | `1s` | the long poll, `0s` to `20s` |
@@ -128,6 +133,7 @@ impl std::fmt::Debug for SqsConfig {
 impl SqsConfig {
     /// idem's settings in the URL query (the table above).
     pub(crate) const URL_SETTINGS: &'static [&'static str] = &[
+        "tls",
         "region",
         "visibility_timeout",
         "wait",
@@ -291,9 +297,14 @@ fn region_name(s: &str) -> Result<String, String> {
     }
 }
 
-/// The endpoint of an `sqs://HOST[:PORT]` URL (`http://HOST[:PORT]`), or `None` for the
-/// environment's (`sqs://`).
+/// The endpoint of an `sqs://HOST[:PORT]` URL (`https://HOST[:PORT]`, or `http://` for a
+/// loopback address or with `tls=false`), or `None` for the environment's (`sqs://`).
 fn endpoint_of(url: &BrokerUrl) -> Result<Option<String>, BrokerError> {
+    let tls = url.setting("tls", |v| match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err("must be true or false".to_owned()),
+    })?;
     let u = url::Url::parse(url.client_url())
         .map_err(|e| BrokerError::InvalidUrl(format!("{url}: {e}")))?;
     if !u.username().is_empty() || u.password().is_some() {
@@ -306,12 +317,34 @@ fn endpoint_of(url: &BrokerUrl) -> Result<Option<String>, BrokerError> {
             "{url}: sqs:// takes no path (the queue is the NAME given with it)"
         )));
     }
-    Ok(u.host_str()
+    // `sqs` is no special scheme to the URL parser: its host comes back as text.
+    let loopback_address = u
+        .host_str()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+        .and_then(|h| h.parse::<std::net::IpAddr>().ok())
+        .is_some_and(|ip| ip.is_loopback());
+    let scheme = if tls.unwrap_or(!loopback_address) {
+        "https"
+    } else {
+        "http"
+    };
+    let endpoint = u
+        .host_str()
         .filter(|h| !h.is_empty())
         .map(|host| match u.port() {
-            Some(p) => format!("http://{host}:{p}"),
-            None => format!("http://{host}"),
-        }))
+            Some(p) => format!("{scheme}://{host}:{p}"),
+            None => format!("{scheme}://{host}"),
+        });
+    if endpoint.is_none() && tls.is_some() {
+        return Err(BrokerError::InvalidParam {
+            param: "tls".to_owned(),
+            value: url.param("tls").unwrap_or_default().to_owned(),
+            reason: "applies to an endpoint named in the URL (sqs://HOST?tls=…); the AWS \
+                     configuration's endpoint carries its own scheme"
+                .to_owned(),
+        });
+    }
+    Ok(endpoint)
 }
 
 #[cfg(test)]
@@ -320,6 +353,40 @@ mod tests {
 
     fn read(url: &str) -> Result<SqsConfig, BrokerError> {
         SqsConfig::from_url(&BrokerUrl::parse(url)?, "q")
+    }
+
+    /// A named endpoint is reached over TLS (a VPC or FIPS endpoint got every signature,
+    /// session token and message body in clear); a loopback address in plaintext; `tls`
+    /// says otherwise either way.
+    #[test]
+    fn a_named_endpoint_is_tls_and_a_loopback_address_plaintext() {
+        let endpoint = |u: &str| read(u).unwrap().endpoint;
+        let cases = [
+            (
+                "sqs://vpce-1.sqs.eu-west-1.vpce.amazonaws.com",
+                "https://vpce-1.sqs.eu-west-1.vpce.amazonaws.com",
+            ),
+            (
+                "sqs://sqs-fips.us-east-1.amazonaws.com:443",
+                "https://sqs-fips.us-east-1.amazonaws.com:443",
+            ),
+            ("sqs://localhost:4566", "https://localhost:4566"),
+            ("sqs://10.0.0.7:9324", "https://10.0.0.7:9324"),
+            ("sqs://127.0.0.1:5000", "http://127.0.0.1:5000"),
+            ("sqs://127.8.9.1:5000", "http://127.8.9.1:5000"),
+            ("sqs://[::1]:5000", "http://[::1]:5000"),
+            ("sqs://localstack:4566?tls=false", "http://localstack:4566"),
+            ("sqs://127.0.0.1:5443?tls=true", "https://127.0.0.1:5443"),
+        ];
+        for (url, want) in cases {
+            assert_eq!(endpoint(url).as_deref(), Some(want), "{url}");
+        }
+        for bad in ["sqs://h?tls=yes", "sqs://h?tls=", "sqs://?tls=false"] {
+            assert!(
+                matches!(read(bad), Err(BrokerError::InvalidParam { ref param, .. }) if param == "tls"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
@@ -339,11 +406,11 @@ mod tests {
         assert_eq!(read("sqs://").unwrap().endpoint, None);
         assert_eq!(
             read("sqs://localstack").unwrap().endpoint.as_deref(),
-            Some("http://localstack")
+            Some("https://localstack")
         );
         let c = read("sqs://h:1?visibility_timeout=2m&wait=0s&retention=48h&max_receive_count=3")
             .unwrap();
-        assert_eq!(c.endpoint.as_deref(), Some("http://h:1"));
+        assert_eq!(c.endpoint.as_deref(), Some("https://h:1"));
         assert_eq!(c.visibility_timeout, Duration::from_secs(120));
         assert_eq!(c.wait, Duration::ZERO);
         assert_eq!(c.retention, Some(Duration::from_secs(48 * 3_600)));
