@@ -216,6 +216,7 @@ fn main() {
     }
     let verbose = matches!(&cli.command, Command::Demo(a) if a.verbose());
     let demo = matches!(&cli.command, Command::Demo(_));
+    cmd::collect_secrets();
     cmd::init_logging(cli.log_format, cli.color, demo && !verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

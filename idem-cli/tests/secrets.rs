@@ -7,6 +7,10 @@
 //! default …`) and RabbitMQ, and fails against a wrong host, user or password. Its
 //! stdout, stderr and every file it wrote are searched for each password.
 //!
+//! NATS runs with a password and with a token. Every command runs at `RUST_LOG=trace`:
+//! the drivers log the URLs they were given at their debug levels (async-nats wrote the
+//! server's password or token), and the log writer masks every secret of the arguments.
+//!
 //! Also: `IDEM_STORE`, `IDEM_BROKER` and `IDEM_FRONT_FILTER` stand for the flags, and
 //! `--help` names them without showing their values.
 
@@ -71,6 +75,8 @@ fn secrets() -> Vec<Secret> {
         plain("Zq9AmqpToken"),
         plain("Zq9AmqpSasl"),
         plain("Zq9EnvStore"),
+        plain("Zq9NatsPass"),
+        plain("Zq9NatsToken"),
     ]
 }
 
@@ -85,7 +91,9 @@ impl Transcript {
     /// Runs `idem ARGS` (with `env`), records its stdout and stderr, and returns it.
     fn run(&mut self, args: &[String], env: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+        // Every driver at its most talkative: none may print a secret.
         cmd.args(args)
+            .env("RUST_LOG", "trace")
             .env_remove("IDEM_STORE")
             .env_remove("DATABASE_URL")
             .env_remove("IDEM_BROKER")
@@ -515,6 +523,67 @@ fn no_command_prints_a_password() {
             broker,
             "--source",
             &q,
+        ]));
+    }
+    // NATS with a password and with a token: the server here takes any (it has no
+    // users), so every command runs through; async-nats logs the server's URL, secret
+    // and all, at its debug level.
+    let nats_host = std::env::var("IDEM_TEST_NATS_URL")
+        .unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+        .trim_start_matches("nats://")
+        .trim_end_matches('/')
+        .to_owned();
+    for (i, broker) in [
+        format!("nats://idem:Zq9NatsPass@{nats_host}"),
+        format!("nats://Zq9NatsToken@{nats_host}"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let schema = format!("sec_nats_{}_{i}", tag());
+        let source = format!("sec-nats-in-{}-{i}", tag());
+        let dest = format!("sec-nats-out-{}-{i}", tag());
+        t.ok(&args(&[
+            "migrate",
+            "--store",
+            &pg_forms[0],
+            "--schema",
+            &schema,
+        ]));
+        t.ok(&args(&[
+            "publish",
+            "--broker",
+            broker,
+            "--destination",
+            &source,
+            "--file",
+            &file,
+        ]));
+        t.ok(&args(&[
+            "consume",
+            "--broker",
+            broker,
+            "--source",
+            &source,
+            "--store",
+            &pg_forms[0],
+            "--schema",
+            &schema,
+            "--exit-when-idle",
+            "2",
+        ]));
+        t.ok(&args(&[
+            "relay",
+            "--store",
+            &pg_forms[0],
+            "--schema",
+            &schema,
+            "--broker",
+            broker,
+            "--destination",
+            &dest,
+            "--exit-when-idle",
+            "2",
         ]));
     }
     t.files(dir.path());

@@ -97,8 +97,57 @@ pub fn is_secret_param(name: &str) -> bool {
 /// `url` with its secrets replaced by [`MASK`] (the module docs list what is hidden);
 /// borrowed, unchanged, when it holds none. Never fails, whatever `url` is.
 pub fn redact_url(url: &str) -> Cow<'_, str> {
-    let mut out = String::new();
-    let mut changed = false;
+    let pieces = pieces(url);
+    if !pieces.iter().any(|p| matches!(p, Piece::Secret(_))) {
+        return Cow::Borrowed(url);
+    }
+    let mut out = String::with_capacity(url.len());
+    for p in pieces {
+        out.push_str(match p {
+            Piece::Keep(s) => s,
+            Piece::Secret(_) => MASK,
+        });
+    }
+    Cow::Owned(out)
+}
+
+/// The secrets of `url` that [`redact_url`] hides, each as written and percent-decoded
+/// (without repeats or empty ones): for a log writer that masks them wherever a library
+/// prints them (a driver's debug line with the parsed URL in it).
+///
+/// ```
+/// use idem_core::redact::secrets_in;
+/// assert_eq!(
+///     secrets_in("postgres://app:s3cr%40t@db/grants?sslmode=require&token=abc"),
+///     ["s3cr%40t", "s3cr@t", "abc"]
+/// );
+/// assert_eq!(secrets_in("nats://T0KEN@127.0.0.1:4222"), ["T0KEN"]);
+/// assert!(secrets_in("amqp://guest@127.0.0.1").is_empty());
+/// ```
+pub fn secrets_in(url: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for p in pieces(url) {
+        if let Piece::Secret(s) = p {
+            for form in [s.to_owned(), percent_decode(s)] {
+                if !form.is_empty() && !out.contains(&form) {
+                    out.push(form);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A part of a URL: kept as it is, or a secret.
+enum Piece<'a> {
+    Keep(&'a str),
+    Secret(&'a str),
+}
+
+/// `url` cut into what is kept and what is secret, in order (the module docs list what
+/// is secret).
+fn pieces(url: &str) -> Vec<Piece<'_>> {
+    let mut out = Vec::new();
     // Where the authority starts: after `scheme://`, else at the start.
     let (scheme, start) = match url.find("://") {
         Some(i) => (&url[..i], i + 3),
@@ -113,27 +162,22 @@ pub fn redact_url(url: &str) -> Cow<'_, str> {
         rest.rfind('@')
             .filter(|&i| !rest[..i].contains(['=', '&', ' ']))
     });
-    let mut tail_from = start;
+    let mut tail_from = 0;
     if let Some(at) = at {
         let userinfo = &rest[..at];
         match userinfo.find(':') {
             Some(colon) => {
-                out.push_str(&url[..start + colon + 1]);
-                out.push_str(MASK);
-                changed = true;
+                out.push(Piece::Keep(&url[..start + colon + 1]));
+                out.push(Piece::Secret(&userinfo[colon + 1..]));
                 tail_from = start + at;
             }
             None if token_user && !userinfo.is_empty() => {
-                out.push_str(&url[..start]);
-                out.push_str(MASK);
-                changed = true;
+                out.push(Piece::Keep(&url[..start]));
+                out.push(Piece::Secret(userinfo));
                 tail_from = start + at;
             }
             None => {}
         }
-    }
-    if !changed {
-        out.push_str(&url[..tail_from]);
     }
     let tail = &url[tail_from..];
     // The parameters: the query of a URL, or the whole of a `key=value …` string.
@@ -146,33 +190,28 @@ pub fn redact_url(url: &str) -> Cow<'_, str> {
     };
     match params_from {
         Some(p) => {
-            out.push_str(&tail[..p]);
-            changed |= mask_params(&tail[p..], &mut out);
+            out.push(Piece::Keep(&tail[..p]));
+            param_pieces(&tail[p..], &mut out);
         }
-        None => out.push_str(tail),
+        None => out.push(Piece::Keep(tail)),
     }
-    if changed {
-        Cow::Owned(out)
-    } else {
-        Cow::Borrowed(url)
-    }
+    out
 }
 
-/// Copies `params` (`k=v` separated by `&`, `;` or whitespace, up to a `#`) to `out` with
-/// every secret value masked; whether one was.
-fn mask_params(params: &str, out: &mut String) -> bool {
-    let mut changed = false;
+/// `params` (`k=v` separated by `&`, `;` or whitespace, up to a `#`) cut into pieces, each
+/// secret value a [`Piece::Secret`].
+fn param_pieces<'a>(params: &'a str, out: &mut Vec<Piece<'a>>) {
     let mut rest = params;
     while !rest.is_empty() {
-        // Separators and a fragment are copied as they are.
+        // Separators and a fragment are kept as they are.
         if let Some(c) = rest.chars().next() {
             if c == '&' || c == ';' || c.is_whitespace() {
-                out.push(c);
+                out.push(Piece::Keep(&rest[..c.len_utf8()]));
                 rest = &rest[c.len_utf8()..];
                 continue;
             }
             if c == '#' {
-                out.push_str(rest);
+                out.push(Piece::Keep(rest));
                 break;
             }
         }
@@ -182,16 +221,13 @@ fn mask_params(params: &str, out: &mut String) -> bool {
         let pair = &rest[..end];
         match pair.split_once('=') {
             Some((k, v)) if is_secret_param(k) && !v.is_empty() => {
-                out.push_str(k);
-                out.push('=');
-                out.push_str(MASK);
-                changed = true;
+                out.push(Piece::Keep(&pair[..k.len() + 1]));
+                out.push(Piece::Secret(v));
             }
-            _ => out.push_str(pair),
+            _ => out.push(Piece::Keep(pair)),
         }
         rest = &rest[end..];
     }
-    changed
 }
 
 /// `s` with `%XX` escapes decoded (invalid ones kept as written, `+` as a space).

@@ -107,7 +107,7 @@ pub(crate) fn init_logging(format: LogFormat, color: Color, quiet_injected_crash
     let ansi = color.ansi(|name| std::env::var_os(name), terminal);
     let layer = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(|| Masked(std::io::stderr()));
     let layer = match format {
         LogFormat::Text => layer.boxed(),
         LogFormat::Json => layer.json().boxed(),
@@ -116,6 +116,69 @@ pub(crate) fn init_logging(format: LogFormat, color: Color, quiet_injected_crash
     let _ = tracing_subscriber::registry()
         .with(layer.with_filter(crashes).with_filter(filter))
         .try_init();
+}
+
+/// The secrets of the URLs this process was given (its arguments and the environment
+/// variables that stand for them, and the AWS secret key and session token), which
+/// [`Masked`] hides wherever a log line holds one.
+static SECRETS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Reads the secrets [`Masked`] hides, once, before logging starts: every argument and
+/// URL variable through [`idem_core::redact::secrets_in`], and the AWS secrets as they
+/// are. Secrets shorter than four characters are not masked (masking them would garble
+/// every log line that holds those characters).
+pub(crate) fn collect_secrets() {
+    let mut found: Vec<String> = Vec::new();
+    let args = std::env::args_os()
+        .skip(1)
+        .filter_map(|a| a.into_string().ok());
+    let urls = [
+        "IDEM_STORE",
+        "DATABASE_URL",
+        "IDEM_BROKER",
+        "IDEM_FRONT_FILTER",
+    ]
+    .iter()
+    .filter_map(|v| std::env::var(v).ok());
+    for text in args.chain(urls) {
+        found.extend(idem_core::redact::secrets_in(&text));
+    }
+    for v in ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"] {
+        found.extend(std::env::var(v).ok());
+    }
+    found.retain(|s| s.chars().count() >= 4);
+    found.sort();
+    found.dedup();
+    // The longest first, so that a secret inside another is not half masked.
+    found.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let _ = SECRETS.set(found);
+}
+
+/// A log writer that masks every secret of [`SECRETS`] in what it writes: drivers log
+/// the URLs they were given at their debug levels (async-nats writes the server's
+/// password or token when it connects), and no `RUST_LOG` may print one. Each event
+/// comes in one write, so a secret is never split between two.
+struct Masked<W>(W);
+
+impl<W: std::io::Write> std::io::Write for Masked<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let secrets = SECRETS.get().map_or(&[][..], Vec::as_slice);
+        let text = String::from_utf8_lossy(buf);
+        if secrets.iter().any(|s| text.contains(s.as_str())) {
+            let mut masked = text.into_owned();
+            for s in secrets {
+                masked = masked.replace(s.as_str(), idem_core::redact::MASK);
+            }
+            self.0.write_all(masked.as_bytes())?;
+        } else {
+            self.0.write_all(buf)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// How the gate's error text for a handler that panicked with a payload that is no
