@@ -998,10 +998,9 @@ impl PgTx {
             let months: Vec<String> = items.iter().map(|(_, m)| Self::month(m)).collect();
             query = query.bind(months);
         }
-        let rows: Vec<(String, Option<String>, Option<i32>)> = match {
-            let (conn, reply) = self.io();
-            reply.wait(query.fetch_all(conn)).await
-        } {
+        let (conn, reply) = self.io();
+        let answered = reply.wait(query.fetch_all(conn)).await;
+        let rows: Vec<(String, Option<String>, Option<i32>)> = match answered {
             Ok(rows) => rows,
             Err(e) => {
                 self.aborted = true;
@@ -1050,10 +1049,9 @@ impl PgTx {
             let months: Vec<String> = order.iter().map(|&i| Self::month(&items[i].1)).collect();
             query = query.bind(months);
         }
-        let rows = match {
-            let (conn, reply) = self.io();
-            reply.wait(query.fetch_all(conn)).await
-        } {
+        let (conn, reply) = self.io();
+        let answered = reply.wait(query.fetch_all(conn)).await;
+        let rows = match answered {
             Ok(rows) => rows,
             Err(e) => {
                 self.aborted = true;
