@@ -69,9 +69,9 @@
 //!
 //! ## TLS
 //! With the `tls` feature the connection URL's TLS settings are honoured, through rustls
-//! (the `ring` provider; no OpenSSL): `sslmode` `require` (encrypted, not verified),
-//! `verify-ca` (the server's certificate chains to a trusted root) and `verify-full`
-//! (and names the host); `sslrootcert` (a PEM file of trusted roots, else the system's;
+//! (the `ring` provider; no OpenSSL): `sslmode` `require` (encrypted, not verified;
+//! with an `sslrootcert`, verified as `verify-ca`, as libpq does), `verify-ca` (the
+//! server's certificate chains to a trusted root) and `verify-full` (and names the host); `sslrootcert` (a PEM file of trusted roots, else the system's;
 //! `SSL_CERT_FILE` / `SSL_CERT_DIR` name others), `sslcert` and `sslkey` (a client
 //! certificate), e.g.
 //! `postgres://idem@db.internal/app?sslmode=verify-full&sslrootcert=/etc/idem/pg-ca.pem`.
@@ -79,6 +79,10 @@
 //! refused, and so is every such URL on a build without the feature. `sslmode=prefer`
 //! (the default, as in libpq) uses TLS when the server offers it and it is compiled in,
 //! plaintext otherwise: use `require` or stronger wherever plaintext is not acceptable.
+//! A password (in the URL, `?password=`, `PGPASSWORD`) goes to a host that is not
+//! loopback only over `verify-ca` or `verify-full`: over `prefer` anyone on the path can
+//! turn TLS down and ask for it in clear, over an unverified `require` present a
+//! certificate of their own. `accept_unverified=true` in the URL sends it anyway.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -464,6 +464,93 @@ pub struct PgStore {
     shared: Arc<Shared>,
 }
 
+/// The connection options of `url`, its TLS settings read as libpq reads them where
+/// sqlx reads them otherwise, and a password refused over a connection whose server is
+/// not verified:
+///
+/// - `sslmode=require` with an `sslrootcert` verifies the server's certificate chain, as
+///   `verify-ca` does (libpq's rule; sqlx verified nothing, so a certificate from any CA
+///   was accepted);
+/// - a password (in the URL, `?password=`, or `PGPASSWORD`) is sent to a host that is not
+///   loopback (`127.0.0.0/8`, `::1`, `localhost`, a Unix socket) only over `verify-ca` or
+///   `verify-full`: with `prefer` (the default) anyone on the path can refuse TLS and ask
+///   for the password in clear, and with an unverified `require` present a certificate
+///   of their own. `accept_unverified=true` in the URL sends it anyway.
+pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    use sqlx::postgres::PgSslMode;
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut kept = Vec::new();
+    let (mut root, mut accept, mut password) = (false, false, false);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "accept_unverified" => {
+                accept = match v {
+                    "true" => true,
+                    "false" => false,
+                    _ => {
+                        return Err(StoreError::Config(format!(
+                            "accept_unverified={v}: must be true or false"
+                        )))
+                    }
+                };
+                continue;
+            }
+            "sslrootcert" => root = !v.is_empty(),
+            "password" => password = !v.is_empty(),
+            _ => {}
+        }
+        kept.push(pair);
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    let mut options = PgConnectOptions::from_str(&url).map_err(|e| map_sqlx(e, "parse URL"))?;
+    root |= std::env::var_os("PGSSLROOTCERT").is_some_and(|r| !r.is_empty());
+    if matches!(options.get_ssl_mode(), PgSslMode::Require) && root {
+        options = options.ssl_mode(PgSslMode::VerifyCa);
+    }
+    let authority = base.split_once("://").map_or("", |(_, rest)| {
+        rest.split(['/', '?']).next().unwrap_or_default()
+    });
+    password |= authority
+        .rsplit_once('@')
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+        || std::env::var_os("PGPASSWORD").is_some_and(|p| !p.is_empty());
+    let host = options
+        .get_host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let loopback = options.get_socket().is_some()
+        || host.starts_with('/')
+        || host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let verified = matches!(
+        options.get_ssl_mode(),
+        PgSslMode::VerifyCa | PgSslMode::VerifyFull
+    );
+    if password && !loopback && !verified && !accept {
+        return Err(StoreError::Config(format!(
+            "refusing to send a password to {host} over a connection whose server is not \
+             verified (sslmode={}): use sslmode=verify-full (or verify-ca) with sslrootcert, \
+             or add accept_unverified=true to the URL to send it anyway",
+            match options.get_ssl_mode() {
+                PgSslMode::Disable => "disable",
+                PgSslMode::Allow => "allow",
+                PgSslMode::Prefer => "prefer",
+                PgSslMode::Require => "require",
+                PgSslMode::VerifyCa => "verify-ca",
+                PgSslMode::VerifyFull => "verify-full",
+            }
+        )));
+    }
+    Ok(options)
+}
+
 /// One connection, alone, before the pool: a server that refuses it (none listening, a
 /// wrong password, no such database) answers at once, and its reason is the error. A pool
 /// retries a refused connection until `acquire_timeout` and then says only that it timed
@@ -505,7 +592,7 @@ impl PgStore {
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let options = PgConnectOptions::from_str(url).map_err(|e| map_sqlx(e, "parse URL"))?;
+        let options = connect_options(url)?;
         first_connection(&options, config.acquire_timeout).await?;
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
@@ -1311,4 +1398,47 @@ async fn has_column(
     .fetch_one(pool)
     .await
     .map_err(|e| map_sqlx(e, &format!("read the columns of {table}")))
+}
+
+#[cfg(test)]
+mod tls_policy_tests {
+    use super::connect_options;
+    use sqlx::postgres::PgSslMode;
+
+    /// libpq's reading: `require` with a root certificate verifies the chain.
+    #[test]
+    fn require_with_a_root_certificate_verifies_the_ca() {
+        let o = connect_options("postgres://app@db.internal/x?sslmode=require&sslrootcert=/ca.pem")
+            .expect("options");
+        assert!(matches!(o.get_ssl_mode(), PgSslMode::VerifyCa));
+        let o = connect_options("postgres://app@db.internal/x?sslmode=require").expect("options");
+        assert!(matches!(o.get_ssl_mode(), PgSslMode::Require));
+    }
+
+    /// A password goes to a remote host only over a verified connection, unless the URL
+    /// says `accept_unverified=true`; to a loopback host always.
+    #[test]
+    fn a_password_is_refused_over_an_unverified_connection_to_a_remote_host() {
+        for url in [
+            "postgres://app:pw@db.internal/x",
+            "postgres://app:pw@db.internal/x?sslmode=require",
+            "postgres://app@10.1.2.3/x?sslmode=prefer&password=pw",
+        ] {
+            let e = connect_options(url).expect_err(url);
+            assert!(e.to_string().contains("refusing to send a password"), "{e}");
+        }
+        for url in [
+            "postgres://app:pw@db.internal/x?sslmode=verify-full&sslrootcert=/ca.pem",
+            "postgres://app:pw@db.internal/x?sslmode=require&sslrootcert=/ca.pem",
+            "postgres://app:pw@db.internal/x?sslmode=verify-ca",
+            "postgres://app:pw@db.internal/x?accept_unverified=true",
+            "postgres://app:pw@127.0.0.1/x",
+            "postgres://app:pw@localhost:5433/x",
+            "postgres://app:pw@[::1]/x",
+            "postgres://app@db.internal/x",
+        ] {
+            connect_options(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        }
+        assert!(connect_options("postgres://a@h/x?accept_unverified=yes").is_err());
+    }
 }

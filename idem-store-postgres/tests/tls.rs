@@ -2,7 +2,8 @@
 //! (`hostssl`), its certificate signed by a CA made here; and one with `ssl = off`.
 //!
 //! - `sslmode=verify-full` with `sslrootcert` naming the CA: a key is claimed and
-//!   committed. `sslmode=verify-ca` / `verify-full` with another CA: refused.
+//!   committed. `sslmode=require` / `verify-ca` / `verify-full` with another CA:
+//!   refused (`require` with a root certificate verifies the chain, as in libpq).
 //! - `sslmode=require` at the server without TLS: refused (never plaintext).
 //! - `sslmode=disable` at the TLS-only server: refused by the server, which shows the
 //!   connections above did use TLS.
@@ -95,7 +96,9 @@ async fn verified_tls_with_the_right_ca_claims_and_another_ca_is_refused() {
         assert!(err.contains("TLS"), "{err}");
     }
 
-    for mode in ["verify-ca", "verify-full"] {
+    // `require` with a root certificate verifies the chain, as libpq does (sqlx alone
+    // verified nothing: another CA's certificate was accepted).
+    for mode in ["require", "verify-ca", "verify-full"] {
         let wrong = url(
             port,
             &format!("sslmode={mode}&sslrootcert={}", root(&pki.other_ca)),
