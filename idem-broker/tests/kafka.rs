@@ -577,10 +577,12 @@ async fn a_broker_restart_does_not_end_the_stream() {
     use idem_core::Acker as _;
     let mut tansu = OwnTansu::start();
     let topic = common::fresh_name("restart");
+    // A session longer than the restart takes: a cluster silent for the whole session
+    // ends the stream (`a_cluster_gone_for_good_ends_the_stream`).
     let config = KafkaConfig::new(tansu.brokers(), &topic)
         .with_group(format!("idem-test-{:08x}", rand::random::<u32>()))
         .with_partitions(1)
-        .with_session_timeout(Duration::from_secs(6))
+        .with_session_timeout(Duration::from_secs(60))
         .with_batch_messages(1);
     let publisher = KafkaPublisher::connect_config(&config)
         .await
@@ -640,6 +642,52 @@ async fn a_broker_restart_does_not_end_the_stream() {
     eprintln!(
         "transient errors: {seen_down} while down, {} in all",
         consumer.transient_errors()
+    );
+}
+
+/// A cluster that goes away for good after the member joined: librdkafka reconnects for
+/// ever and reports only transient errors, so the stream went on and `idem consume` never
+/// applied `--reconnect-timeout` (it still ran 90 s after its Kafka was killed). Once no
+/// broker has answered for the session timeout (6 s here) the stream ends with a connect
+/// error, which the supervisor's reconnect timeout then bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_gone_for_good_ends_the_stream() {
+    use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
+    let mut tansu = OwnTansu::start();
+    let topic = common::fresh_name("gone");
+    let config = KafkaConfig::new(tansu.brokers(), &topic)
+        .with_group(format!("idem-test-{:08x}", rand::random::<u32>()))
+        .with_partitions(1)
+        .with_session_timeout(Duration::from_secs(6))
+        .with_batch_messages(1);
+    KafkaPublisher::connect_config(&config)
+        .await
+        .expect("publisher")
+        .publish_raw(&[b"one".to_vec()])
+        .await
+        .expect("publish");
+    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+    let d = next_within(&mut consumer, Duration::from_secs(60))
+        .await
+        .expect("a delivery")
+        .expect("the stream goes on")
+        .expect("a delivery");
+    drop(d);
+    tansu.kill();
+    let killed = Instant::now();
+    let item = next_within(&mut consumer, Duration::from_secs(60))
+        .await
+        .expect("the stream ends within 60 s of the cluster going away")
+        .expect("an error, then the end");
+    let e = item.expect_err("an error, not a delivery");
+    assert!(
+        matches!(e, idem_broker::BrokerError::Connect { .. }),
+        "{e:?}"
+    );
+    let took = killed.elapsed();
+    assert!(
+        took >= Duration::from_secs(5),
+        "ended after {took:?}, before the session timeout"
     );
 }
 

@@ -440,7 +440,9 @@ async fn committer(
 ///
 /// Errors librdkafka recovers from by itself (a broker connection lost, every broker
 /// down) are logged and counted ([`transient_errors`](Self::transient_errors)) and the
-/// stream goes on; only a fatal one ends it.
+/// stream goes on; a fatal one ends it, and so does a cluster of which no broker answered
+/// for the [session timeout](KafkaConfig::session_timeout) (a
+/// [`BrokerError::Connect`]: by then the group has dropped the member).
 ///
 /// A task of its own polls librdkafka and keeps up to
 /// [`prefetch`](KafkaConfig::prefetch) deliveries waiting; when they are not taken for
@@ -893,7 +895,12 @@ fn set_paused(consumer: &Inner, paused: bool) {
 /// leader unknown for a while, a rejoin. It reconnects, rejoins the group and resumes
 /// fetching on its own, so ending the stream on them would turn a broker restart into a
 /// rebalance of the whole group.
-fn poll_error(consumer: &Inner, e: KafkaError, errors: &AtomicU64) -> Option<BrokerError> {
+fn poll_error(
+    consumer: &Inner,
+    e: KafkaError,
+    errors: &AtomicU64,
+    down: &Mutex<Option<std::time::Instant>>,
+) -> Option<BrokerError> {
     let fatal = match &e {
         KafkaError::MessageConsumptionFatal(_) => true,
         _ => consumer.client().fatal_error().is_some(),
@@ -906,6 +913,8 @@ fn poll_error(consumer: &Inner, e: KafkaError, errors: &AtomicU64) -> Option<Bro
         tracing::error!(target: "idem::broker", broker = BROKER, error = %detail, "fatal consumer error: the stream ends");
         return Some(BrokerError::op(BROKER, "poll", detail));
     }
+    // Trouble from here on: the watchdog (`unreachable`) asks the cluster until it answers.
+    lock(down).get_or_insert_with(std::time::Instant::now);
     let n = errors.fetch_add(1, Ordering::Relaxed) + 1;
     tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, code = ?e.rdkafka_error_code(), transient_errors = n, "consumer error; librdkafka recovers, polling goes on");
     None
@@ -928,6 +937,7 @@ async fn poller(
     tx: mpsc::Sender<Polled>,
     pause_after: Duration,
     errors: Arc<AtomicU64>,
+    down: Arc<Mutex<Option<std::time::Instant>>>,
 ) {
     // Messages that arrived while paused (fetched before the pause, or from a partition
     // assigned meanwhile): handed over first.
@@ -958,8 +968,11 @@ async fn poller(
                     },
                     m = consumer.recv() => {
                         let m = match m {
-                            Ok(m) => Ok(convert.delivery(&m)),
-                            Err(e) => match poll_error(&consumer, e, &errors) {
+                            Ok(m) => {
+                                *lock(&down) = None;
+                                Ok(convert.delivery(&m))
+                            }
+                            Err(e) => match poll_error(&consumer, e, &errors, &down) {
                                 Some(fatal) => Err(fatal),
                                 None => continue,
                             },
@@ -981,8 +994,11 @@ async fn poller(
             Some(item) => item,
             None => tokio::select! {
                 m = consumer.recv() => match m {
-                    Ok(m) => Ok(convert.delivery(&m)),
-                    Err(e) => match poll_error(&consumer, e, &errors) {
+                    Ok(m) => {
+                        *lock(&down) = None;
+                        Ok(convert.delivery(&m))
+                    }
+                    Err(e) => match poll_error(&consumer, e, &errors, &down) {
                         Some(fatal) => Err(fatal),
                         // The permit is dropped and taken again: nothing is lost.
                         None => continue,
@@ -994,6 +1010,62 @@ async fn poller(
         let failed = item.is_err();
         permit.send(item);
         if failed {
+            return;
+        }
+    }
+}
+
+/// How often the watchdog asks an unanswering cluster for its metadata.
+const UNREACHABLE_PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// Ends the stream once every broker has stayed unreachable for the member's session
+/// timeout: librdkafka reconnects for ever and reports its trouble as transient errors
+/// (a cluster gone for good, a revoked credential, an ACL that now refuses), and by then
+/// the group has dropped the member, so nothing is lost by starting over. While the poll
+/// reports trouble (`down` is set) it asks the cluster for the topic's metadata every
+/// two seconds; an answer (or a message) clears it. The error it hands the stream is a
+/// [`BrokerError::Connect`]: `idem consume` reconnects under `--reconnect-timeout`, and a
+/// cluster that stays away ends the run with exit 1.
+async fn unreachable(
+    consumer: Arc<Inner>,
+    topic: String,
+    tx: mpsc::Sender<Polled>,
+    session: Duration,
+    down: Arc<Mutex<Option<std::time::Instant>>>,
+) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(UNREACHABLE_PROBE_EVERY) => {}
+            () = tx.closed() => return,
+        }
+        let Some(since) = *lock(&down) else {
+            continue;
+        };
+        let (c, t) = (Arc::clone(&consumer), topic.clone());
+        let answered = blocking(move || {
+            c.fetch_metadata(Some(&t), UNREACHABLE_PROBE_EVERY)
+                .map(drop)
+                .map_err(|e| BrokerError::op(BROKER, "fetch the metadata", e))
+        })
+        .await
+        .and_then(|r| r);
+        if answered.is_ok() {
+            *lock(&down) = None;
+            continue;
+        }
+        let gone = since.elapsed();
+        if gone >= session {
+            tracing::error!(target: "idem::broker", broker = BROKER, seconds = gone.as_secs(), "every broker unreachable for the session timeout: the stream ends");
+            let _ = tx
+                .send(Err(BrokerError::connect(
+                    BROKER,
+                    format!(
+                        "no broker of the cluster answered for {} s (the session timeout: the \
+                         group has dropped this member)",
+                        gone.as_secs()
+                    ),
+                )))
+                .await;
             return;
         }
     }
@@ -1146,12 +1218,21 @@ impl KafkaConsumer {
         // Pause only for a stall well inside max.poll.interval.ms (see `poller`).
         let pause_after = (config.max_poll_interval / 10).min(PAUSE_AFTER_MAX);
         let transient_errors = Arc::new(AtomicU64::new(0));
+        let down = Arc::new(Mutex::new(None));
+        tokio::spawn(unreachable(
+            Arc::clone(&consumer),
+            config.name.clone(),
+            polled_tx.clone(),
+            config.session_timeout,
+            Arc::clone(&down),
+        ));
         tokio::spawn(poller(
             Arc::clone(&consumer),
             convert,
             polled_tx,
             pause_after,
             Arc::clone(&transient_errors),
+            down,
         ));
         // Polling drives the join; stop at the first assignment or message.
         let mut first: Option<Polled> = None;
