@@ -415,3 +415,117 @@ async fn an_event_over_max_message_size_is_refused_for_good() {
     })
     .await;
 }
+
+/// A TCP hop to the test RabbitMQ that goes dead right after the AMQP handshake: it
+/// passes both directions until the server's `connection.open-ok` has gone to the
+/// client, then forwards nothing more from the client (every connection stays open), so
+/// the client's `channel.open` is never answered. Returns the hop's port.
+fn hop_dead_after_the_handshake() -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let upstream = url()
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or("127.0.0.1:5672")
+        .to_owned();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(&upstream) else {
+                return;
+            };
+            let dead = Arc::new(AtomicBool::new(false));
+            let (mut from_client, mut to_server) = (
+                client.try_clone().expect("clone"),
+                server.try_clone().expect("clone"),
+            );
+            let client_dead = Arc::clone(&dead);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = from_client.read(&mut buf) {
+                    if n == 0 || client_dead.load(Ordering::SeqCst) {
+                        // Swallowed: the path is dead from here on (held open).
+                        if n == 0 {
+                            return;
+                        }
+                        continue;
+                    }
+                    if to_server.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+            let (mut from_server, mut to_client) = (server, client);
+            std::thread::spawn(move || {
+                // Frames: type (1), channel (2), size (4), payload, 0xCE; a method's payload
+                // starts with its class and method ids: connection.open-ok is 10, 41.
+                let mut pending: Vec<u8> = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = from_server.read(&mut buf) {
+                    if n == 0 || to_client.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                    pending.extend_from_slice(&buf[..n]);
+                    while pending.len() >= 7 {
+                        let size =
+                            u32::from_be_bytes([pending[3], pending[4], pending[5], pending[6]])
+                                as usize;
+                        if pending.len() < 7 + size + 1 {
+                            break;
+                        }
+                        if pending[0] == 1 && size >= 4 && pending[7..11] == [0, 10, 0, 41] {
+                            dead.store(true, Ordering::SeqCst);
+                        }
+                        pending.drain(..7 + size + 1);
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A server that completes the AMQP handshake and then answers nothing (a dead path, a
+/// stuck node): the publisher's and the consumer's `channel.open` (then confirm mode,
+/// the queue's declaration, the consumer's start) are bounded by the URL's
+/// `connection_timeout` with the handshake, and fail with a retryable connect error
+/// after it. Only the handshake was bounded: the relay's reconnect waited for ever with
+/// its leased outbox batch held open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_silent_after_the_handshake_is_a_connect_error_after_connection_timeout() {
+    use idem_broker::rabbitmq::{RabbitConfig, RabbitConsumer, RabbitPublisher};
+    let port = hop_dead_after_the_handshake();
+    let silent = format!("amqp://guest:guest@127.0.0.1:{port}/%2f?connection_timeout=1500");
+    let name = common::fresh_name("silent-after-handshake");
+    let config = RabbitConfig::new(&silent, &name);
+    let started = std::time::Instant::now();
+    let publisher = tokio::time::timeout(
+        Duration::from_secs(20),
+        RabbitPublisher::connect_with(&config),
+    )
+    .await
+    .expect("the publisher's connect ends within 20 s");
+    let e = publisher.map(drop).expect_err("no channel, no publisher");
+    assert!(
+        matches!(e, idem_broker::BrokerError::Connect { .. }) && e.is_retryable(),
+        "{e:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let consumer = tokio::time::timeout(Duration::from_secs(20), RabbitConsumer::connect(&config))
+        .await
+        .expect("the consumer's connect ends within 20 s");
+    let e = consumer.map(drop).expect_err("no channel, no consumer");
+    assert!(
+        matches!(e, idem_broker::BrokerError::Connect { .. }),
+        "{e:?}"
+    );
+}

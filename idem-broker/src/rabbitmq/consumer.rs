@@ -458,9 +458,12 @@ impl RabbitConsumer {
     pub async fn connect(config: &RabbitConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
         config.check()?;
-        let dead_letters = open(&config.url).await?;
-        let connection = open(&config.url).await?;
-        Self::start(connection, dead_letters, true, config).await
+        super::within_connection_timeout(&config.url, async {
+            let dead_letters = open(&config.url).await?;
+            let connection = open(&config.url).await?;
+            Self::start(connection, dead_letters, true, config).await
+        })
+        .await
     }
 
     /// As [`connect`](Self::connect), on connections the application opened itself

@@ -61,8 +61,10 @@
 //!   `queue_type` (`quorum` or `classic`), `delivery_limit` (a quorum queue's
 //!   `x-delivery-limit`, at least 1), `confirm_timeout` and `connection_timeout` (in
 //!   milliseconds, default 30,000: [`DEFAULT_CONNECTION_TIMEOUT`]), which bounds the
-//!   whole opening of a connection, TCP, TLS and the AMQP handshake, so a server that
-//!   accepts and never answers is an error rather than a hang. lapin's own `heartbeat`,
+//!   whole opening of a connection, TCP, TLS and the AMQP handshake, and from a URL the
+//!   channel, confirm mode, the queue's declaration and the consumer's start with it, so
+//!   a server that accepts (or completes the handshake) and then never answers is an
+//!   error rather than a hang. lapin's own `heartbeat`,
 //!   `frame_max`, `channel_max` and `auth_mechanism` stay in the URL; any other
 //!   parameter is an error.
 //! - **TLS**: `amqps://` connects with TLS (feature `tls`, rustls) verifying the server
@@ -121,6 +123,30 @@ pub(crate) async fn open(url: &str) -> Result<Connection, BrokerError> {
             ),
         )),
     }
+}
+
+/// Runs `setup` (opening the connection, its channel, confirm mode, the queue's
+/// declaration, the consumer's start) within the URL's `connection_timeout` in all: a
+/// server that completes the handshake and then answers nothing (a `channel.open` left
+/// unanswered) is a retryable [`BrokerError::Connect`] after it, rather than a wait for
+/// ever (the relay's leased batch held open meanwhile).
+pub(crate) async fn within_connection_timeout<T>(
+    url: &str,
+    setup: impl std::future::Future<Output = Result<T, BrokerError>>,
+) -> Result<T, BrokerError> {
+    let (_, limit) = connection_timeout(url)?;
+    tokio::time::timeout(limit, setup)
+        .await
+        .unwrap_or_else(|_| {
+            Err(BrokerError::connect(
+                BROKER,
+                format!(
+                    "the server did not open the channel and the queue within {} ms \
+                 (connection_timeout)",
+                    limit.as_millis()
+                ),
+            ))
+        })
 }
 
 /// How long opening a connection from a URL ([`RabbitConsumer::connect`],

@@ -167,8 +167,11 @@ impl RabbitPublisher {
     pub async fn connect_with(config: &RabbitConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
         config.check()?;
-        let connection = open(&config.url).await?;
-        Self::from_connection(connection, config).await
+        super::within_connection_timeout(&config.url, async {
+            let connection = open(&config.url).await?;
+            Self::from_connection(connection, config).await
+        })
+        .await
     }
 
     /// As [`connect_with`](Self::connect_with), on a connection the application opened
