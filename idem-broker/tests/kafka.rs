@@ -566,6 +566,41 @@ where
     tokio::time::timeout(within, stream.next()).await.ok()
 }
 
+/// A tansu of the test's own with one message (`first`) in a new one-partition topic, and
+/// a member (session timeout `session`) that has received it.
+async fn own_member(
+    prefix: &str,
+    session: Duration,
+    first: &[u8],
+) -> (
+    OwnTansu,
+    KafkaConfig,
+    idem_broker::kafka::KafkaConsumer,
+    idem_core::Delivery<idem_broker::kafka::KafkaAcker>,
+) {
+    use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
+    let tansu = OwnTansu::start();
+    let config = KafkaConfig::new(tansu.brokers(), common::fresh_name(prefix))
+        .with_group(format!("idem-test-{:08x}", rand::random::<u32>()))
+        .with_partitions(1)
+        .with_session_timeout(session)
+        .with_batch_messages(1);
+    KafkaPublisher::connect_config(&config)
+        .await
+        .expect("publisher")
+        .publish_raw(&[first.to_vec()])
+        .await
+        .expect("publish");
+    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+    let d = next_within(&mut consumer, Duration::from_secs(60))
+        .await
+        .expect("a delivery")
+        .expect("the stream goes on")
+        .expect("a delivery");
+    assert_eq!(d.payload, first);
+    (tansu, config, consumer, d)
+}
+
 /// The broker restarts under a running consumer: librdkafka reports the lost connection
 /// and the brokers being down as errors from the poll, and recovers by itself. The stream
 /// goes on through them (they are counted), and a message published after the restart
@@ -573,31 +608,12 @@ where
 /// so the first message, settled before the restart, is not delivered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_does_not_end_the_stream() {
-    use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
+    use idem_broker::kafka::KafkaPublisher;
     use idem_core::Acker as _;
-    let mut tansu = OwnTansu::start();
-    let topic = common::fresh_name("restart");
     // A session longer than the restart takes: a cluster silent for the whole session
     // ends the stream (`a_cluster_gone_for_good_ends_the_stream`).
-    let config = KafkaConfig::new(tansu.brokers(), &topic)
-        .with_group(format!("idem-test-{:08x}", rand::random::<u32>()))
-        .with_partitions(1)
-        .with_session_timeout(Duration::from_secs(60))
-        .with_batch_messages(1);
-    let publisher = KafkaPublisher::connect_config(&config)
-        .await
-        .expect("publisher");
-    publisher
-        .publish_raw(&[b"before".to_vec()])
-        .await
-        .expect("publish before");
-    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
-    let d = next_within(&mut consumer, Duration::from_secs(60))
-        .await
-        .expect("a delivery before the restart")
-        .expect("the stream goes on")
-        .expect("a delivery");
-    assert_eq!(d.payload, b"before");
+    let (mut tansu, config, mut consumer, d) =
+        own_member("restart", Duration::from_secs(60), b"before").await;
     // Settled (dead-lettered: a settlement without a gate) and committed before the
     // restart.
     d.acker
@@ -608,7 +624,6 @@ async fn a_broker_restart_does_not_end_the_stream() {
         )
         .await
         .expect("settle before the restart");
-    drop(publisher);
 
     tansu.kill();
     // librdkafka notices: errors from the poll, which must not end the stream.
@@ -652,26 +667,7 @@ async fn a_broker_restart_does_not_end_the_stream() {
 /// error, which the supervisor's reconnect timeout then bounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_gone_for_good_ends_the_stream() {
-    use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
-    let mut tansu = OwnTansu::start();
-    let topic = common::fresh_name("gone");
-    let config = KafkaConfig::new(tansu.brokers(), &topic)
-        .with_group(format!("idem-test-{:08x}", rand::random::<u32>()))
-        .with_partitions(1)
-        .with_session_timeout(Duration::from_secs(6))
-        .with_batch_messages(1);
-    KafkaPublisher::connect_config(&config)
-        .await
-        .expect("publisher")
-        .publish_raw(&[b"one".to_vec()])
-        .await
-        .expect("publish");
-    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
-    let d = next_within(&mut consumer, Duration::from_secs(60))
-        .await
-        .expect("a delivery")
-        .expect("the stream goes on")
-        .expect("a delivery");
+    let (mut tansu, _, mut consumer, d) = own_member("gone", Duration::from_secs(6), b"one").await;
     drop(d);
     tansu.kill();
     let killed = Instant::now();
@@ -757,6 +753,16 @@ async fn a_delivery_whose_member_dies_counts_on_in_the_next_member() {
     assert_eq!(d.attempt, Some(N + 3), "the nacked run survives the member");
 }
 
+/// Publishes `bodies` to `config`'s topic.
+async fn publish_all(config: &KafkaConfig, bodies: &[Vec<u8>]) {
+    idem_broker::kafka::KafkaPublisher::connect_config(config)
+        .await
+        .expect("publisher")
+        .publish_raw(bodies)
+        .await
+        .expect("publish");
+}
+
 /// The next `n` deliveries of `consumer`, each within `within`.
 async fn take_n(
     consumer: &mut idem_broker::kafka::KafkaConsumer,
@@ -782,16 +788,11 @@ async fn take_n(
 /// a delivery (each comes back with the attempt it had).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deferrals_that_fill_the_prefetch_stop_the_fetching() {
-    use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
+    use idem_broker::kafka::KafkaConsumer;
     use idem_core::Acker as _;
     let config = one_partition(&common::fresh_name("defer-full")).with_prefetch(8);
     let bodies: Vec<Vec<u8>> = (0..20).map(|i| format!("m-{i:02}").into_bytes()).collect();
-    KafkaPublisher::connect_config(&config)
-        .await
-        .expect("publisher")
-        .publish_raw(&bodies)
-        .await
-        .expect("publish");
+    publish_all(&config, &bodies).await;
     let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
     let first = take_n(&mut consumer, 8, Duration::from_secs(120)).await;
     let started = Instant::now();
@@ -885,19 +886,14 @@ async fn keyed_bodies_of_one_subject_share_a_partition_in_order() {
 /// and the message killed every member).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_fetched_behind_the_first_counts_on_when_its_member_dies() {
-    use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
+    use idem_broker::kafka::KafkaConsumer;
     const N: u32 = 3;
     let config = one_partition(&common::fresh_name("behind"));
     let bodies: Vec<Vec<u8>> = ["ok-0", "ok-1", "ok-2", "killer"]
         .iter()
         .map(|b| b.as_bytes().to_vec())
         .collect();
-    KafkaPublisher::connect_config(&config)
-        .await
-        .expect("publisher")
-        .publish_raw(&bodies)
-        .await
-        .expect("publish");
+    publish_all(&config, &bodies).await;
     for run in 1..=N {
         let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
         let mut held = Vec::new();

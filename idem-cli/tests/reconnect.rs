@@ -204,17 +204,12 @@ fn a_drain_after_a_sigkill_waits_for_the_invisible_messages() {
             .expect("read");
         assert_eq!(line.trim(), "locked");
     }
+    let consume = [
+        "consume", "--broker", &broker, "--source", &queue, "--store", &store,
+    ];
     let mut first = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args([
-            "consume",
-            "--broker",
-            &broker,
-            "--source",
-            &queue,
-            "--store",
-            &store,
-            "--no-migrate",
-        ])
+        .args(consume)
+        .arg("--no-migrate")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -237,17 +232,7 @@ fn a_drain_after_a_sigkill_waits_for_the_invisible_messages() {
         3,
         "held by the killed one"
     );
-    let (out, took) = idem(&[
-        "consume",
-        "--broker",
-        &broker,
-        "--source",
-        &queue,
-        "--store",
-        &store,
-        "--exit-when-idle",
-        "1",
-    ]);
+    let (out, took) = idem(&[&consume[..], &["--exit-when-idle", "1"]].concat());
     let stdout = common::ok(&out, "the drain");
     assert_eq!(common::report_value(&stdout, "processed"), 3, "{stdout}");
     assert!(took < Duration::from_secs(60), "{took:?}");

@@ -219,6 +219,28 @@ fn polling(broker: SimBroker) -> Deliveries {
     }))
 }
 
+/// A supervised drain of `broker` (idle after `idle`, asking `check`), at most 20 s.
+async fn drain(
+    gate: &Gate<MemoryStore, EffectHandlerFor<MemoryStore>>,
+    broker: &SimBroker,
+    idle: Duration,
+    check: SourceCheck,
+) -> Result<idem_runtime::supervise::Supervised, SuperviseError<std::io::Error>> {
+    let b = broker.clone();
+    let connect = move || {
+        let b = b.clone();
+        async move { Ok::<_, Attempt<std::io::Error>>(polling(b)) }.boxed()
+    };
+    let config = SupervisorConfig::new(ConsumerConfig::new(1, 1))
+        .exit_when_idle(Some(idle))
+        .source_check(Some(check))
+        .reconnect_timeout(Duration::from_secs(5));
+    let run = supervise(gate, None, connect, config, std::future::pending(), |_| {});
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the supervisor did not return")
+}
+
 /// A drain ends only when the source is empty for it: three messages are invisible (a
 /// killed consumer's, until their visibility timeout runs out 1.5 s later) when the run
 /// goes idle after the two it could see; the source check says the source still holds
@@ -248,19 +270,8 @@ async fn an_idle_run_waits_until_the_source_is_empty() {
         async move { Ok(left) }
     });
     let gate = Gate::new(MemoryStore::new(), EffectHandlerFor::<MemoryStore>::new());
-    let b = broker.clone();
-    let connect = move || {
-        let b = b.clone();
-        async move { Ok::<_, Attempt<std::io::Error>>(polling(b)) }.boxed()
-    };
-    let config = SupervisorConfig::new(ConsumerConfig::new(1, 1))
-        .exit_when_idle(Some(Duration::from_millis(300)))
-        .source_check(Some(check))
-        .reconnect_timeout(Duration::from_secs(5));
-    let run = supervise(&gate, None, connect, config, std::future::pending(), |_| {});
-    let done = tokio::time::timeout(Duration::from_secs(20), run)
+    let done = drain(&gate, &broker, Duration::from_millis(300), check)
         .await
-        .expect("the supervisor did not return")
         .expect("drained");
     assert_eq!(done.stats.processed, 5, "{done:?}");
     assert!(broker.is_settled());
@@ -282,20 +293,9 @@ async fn an_idle_run_whose_source_stays_full_is_not_drained() {
             Duration::from_millis(400),
         )),
     );
-    let b = broker.clone();
-    let connect = move || {
-        let b = b.clone();
-        async move { Ok::<_, Attempt<std::io::Error>>(polling(b)) }.boxed()
-    };
-    let config = SupervisorConfig::new(ConsumerConfig::new(1, 1))
-        .exit_when_idle(Some(Duration::from_millis(200)))
-        .source_check(Some(check))
-        .reconnect_timeout(Duration::from_secs(5));
     let started = std::time::Instant::now();
-    let run = supervise(&gate, None, connect, config, std::future::pending(), |_| {});
-    let e = tokio::time::timeout(Duration::from_secs(20), run)
+    let e = drain(&gate, &broker, Duration::from_millis(200), check)
         .await
-        .expect("the supervisor did not return")
         .expect_err("not drained");
     assert!(
         matches!(e, SuperviseError::SourceNotDrained { left: Some(4), .. }),
