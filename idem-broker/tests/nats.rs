@@ -79,6 +79,26 @@ mod lease {
         .await;
     }
 
+    /// Deferrals that fill the prefetch stop the pulls: nothing new is pulled (memory
+    /// stays bounded however long the store makes them wait) until they come back with
+    /// their attempt; then the rest follow. Before, held deferrals did not count and the
+    /// consumer went on pulling up to the server's `max_ack_pending`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deferrals_that_fill_the_prefetch_stop_the_pulls() {
+        common::within(async {
+            let name = fresh_name("nats-defer-full");
+            publish_raw(&url(), &name, &plain_bodies(&name, 20))
+                .await
+                .expect("publish");
+            let mut stream =
+                NatsConsumer::connect(&config(&name).with_ack_wait(Duration::from_secs(10)))
+                    .await
+                    .expect("connect");
+            common::deferrals_that_fill_the_prefetch_stop_taking(&mut stream).await;
+        })
+        .await;
+    }
+
     /// A later process never rewrites the shared durable: other settings that matter are
     /// a configuration error naming them; the same settings join it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

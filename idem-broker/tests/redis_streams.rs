@@ -157,7 +157,6 @@ mod lease {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn deferrals_that_fill_the_prefetch_stop_the_reads() {
         common::within(async {
-            use idem_core::Acker;
             let name = fresh_name("redis-defer-full");
             publish_raw(&url(), &name, &plain_bodies(&name, 20))
                 .await
@@ -165,29 +164,7 @@ mod lease {
             let mut owner = RedisStreamsConsumer::connect(&config(&name))
                 .await
                 .expect("owner");
-            let taken = take(&mut owner, 8).await;
-            let started = std::time::Instant::now();
-            for d in taken {
-                d.acker.defer(Duration::from_secs(3)).await.expect("defer");
-            }
-            let back = take(&mut owner, 8).await;
-            assert!(
-                started.elapsed() >= Duration::from_secs(3),
-                "read on while the deferrals filled the prefetch"
-            );
-            assert!(back.iter().all(|d| d.attempt == Some(1)));
-            let gate = idem_core::Gate::new(
-                idem_testkit::MemoryStore::new(),
-                super::common::Plain::default(),
-            );
-            for o in gate.process_batch(back).await {
-                assert!(o.settle_error().is_none(), "{o:?}");
-            }
-            let rest = take(&mut owner, 12).await;
-            assert!(rest.iter().all(|d| d.attempt == Some(1)));
-            for o in gate.process_batch(rest).await {
-                assert!(o.settle_error().is_none(), "{o:?}");
-            }
+            common::deferrals_that_fill_the_prefetch_stop_taking(&mut owner).await;
         })
         .await;
     }

@@ -16,7 +16,9 @@
 //!   so a key held elsewhere for minutes or a store down for ten would otherwise end with
 //!   the message never delivered again. A nack counts as an attempt (the delivery comes
 //!   back with `attempt + 1`, as a `-NAK` would have); a deferral ([`NatsAcker::defer`])
-//!   does not.
+//!   does not. Held deliveries count against the prefetch until they come back: while
+//!   they fill it no pull is made, so memory stays bounded however long the store makes
+//!   them wait.
 //! - **Settling**: every settlement is confirmed: the ack (`+ACK`, `-NAK`, `+TERM`) is
 //!   sent as a request and the server's reply awaited, so `Ok` means the server has it.
 //! - **The server's limit**: `MAX_DELIVERIES` advisories of the durable are logged and
@@ -63,7 +65,10 @@ struct Taken {
     message: Box<async_nats::Message>,
     /// The attempt it is yielded with.
     attempt: Option<u32>,
-    /// Fetched from the server (it counts against the prefetch), not handed back.
+    /// Counts against the prefetch until it is yielded: fetched from the server, or
+    /// held after a deferral or a delayed nack (so held deliveries that fill the
+    /// prefetch stop the pulls, and memory stays bounded however long the store makes
+    /// them wait).
     fresh: bool,
 }
 
@@ -710,12 +715,13 @@ impl NatsAcker {
         } else {
             self.attempt
         };
+        self.shared.buffered.fetch_add(1, Ordering::AcqRel);
         let taken = Taken {
             id: self.id,
             reply: self.reply.clone(),
             message,
             attempt,
-            fresh: false,
+            fresh: true,
         };
         hand_back_after(&self.shared, taken, delay);
         Ok(())

@@ -863,6 +863,53 @@ pub fn plain_bodies(prefix: &str, n: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Deferrals that fill the prefetch stop the stream from taking new deliveries until
+/// they come back: `stream` holds 20 published messages and a prefetch of 8. Its first 8
+/// are deferred for 3 s; until they come back at most the 8 of the prefetch (fetched
+/// ahead already, where the adapter prefetches in the background) may come, not the
+/// other 12; then the 8 come back, each with the attempt it had (a deferral is no
+/// delivery), and the rest follow. Each settles through a gate.
+pub async fn deferrals_that_fill_the_prefetch_stop_taking<S, A>(stream: &mut S)
+where
+    S: futures::Stream<Item = Result<Delivery<A>, idem_broker::BrokerError>> + Unpin,
+    A: idem_core::Acker,
+{
+    let first = take(stream, 8).await;
+    let mut deferred: Vec<(Vec<u8>, Option<u32>)> =
+        first.iter().map(|d| (d.payload.clone(), d.attempt)).collect();
+    let back_at = std::time::Instant::now() + Duration::from_secs(3);
+    for d in first {
+        d.acker.defer(Duration::from_secs(3)).await.expect("defer");
+    }
+    let mut early = Vec::new();
+    let before = back_at - Duration::from_millis(500);
+    while let Ok(Some(d)) = tokio::time::timeout_at(before.into(), stream.next()).await {
+        early.push(d.expect("delivery"));
+    }
+    assert!(
+        early.len() <= 8,
+        "{} new deliveries while the deferrals filled the prefetch of 8",
+        early.len()
+    );
+    assert!(
+        early.iter().all(|d| !deferred.iter().any(|(p, _)| *p == d.payload)),
+        "a deferral came back before its delay"
+    );
+    let rest = take(stream, 20 - early.len()).await;
+    let mut back: Vec<(Vec<u8>, Option<u32>)> = rest
+        .iter()
+        .filter(|d| deferred.iter().any(|(p, _)| *p == d.payload))
+        .map(|d| (d.payload.clone(), d.attempt))
+        .collect();
+    back.sort();
+    deferred.sort();
+    assert_eq!(back, deferred, "each deferral back once, with its attempt");
+    let gate = idem_core::Gate::new(idem_testkit::MemoryStore::new(), Plain::default());
+    for o in gate.process_batch(early.into_iter().chain(rest).collect()).await {
+        assert!(o.settle_error().is_none(), "{o:?}");
+    }
+}
+
 /// The next `n` deliveries of `stream`, failing the test if they do not come in 20 s.
 pub async fn take<S, A>(stream: &mut S, n: usize) -> Vec<Delivery<A>>
 where
