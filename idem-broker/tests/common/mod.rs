@@ -875,8 +875,10 @@ where
     A: idem_core::Acker,
 {
     let first = take(stream, 8).await;
-    let mut deferred: Vec<(Vec<u8>, Option<u32>)> =
-        first.iter().map(|d| (d.payload.clone(), d.attempt)).collect();
+    let mut deferred: Vec<(Vec<u8>, Option<u32>)> = first
+        .iter()
+        .map(|d| (d.payload.clone(), d.attempt))
+        .collect();
     let back_at = std::time::Instant::now() + Duration::from_secs(3);
     for d in first {
         d.acker.defer(Duration::from_secs(3)).await.expect("defer");
@@ -892,7 +894,9 @@ where
         early.len()
     );
     assert!(
-        early.iter().all(|d| !deferred.iter().any(|(p, _)| *p == d.payload)),
+        early
+            .iter()
+            .all(|d| !deferred.iter().any(|(p, _)| *p == d.payload)),
         "a deferral came back before its delay"
     );
     let rest = take(stream, 20 - early.len()).await;
@@ -905,7 +909,10 @@ where
     deferred.sort();
     assert_eq!(back, deferred, "each deferral back once, with its attempt");
     let gate = idem_core::Gate::new(idem_testkit::MemoryStore::new(), Plain::default());
-    for o in gate.process_batch(early.into_iter().chain(rest).collect()).await {
+    for o in gate
+        .process_batch(early.into_iter().chain(rest).collect())
+        .await
+    {
         assert!(o.settle_error().is_none(), "{o:?}");
     }
 }
