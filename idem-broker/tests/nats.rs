@@ -247,3 +247,12 @@ async fn a_delivery_at_max_payload_is_dead_lettered_whole() {
     })
     .await;
 }
+
+/// Three killers in one window of ten, `max_deliver` twice the gate's limit: no neighbour
+/// is stranded (the consumer pulls one at a time while a rerun is held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_killers_in_one_window_strand_no_neighbour() {
+    let url = idem_broker::any::BrokerUrl::parse(&format!("{}?ack_wait=1s&max_deliver=6", url()))
+        .expect("URL");
+    common::within(common::killers_in_one_window_strand_no_neighbour(&url)).await;
+}

@@ -21,6 +21,14 @@
 //!   them wait.
 //! - **Settling**: every settlement is confirmed: the ack (`+ACK`, `-NAK`, `+TERM`) is
 //!   sent as a request and the server's reply awaited, so `Ok` means the server has it.
+//! - **One at a time around a rerun**: a delivery the server delivered before (its
+//!   `delivered` count past 1) may be one whose run killed the last process. While one is
+//!   held here unsettled, no pull is made; after it settles, and when the consumer
+//!   starts, the next pull asks for one delivery, and a full one only after a first
+//!   delivery (count 1) arrived. So when a message kills its process, the server counts a
+//!   delivery for the neighbours that sat in that process's prefetch once, at the first
+//!   death, and not again for each later run of it or of another killer in the same
+//!   window: three killers in one window strand no neighbour at `max_deliver`.
 //! - **The server's limit**: `MAX_DELIVERIES` advisories of the durable are logged and
 //!   counted ([`NatsConsumer::max_deliveries`]).
 
@@ -90,8 +98,11 @@ struct Shared {
     ready: mpsc::UnboundedSender<Ready>,
     /// Fetched deliveries in `ready`, not yet taken.
     buffered: AtomicUsize,
-    /// Wakes the fetcher when a fetched delivery is taken.
+    /// Wakes the fetcher when a fetched delivery is taken, or a rerun settled.
     room: Notify,
+    /// The ids in `live` of deliveries the server delivered before (a rerun): while one
+    /// is held, no pull is made.
+    reruns: Mutex<std::collections::HashSet<u64>>,
     /// `close` was called: nothing is held any more.
     closed: AtomicBool,
 }
@@ -109,6 +120,14 @@ impl Shared {
 
     fn forget(&self, id: u64) {
         lock(&self.live).remove(&id);
+        if lock(&self.reruns).remove(&id) {
+            self.room.notify_one();
+        }
+    }
+
+    /// Whether a rerun is held (received, not settled).
+    fn rerun_held(&self) -> bool {
+        !lock(&self.reruns).is_empty()
     }
 
     /// Sends `kind` to the delivery's ack subject and waits for the server's reply.
@@ -129,11 +148,12 @@ impl Shared {
     }
 
     /// Registers a delivery just received from the server (the keep-alive starts now)
-    /// and queues it for the consumer's stream. `false` when the stream is gone.
-    fn receive(&self, message: async_nats::Message) -> bool {
+    /// and queues it for the consumer's stream: its attempt (the server's delivery count),
+    /// or `None` when the stream is gone.
+    fn receive(&self, message: async_nats::Message) -> Option<Option<u32>> {
         let Some(reply) = message.reply.clone() else {
             tracing::warn!(target: "idem::broker", broker = BROKER, subject = %message.subject, "a delivery without an ack subject; skipped");
-            return true;
+            return Some(None);
         };
         let message = jetstream::Message {
             message,
@@ -146,6 +166,9 @@ impl Shared {
             .filter(|n| *n > 0);
         let message = Box::new(message.message);
         let id = self.register(reply.clone());
+        if attempt.is_some_and(|n| n > 1) {
+            lock(&self.reruns).insert(id);
+        }
         self.buffered.fetch_add(1, Ordering::AcqRel);
         let taken = Taken {
             id,
@@ -156,9 +179,9 @@ impl Shared {
         };
         if let Err(mpsc::error::SendError(Ready::Taken(t))) = self.ready.send(Ready::Taken(taken)) {
             self.forget(t.id);
-            return false;
+            return None;
         }
-        true
+        Some(attempt)
     }
 }
 
@@ -221,8 +244,10 @@ fn spawn_fetcher(
 }
 
 /// One pull request at a time, for as many deliveries as the prefetch has room for
-/// (asked once half of it is free), each registered for the keep-alive as it arrives.
-/// `Ok` when the consumer's stream is gone.
+/// (asked once half of it is free), each registered for the keep-alive as it arrives;
+/// none while a rerun is held, and one at a time from the start and after a rerun until
+/// a first delivery arrives (see the module docs). `Ok` when the consumer's stream is
+/// gone.
 async fn fetch(
     shared: &Shared,
     consumer: &jetstream::consumer::PullConsumer,
@@ -239,9 +264,17 @@ async fn fetch(
     // Of the request in flight: how many deliveries the server may still send.
     let mut asked = 0usize;
     let mut heard = tokio::time::Instant::now();
+    // One at a time until a first delivery arrives: at the start, and after a rerun.
+    let mut solo = true;
     loop {
+        let held = shared.rerun_held();
         let room = prefetch.saturating_sub(shared.buffered.load(Ordering::Acquire));
-        if asked == 0 && room >= threshold {
+        let (room, want) = if solo {
+            (room.min(1), 1)
+        } else {
+            (room, threshold)
+        };
+        if asked == 0 && !held && room >= want {
             let request = BatchConfig {
                 batch: room,
                 expires: Some(PULL_EXPIRES),
@@ -279,8 +312,11 @@ async fn fetch(
                 match m.status.unwrap_or(StatusCode::OK) {
                     StatusCode::OK => {
                         asked = asked.saturating_sub(1);
-                        if !shared.receive(m) {
-                            return Ok(());
+                        match shared.receive(m) {
+                            // A first delivery opens the prefetch again; a rerun (or a
+                            // delivery without a count) keeps it at one.
+                            Some(attempt) => solo = attempt != Some(1),
+                            None => return Ok(()),
                         }
                     }
                     StatusCode::IDLE_HEARTBEAT => {}
@@ -549,6 +585,7 @@ impl NatsConsumer {
             ready: tx,
             buffered: AtomicUsize::new(0),
             room: Notify::new(),
+            reruns: Mutex::new(std::collections::HashSet::new()),
             closed: AtomicBool::new(false),
         });
         spawn_keep_alive(Arc::downgrade(&shared), config.keep_alive_every());

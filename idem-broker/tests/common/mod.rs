@@ -1019,3 +1019,110 @@ pub async fn an_oversized_event_is_refused_for_good(publisher: &impl Publisher, 
         .await
         .expect("the next event goes");
 }
+
+/// A handler that kills its process on the bodies it is given (it signals `started` and
+/// runs until the process dies) and records every other body in `done`.
+#[derive(Debug, Clone)]
+pub struct Killers {
+    pub bodies: BTreeSet<String>,
+    pub started: std::sync::Arc<tokio::sync::Notify>,
+}
+
+#[async_trait]
+impl Handler<MemoryTx> for Killers {
+    type Input = ();
+
+    fn identify(&self, payload: &[u8], headers: &Headers) -> Result<Submission<()>, RejectReason> {
+        Plain::default().identify(payload, headers)
+    }
+
+    async fn handle(&self, tx: &mut MemoryTx, sub: &Submission<()>) -> Result<(), HandlerError> {
+        if self.bodies.contains(&sub.subject) {
+            self.started.notify_one();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        Plain::default().handle(tx, sub).await
+    }
+}
+
+/// Three messages that kill their consumer, first in a window of ten (`url`'s broker
+/// limit on deliveries is twice the gate's `max_attempts` of 3): process after process
+/// dies running one of them (its connection first, then what it held, unsettled), until
+/// the gate dead-letters each, unrun, after its three runs. The seven neighbours are each
+/// processed exactly once — none reaches the broker's limit (stranded or dead-lettered by
+/// the broker without a reason) — and the killers are dead-lettered with the gate's
+/// reason.
+pub async fn killers_in_one_window_strand_no_neighbour(url: &BrokerUrl) {
+    use idem_core::GateConfig;
+    let name = fresh_name("killers");
+    let bodies = plain_bodies(&name, 10);
+    publish_raw(url, &name, &bodies).await.expect("publish");
+    let killers: BTreeSet<String> = bodies[..3]
+        .iter()
+        .map(|b| String::from_utf8(b.clone()).expect("utf-8"))
+        .collect();
+    let store = MemoryStore::new();
+    let limits = GateConfig::default().with_max_attempts(3);
+    let mut deaths = 0;
+    loop {
+        assert!(
+            deaths <= 12,
+            "more deaths than three killers of three runs each"
+        );
+        // A process of its own.
+        let started = std::sync::Arc::new(tokio::sync::Notify::new());
+        let handler = Killers {
+            bodies: killers.clone(),
+            started: std::sync::Arc::clone(&started),
+        };
+        let gate = Gate::with_config(store.clone(), handler, limits.clone());
+        let stream = AnyConsumer::connect(url, &name, 10).await.expect("connect");
+        let run = consumer::run(
+            &gate,
+            until_idle(stream, Duration::from_secs(6)),
+            ConsumerConfig::new(4, 1),
+            std::future::pending::<()>(),
+            |_| {},
+        );
+        tokio::select! {
+            stats = run => {
+                stats.expect("run");
+                break;
+            }
+            () = started.notified() => {
+                // The process dies while the killer runs.
+                deaths += 1;
+            }
+        }
+    }
+    let done: BTreeSet<String> = store
+        .rows("done")
+        .iter()
+        .map(|r| r.get("body").cloned().unwrap_or_default())
+        .collect();
+    let neighbours: BTreeSet<String> = bodies[3..]
+        .iter()
+        .map(|b| String::from_utf8(b.clone()).expect("utf-8"))
+        .collect();
+    assert_eq!(
+        done, neighbours,
+        "every neighbour processed ({deaths} deaths)"
+    );
+    let mut letters = AnyConsumer::connect(url, &dead_letter_name(&name), 10)
+        .await
+        .expect("dead-letter consumer");
+    let letters = drain(&mut letters, Duration::from_secs(3)).await;
+    let lettered: BTreeSet<String> = letters
+        .iter()
+        .map(|l| String::from_utf8(l.payload.clone()).expect("utf-8"))
+        .collect();
+    assert_eq!(
+        lettered, killers,
+        "the killers, and only they, dead-lettered"
+    );
+    for l in &letters {
+        let reason = l.header(DEAD_LETTER_REASON_HEADER).unwrap_or_default();
+        assert!(reason.contains("not run again"), "{reason}");
+    }
+    assert_eq!(wait_pending(url, &name, 0).await, 0, "nothing left");
+}
