@@ -205,11 +205,6 @@ fn parse(args: Vec<std::ffi::OsString>) -> Cli {
 fn main() {
     database_url_fallback();
     let cli = parse(std::env::args_os().collect());
-    // Test hook: with IDEM_PARSE_ONLY set, stop once the arguments parse (exit 0, nothing
-    // run), so tests/docs.rs can check every documented command against this parser.
-    if std::env::var_os("IDEM_PARSE_ONLY").is_some() {
-        return;
-    }
     out::set_json(cli.json);
     if offline(&cli.command) {
         return;
@@ -263,10 +258,77 @@ fn main() {
 }
 
 #[cfg(test)]
+#[path = "../tests/common/doc_commands.rs"]
+mod doc_commands;
+
+#[cfg(test)]
 mod tests {
     use clap::{CommandFactory as _, Parser as _};
 
     use super::{Cli, Command};
+
+    /// `command` as a documented line runs it: no argument read from this process's
+    /// environment (each line must say what it means), and the variables the line assigns
+    /// (`IDEM_STORE=… idem …`, or `DATABASE_URL`, which `idem` reads when `IDEM_STORE` is
+    /// unset) given to the arguments that read them.
+    fn as_documented(command: clap::Command, env: &[(String, String)]) -> clap::Command {
+        let value = |name: &str| {
+            env.iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        let store = value("IDEM_STORE").or_else(|| value("DATABASE_URL"));
+        command
+            .mut_args(|a| {
+                let given = match a.get_env().and_then(|n| n.to_str()) {
+                    Some("IDEM_STORE") => store.clone(),
+                    Some(n) => value(n),
+                    None => None,
+                };
+                let a = a.env(None);
+                match given {
+                    // As the variable would: the argument is given.
+                    Some(v) => a
+                        .required(false)
+                        .default_value(&*Box::leak(v.into_boxed_str())),
+                    None => a,
+                }
+            })
+            .mut_subcommands(|s| as_documented(s, env))
+    }
+
+    /// Every `idem …` line of the docs parses with this parser, as `main` parses it.
+    #[test]
+    fn every_documented_idem_command_parses() {
+        let mut failures = Vec::new();
+        let documented = crate::doc_commands::documented_invocations();
+        for (at, line, (args, env)) in &documented {
+            let mut command = as_documented(Cli::command(), env);
+            let argv = std::iter::once("idem".to_owned()).chain(args.iter().cloned());
+            let parsed = command
+                .try_get_matches_from_mut(argv)
+                .and_then(|mut m| <Cli as clap::FromArgMatches>::from_arg_matches_mut(&mut m));
+            if let Err(e) = parsed {
+                failures.push(format!("{at}: `{line}` does not parse:\n{e}"));
+            }
+        }
+        assert!(
+            documented.len() > 20,
+            "the docs show their commands: {}",
+            documented.len()
+        );
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+
+    /// The test above can fail: a line with an option no command has is refused.
+    #[test]
+    fn an_undocumented_option_does_not_parse() {
+        let command = as_documented(Cli::command(), &[]);
+        assert!(command
+            .try_get_matches_from(["idem", "key", "--no-such-option"])
+            .is_err());
+    }
 
     #[test]
     fn an_award_id_or_timestamp_may_begin_with_a_hyphen() {
