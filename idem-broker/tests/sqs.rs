@@ -285,3 +285,21 @@ async fn idle_exit_never_ends_a_stream_while_a_receive_is_outstanding() {
         t0.elapsed()
     );
 }
+
+/// Three killers in one window of ten, the redrive policy's `maxReceiveCount` twice the
+/// gate's limit: no neighbour reaches it (the consumer receives one at a time while a
+/// rerun is held), so none is moved to the dead-letter queue without a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_killers_in_one_window_strand_no_neighbour() {
+    let endpoint = std::env::var("IDEM_TEST_SQS_ENDPOINT")
+        .unwrap_or_else(|_| "http://127.0.0.1:5000".to_owned());
+    let host = endpoint
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .trim_end_matches('/');
+    let url = BrokerUrl::parse(&format!(
+        "sqs://{host}?visibility_timeout=1s&wait=1s&max_receive_count=6"
+    ))
+    .expect("URL");
+    common::within(common::killers_in_one_window_strand_no_neighbour(&url)).await;
+}

@@ -88,6 +88,11 @@ struct Shared {
     back: mpsc::UnboundedSender<Delivery<SqsAcker>>,
     /// Deferred deliveries not yet taken back by the stream.
     held: AtomicUsize,
+    /// The leases of deliveries SQS received before (a rerun): while one is held, no
+    /// receive is started ([`SqsConsumer`]).
+    reruns: Mutex<std::collections::HashSet<u64>>,
+    /// Wakes the stream when a rerun is settled.
+    rerun_settled: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -111,6 +116,23 @@ impl Shared {
 
     fn release(&self, id: u64) {
         self.leases().remove(&id);
+        let settled = self
+            .reruns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
+        if settled {
+            self.rerun_settled.notify_one();
+        }
+    }
+
+    /// Whether a rerun is held (received, not settled).
+    fn rerun_held(&self) -> bool {
+        !self
+            .reruns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
     }
 }
 
@@ -134,6 +156,14 @@ fn secs_i32(d: Duration) -> i32 {
 /// its buffer, stops the extensions: SQS delivers them again after the timeout.
 ///
 /// Each delivery's [`attempt`](Delivery::attempt) is SQS's `ApproximateReceiveCount`.
+///
+/// One at a time around a rerun: a delivery SQS received before (its count past 1) may
+/// be one whose run killed the last process. While one is held unsettled, no receive is
+/// started; at the start, and after a rerun, receives ask for one message until a first
+/// delivery (count 1) arrives. So when a message kills its process, SQS counts a receive
+/// for the neighbours in that process's prefetch once, at the first death, not again for
+/// each later run of it or of another killer in the same window: none of them reaches the
+/// redrive policy's `maxReceiveCount` for it.
 ///
 /// A deferred delivery ([`SqsAcker::defer`]) is held here, its visibility kept extended,
 /// and comes out of this stream again after its delay, with the same attempt: SQS counts
@@ -186,11 +216,14 @@ struct Reader {
     quiet_since: Option<Instant>,
     /// The idle time is up: start no receive, end once none is outstanding.
     stopping: bool,
+    /// One message at a time: at the start and after a rerun, until a first delivery.
+    solo: bool,
 }
 
 impl Reader {
     fn push(&mut self, sent: Instant, messages: Vec<Message>) {
         let visible_at = sent + self.shared.visibility;
+        let (mut first, mut rerun) = (false, false);
         for m in messages {
             let Some(receipt) = m.receipt_handle else {
                 continue;
@@ -208,6 +241,18 @@ impl Reader {
                 .collect();
             headers.sort();
             let lease = self.shared.lease(&receipt, visible_at);
+            if attempt == Some(1) {
+                first = true;
+            } else {
+                rerun = true;
+                if attempt.is_some_and(|n| n > 1) {
+                    self.shared
+                        .reruns
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(lease);
+                }
+            }
             let original = Arc::new(Original {
                 payload: m.body.unwrap_or_default().into_bytes(),
                 headers,
@@ -221,6 +266,7 @@ impl Reader {
                 original: Some(Arc::clone(&original)),
             }));
         }
+        self.solo = rerun || !first;
     }
 
     /// Starts receives up to the target, keeping at most `prefetch` messages (on hand,
@@ -229,8 +275,16 @@ impl Reader {
     /// come back (memory stays bounded however long the store makes them wait).
     fn start_receives(&mut self) {
         let held = self.shared.held.load(Ordering::Acquire);
+        if self.shared.rerun_held() {
+            return;
+        }
+        let (target, batch) = if self.solo {
+            (1, 1)
+        } else {
+            (self.target, SQS_BATCH)
+        };
         while !self.stopping
-            && self.receives.len() < self.target
+            && self.receives.len() < target
             && held < self.prefetch
             && (self.receives.is_empty() && self.buf.is_empty()
                 || self.buf.len() + held + SQS_BATCH * (self.receives.len() + 1) <= self.prefetch)
@@ -239,7 +293,7 @@ impl Reader {
                 .receiver
                 .receive_message()
                 .queue_url(&self.shared.queue_url)
-                .max_number_of_messages(SQS_BATCH as i32)
+                .max_number_of_messages(i32::try_from(batch).unwrap_or(10))
                 .wait_time_seconds(self.wait)
                 .visibility_timeout(secs_i32(self.shared.visibility).max(1))
                 .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
@@ -298,6 +352,13 @@ impl crate::pull::Pull for Reader {
                 return Ok(d);
             }
             let joined = if self.receives.is_empty() {
+                if !self.stopping && self.shared.rerun_held() {
+                    // A rerun is held: nothing is received until it settles.
+                    tokio::select! {
+                        () = self.shared.rerun_settled.notified() => continue,
+                        d = self.back.recv() => return self.handed_back(d),
+                    }
+                }
                 // Stopping, or deferrals fill the prefetch: nothing on hand, no receive
                 // outstanding. A deferred delivery still held comes back (before the
                 // stream ends).
@@ -635,6 +696,8 @@ impl SqsConsumer {
             extending: tokio::sync::Mutex::new(()),
             back,
             held: AtomicUsize::new(0),
+            reruns: Mutex::new(std::collections::HashSet::new()),
+            rerun_settled: tokio::sync::Notify::new(),
         });
         tokio::spawn(keeper(Arc::downgrade(&shared), visibility));
         let prefetch = config.prefetch.max(1);
@@ -645,6 +708,7 @@ impl SqsConsumer {
             buf: VecDeque::new(),
             receives: JoinSet::new(),
             target: 1,
+            solo: true,
             max_receives: prefetch.div_ceil(SQS_BATCH).clamp(1, MAX_PARALLEL_RECEIVES),
             prefetch,
             wait: secs_i32(config.wait.min(Duration::from_secs(20))),
