@@ -1244,3 +1244,110 @@ async fn a_stored_position_past_the_end_of_the_log_stops_the_member() {
     }
     assert!(common::effects(&store).await.is_empty());
 }
+
+/// With positions stored, the store is the authority: a group offset ahead of the stored
+/// position (an operator's offset reset, or another client committing in the group)
+/// skips nothing. A positioned member processes offsets 0..3; another consumer of the
+/// group, which keeps no positions (its own store), settles 3..8, moving the group's
+/// offset to 8; the next positioned member seeks back to the stored position 3 and
+/// processes 3..10 into the first store: every submission exactly once there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_forward_commit_skips_nothing_with_positions_stored() {
+    use idem_broker::kafka::KafkaConsumer;
+    const N: usize = 10;
+    let store = common::fresh_pg().await;
+    let config = one_partition(&common::fresh_name("foreign-commit"));
+    let positioned = config.clone().with_position_store(Arc::new(store.clone()));
+    let (bodies, ledger) = common::submissions(&config.name, N);
+    publish_all(&config, &bodies).await;
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    let mut first = KafkaConsumer::connect(&positioned.clone().with_prefetch(3))
+        .await
+        .expect("connect");
+    for d in common::take(&mut first, 3).await {
+        let o = gate.process(d).await;
+        assert_eq!(o.kind(), idem_core::OutcomeKind::Processed, "{o:?}");
+    }
+    drop(first);
+    let stored = |store: PgStore, source: String| async move {
+        use idem_core::PositionStore as _;
+        store.positions(&source).await.expect("positions")[0].next
+    };
+    assert_eq!(
+        stored(store.clone(), positioned.position_source()).await,
+        Some(3)
+    );
+    // Another consumer in the group, without positions and with a store of its own.
+    let foreign_store = common::fresh_pg().await;
+    let foreign_gate = Gate::new(foreign_store.clone(), foreign_store.grant_handler());
+    let mut foreign = KafkaConsumer::connect(&config.clone().with_prefetch(5))
+        .await
+        .expect("connect the foreign consumer");
+    for d in common::take(&mut foreign, 5).await {
+        let offset = d.acker.offset();
+        assert!((3..8).contains(&offset), "offset {offset}");
+        let o = foreign_gate.process(d).await;
+        assert_eq!(o.kind(), idem_core::OutcomeKind::Processed, "{o:?}");
+    }
+    assert_eq!(
+        common::wait_pending(
+            &BrokerUrl::parse(&url_in(&config.group, 1)).expect("URL"),
+            &config.name,
+            2
+        )
+        .await,
+        2,
+        "the group's offset moved to 8"
+    );
+    drop(foreign);
+    let stats = next_member(&positioned, &store).await;
+    ledger.assert_exactly_once(&common::effects(&store).await);
+    assert_eq!((stats.processed, stats.duplicates), (7, 0), "{stats:?}");
+    assert_eq!(
+        stored(store.clone(), positioned.position_source()).await,
+        Some(10)
+    );
+}
+
+/// A member that lost the partition took it from the store late, after its new owner had
+/// (its take was still in flight at the revoke): the epoch is past the owner's, and every
+/// transaction of the owner for the partition is fenced. The owner starts the partition
+/// over — takes it again (fencing the late member, which no longer reads it) and reads
+/// again from its mark — and processes every submission exactly once in the same run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_fenced_by_a_late_take_takes_the_partition_again() {
+    use idem_broker::kafka::KafkaConsumer;
+    use idem_core::PositionStore as _;
+    const N: usize = 10;
+    let store = common::fresh_pg().await;
+    let config = one_partition(&common::fresh_name("late-take"))
+        .with_position_store(Arc::new(store.clone()))
+        .with_prefetch(2);
+    let (bodies, ledger) = common::submissions(&config.name, N);
+    publish_all(&config, &bodies).await;
+    let gate = Gate::new(store.clone(), store.grant_handler());
+    let mut owner = KafkaConsumer::connect(&config).await.expect("connect");
+    for d in common::take(&mut owner, 3).await {
+        let o = gate.process(d).await;
+        assert_eq!(o.kind(), idem_core::OutcomeKind::Processed, "{o:?}");
+    }
+    // The late take of a member that lost the partition.
+    let source = config.position_source();
+    let late = store.take_position(&source, 0).await.expect("take");
+    assert_eq!(late.epoch, 2, "the owner took epoch 1");
+    let stats = consumer::run(
+        &gate,
+        until_idle(owner, Duration::from_secs(8)),
+        ConsumerConfig::new(1, 1),
+        std::future::pending::<()>(),
+        |_| {},
+    )
+    .await
+    .expect("the owner's run");
+    eprintln!("{stats:?}");
+    ledger.assert_exactly_once(&common::effects(&store).await);
+    assert!(stats.failed >= 1, "no transaction was fenced: {stats:?}");
+    assert_eq!(stats.processed, 7, "{stats:?}");
+    let row = &store.positions(&source).await.expect("positions")[0];
+    assert_eq!((row.next, row.epoch), (Some(10), 3), "{row:?}");
+}

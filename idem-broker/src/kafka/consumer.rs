@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -57,6 +57,10 @@ struct Part {
     /// With positions stored: the partition as this ownership took it from the store
     /// (once, before its first delivery is handed out); `None` until then.
     taken: Option<Taken>,
+    /// Seeking back to the stored position from the first offset fetched (the group's
+    /// offset was ahead of it): until a delivery at or below that offset arrives, those
+    /// above it were fetched before the seek and are dropped ([`Owned::rewind`]).
+    rewind: Option<i64>,
 }
 
 /// A partition taken from the position store ([`idem_core::PositionStore`]).
@@ -93,8 +97,54 @@ impl Owned {
                 first: None,
                 durable: None,
                 taken: None,
+                rewind: None,
             }
         })
+    }
+
+    /// Starts the ownership of `partition` (at `generation`) over, for a seek back to
+    /// an earlier offset: a new generation (what was handed out or fetched under the old
+    /// one is dropped, never settled), an empty tracker, each offset in flight uncounted
+    /// (it comes again), and the deliveries fetched past the highest one registered
+    /// dropped until the seek takes effect ([`Part::rewind`]). `retake`: the partition is
+    /// taken from the position store again before its next delivery. Returns the new
+    /// generation and the old tracker's mark (where nothing is lost by reading again),
+    /// or `None` when the partition was revoked meanwhile.
+    fn rewind(
+        &mut self,
+        partition: i32,
+        generation: u64,
+        retake: bool,
+    ) -> Option<(u64, Option<i64>)> {
+        let old = self.parts.remove(&partition)?;
+        if old.generation != generation {
+            self.parts.insert(partition, old);
+            return None;
+        }
+        if let Some(counts) = self.attempts.get_mut(&partition) {
+            for offset in old.lwm.in_flight_offsets() {
+                if let Some(n) = counts.get_mut(&offset) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        counts.remove(&offset);
+                    }
+                }
+            }
+        }
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        self.parts.insert(
+            partition,
+            Part {
+                generation,
+                lwm: LowWaterMark::new(),
+                first: None,
+                durable: old.durable,
+                taken: if retake { None } else { old.taken },
+                rewind: old.lwm.highest(),
+            },
+        );
+        Some((generation, old.lwm.mark()))
     }
 
     /// One more delivery of `offset`: its attempt number.
@@ -298,6 +348,8 @@ struct Shared {
     attempts: attempts::Store,
     settle: mpsc::UnboundedSender<Settle>,
     retry: mpsc::UnboundedSender<Retry>,
+    /// Deliveries dropped unsettled, for the stream.
+    dropped: mpsc::UnboundedSender<Dropped>,
     producer: FutureProducer,
     /// With positions stored: the store and this consumer's source name in it.
     positions: Option<(Arc<dyn PositionStore>, Arc<str>)>,
@@ -487,16 +539,30 @@ impl Converter {
         let (partition, offset) = (m.partition(), m.offset());
         let (generation, attempt) = {
             let mut o = self.own.owned();
-            let attempt = o.attempt(partition, offset);
             let part = o.part(partition);
-            let generation = if part.lwm.register(offset) {
-                part.first.get_or_insert(offset);
-                part.generation
-            } else {
-                // Not above what this ownership saw: settling it must not move the mark.
-                0
+            let stale = match part.rewind {
+                // Fetched before the seek back: dropped, not counted as a delivery.
+                Some(from) if offset > from => true,
+                Some(_) => {
+                    part.rewind = None;
+                    false
+                }
+                None => false,
             };
-            (generation, attempt)
+            if stale {
+                (0, 1)
+            } else {
+                let attempt = o.attempt(partition, offset);
+                let part = o.part(partition);
+                let generation = if part.lwm.register(offset) {
+                    part.first.get_or_insert(offset);
+                    part.generation
+                } else {
+                    // Not above what this ownership saw: settling it must not move the mark.
+                    0
+                };
+                (generation, attempt)
+            }
         };
         let mut headers: Headers = Vec::new();
         if let Some(h) = m.headers() {
@@ -527,6 +593,7 @@ impl Converter {
                 key,
                 payload,
                 headers,
+                unsettled: Unsettled::new(&self.shared, partition, generation, offset),
                 shared: Arc::clone(&self.shared),
             },
         }
@@ -569,6 +636,9 @@ impl Converter {
             }
             match store.take_position(&source, partition).await {
                 Ok(t) => {
+                    // Where the store says the partition starts: its position, or the
+                    // log's start where retention deleted records settled before.
+                    let mut start = t.next;
                     if let (Some(next), Some(consumer)) = (t.next, self.consumer.clone()) {
                         let (topic, accept) =
                             (self.shared.topic.clone(), self.shared.accept_position_gap);
@@ -576,7 +646,7 @@ impl Converter {
                             blocking(move || check_log(&consumer, &topic, partition, next, accept))
                                 .await?;
                         match checked {
-                            Ok(()) => {}
+                            Ok(low) => start = Some(next.max(low)),
                             Err(e @ BrokerError::Config { .. }) => return Err(e),
                             Err(e) => {
                                 tracing::warn!(target: "idem::broker", broker = BROKER, partition, error = %e, "checking the stored position against the log failed; trying again");
@@ -587,7 +657,8 @@ impl Converter {
                         }
                     }
                     tracing::debug!(target: "idem::broker", broker = BROKER, partition, epoch = t.epoch, next = ?t.next, done = t.done.len(), "partition taken from the position store");
-                    let seek = t.next.filter(|&n| n > offset);
+                    let seek = start.filter(|&n| n > offset);
+                    let back = start.filter(|&n| n < offset && self.consumer.is_some());
                     {
                         let mut o = self.own.owned();
                         if let Some(p) = o
@@ -601,6 +672,15 @@ impl Converter {
                                 done: t.done.into_iter().collect(),
                             });
                         }
+                    }
+                    if let Some(to) = back {
+                        // The group's offset is ahead of the store (an offset reset, or
+                        // another client committing in the group): the store is the
+                        // authority, so the member reads again from its position.
+                        tracing::warn!(target: "idem::broker", broker = BROKER, partition, group_offset = offset, stored = to, "the group's offset is ahead of the stored position (an offset reset, or another client committing in the group): reading again from the stored position");
+                        self.seek_back(partition, generation, Some(to), false)
+                            .await?;
+                        return Ok(None);
                     }
                     if let (Some(next), Some(consumer)) = (seek, self.consumer.clone()) {
                         // Read on from the stored position; what was fetched below it
@@ -656,6 +736,78 @@ impl Converter {
         }
         d.acker.at = std::num::NonZeroI64::new(epoch).map(|epoch| At { epoch, floor });
         Ok(Some(d))
+    }
+
+    /// Seeks `partition` back to `to` under a new generation ([`Owned::rewind`]; `retake`:
+    /// taken from the position store again first): what was fetched and handed out under
+    /// the old one is dropped unsettled, and the partition is read again from `to` (what
+    /// the store holds done there is skipped as usual). `to` is `None`: back to the old
+    /// tracker's mark. A seek that keeps failing ends the stream: nothing of the partition
+    /// could be handed out without skipping what is not done.
+    async fn seek_back(
+        &self,
+        partition: i32,
+        generation: u64,
+        to: Option<i64>,
+        retake: bool,
+    ) -> Result<(), BrokerError> {
+        let Some(consumer) = self.consumer.clone() else {
+            return Ok(());
+        };
+        let Some((_, mark)) = self.own.owned().rewind(partition, generation, retake) else {
+            // Revoked meanwhile: the new owner takes it from the store.
+            return Ok(());
+        };
+        let Some(to) = to.or(mark) else {
+            return Ok(());
+        };
+        let mut wait = COMMIT_RETRY_FIRST;
+        for _ in 0..5 {
+            let (c, topic) = (Arc::clone(&consumer), self.shared.topic.clone());
+            let sought = blocking(move || {
+                c.seek(
+                    &topic,
+                    partition,
+                    Offset::Offset(to),
+                    Duration::from_secs(10),
+                )
+                .map_err(|e| BrokerError::op(BROKER, "seek", e))
+            })
+            .await
+            .and_then(|r| r);
+            match sought {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(target: "idem::broker", broker = BROKER, partition, to, error = %e, "seek back failed; trying again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(COMMIT_RETRY_MAX);
+                }
+            }
+        }
+        Err(BrokerError::op(
+            BROKER,
+            "seek",
+            format!("partition {partition}: the seek back to offset {to} failed"),
+        ))
+    }
+
+    /// A delivery was dropped unsettled (its transaction fenced, its handler abandoned):
+    /// while this ownership holds its partition, the partition's tracker could never pass
+    /// it, so the ownership starts over from the tracker's mark, and with positions
+    /// stored takes the partition from the store again (a member that lost it took it
+    /// late, after this one: the new take fences that member, which no longer reads it).
+    async fn dropped(&self, d: Dropped) -> Result<(), BrokerError> {
+        let owned = self
+            .own
+            .owned()
+            .parts
+            .get(&d.partition)
+            .is_some_and(|p| p.generation == d.generation && d.generation != 0);
+        if !owned {
+            return Ok(());
+        }
+        tracing::warn!(target: "idem::broker", broker = BROKER, partition = d.partition, offset = d.offset, "a delivery was dropped unsettled (fenced, or abandoned): reading the partition again from its mark");
+        self.seek_back(d.partition, d.generation, None, true).await
     }
 
     /// Sets the attempt of a delivery about to be handed out from the counts kept in
@@ -799,6 +951,7 @@ impl Converter {
                 key: r.key,
                 payload: r.payload,
                 headers: r.headers,
+                unsettled: Unsettled::new(&self.shared, r.partition, r.generation, r.offset),
                 shared: Arc::clone(&self.shared),
             },
         })
@@ -813,14 +966,14 @@ type Polled = Result<Delivery<KafkaAcker>, BrokerError>;
 /// start with the group's committed offset behind it too (or none), the records between
 /// were deleted by the topic's retention before anyone processed them. Either is a
 /// [`BrokerError::Config`] (the second only unless `accept`); a failed request another
-/// error (the caller tries again).
+/// error (the caller tries again). Returns the log's start (its low watermark).
 fn check_log(
     consumer: &Inner,
     topic: &str,
     partition: i32,
     next: i64,
     accept: bool,
-) -> Result<(), BrokerError> {
+) -> Result<i64, BrokerError> {
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, super::REQUEST_TIMEOUT)
         .map_err(|e| BrokerError::op(BROKER, "fetch the watermarks", e))?;
@@ -836,7 +989,7 @@ fn check_log(
         });
     }
     if next >= low || accept {
-        return Ok(());
+        return Ok(low);
     }
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);
@@ -852,7 +1005,7 @@ fn check_log(
     if group_offset.is_some_and(|c| c >= low) {
         // The records between were settled by a member (the group's offset moves only
         // past settled records) before the retention deleted them.
-        return Ok(());
+        return Ok(low);
     }
     Err(BrokerError::Config {
         broker: BROKER,
@@ -1077,6 +1230,7 @@ struct Reader {
     polled: mpsc::Receiver<Polled>,
     convert: Arc<Converter>,
     retries: mpsc::UnboundedReceiver<Retry>,
+    dropped: mpsc::UnboundedReceiver<Dropped>,
 }
 
 impl crate::pull::Pull for Reader {
@@ -1095,6 +1249,7 @@ impl crate::pull::Pull for Reader {
             let room = shared.holding.load(Ordering::Acquire) < shared.prefetch;
             tokio::select! {
                 biased;
+                Some(d) = self.dropped.recv() => self.convert.dropped(d).await?,
                 Some(r) = self.retries.recv() => {
                     self.convert.shared.holding.fetch_sub(1, Ordering::AcqRel);
                     if let Some(d) = self.convert.retried(r) {
@@ -1177,6 +1332,7 @@ impl KafkaConsumer {
         let consumer = Arc::new(consumer);
         let (settle_tx, settle_rx) = mpsc::unbounded_channel();
         let (retry_tx, retry_rx) = mpsc::unbounded_channel();
+        let (dropped_tx, dropped_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             topic: config.name.clone(),
             dead_letter,
@@ -1188,6 +1344,7 @@ impl KafkaConsumer {
             },
             settle: settle_tx,
             retry: retry_tx,
+            dropped: dropped_tx,
             producer: producer(config)?,
             positions,
             accept_position_gap: config.accept_position_gap,
@@ -1262,6 +1419,7 @@ impl KafkaConsumer {
             polled,
             convert: retries_convert,
             retries: retry_rx,
+            dropped: dropped_rx,
         };
         let inner = crate::pull::deliveries(reader);
         Ok(Self {
@@ -1317,7 +1475,54 @@ pub struct KafkaAcker {
     key: Option<Vec<u8>>,
     payload: Vec<u8>,
     headers: Headers,
+    unsettled: Unsettled,
     shared: Arc<Shared>,
+}
+
+/// A delivery dropped without being settled, for the stream ([`Converter::dropped`]).
+struct Dropped {
+    partition: i32,
+    generation: u64,
+    offset: i64,
+}
+
+/// Tells the stream when its delivery is dropped before it was settled (acked, handed
+/// back or dead-lettered): a fenced transaction or an abandoned handler.
+struct Unsettled {
+    armed: AtomicBool,
+    partition: i32,
+    generation: u64,
+    offset: i64,
+    tx: mpsc::UnboundedSender<Dropped>,
+}
+
+impl Unsettled {
+    fn new(shared: &Shared, partition: i32, generation: u64, offset: i64) -> Self {
+        Self {
+            // A delivery outside every ownership (generation 0) settles nothing.
+            armed: AtomicBool::new(generation != 0),
+            partition,
+            generation,
+            offset,
+            tx: shared.dropped.clone(),
+        }
+    }
+
+    fn disarm(&self) {
+        self.armed.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        if *self.armed.get_mut() {
+            let _ = self.tx.send(Dropped {
+                partition: self.partition,
+                generation: self.generation,
+                offset: self.offset,
+            });
+        }
+    }
 }
 
 impl std::fmt::Debug for KafkaAcker {
@@ -1344,6 +1549,7 @@ impl KafkaAcker {
     /// Hands the delivery back to the stream after `delay` (`deferred`: without
     /// counting another delivery).
     fn hand_back(self, delay: Option<Duration>, deferred: bool) -> Result<(), AckError> {
+        self.unsettled.disarm();
         let retry = Retry {
             partition: self.partition,
             generation: self.generation,
@@ -1373,6 +1579,7 @@ impl KafkaAcker {
 
     /// Sends the settlement; the receiver answers once it is committed (or ignored).
     fn send_settle(&self) -> Result<oneshot::Receiver<Result<(), AckError>>, AckError> {
+        self.unsettled.disarm();
         let (tx, rx) = oneshot::channel();
         self.shared
             .settle
@@ -1495,6 +1702,7 @@ impl Acker for KafkaAcker {
             "produce dead-letter",
             last.map_or_else(|| "no attempt".to_owned(), |e| e.to_string()),
         );
+        self.unsettled.disarm();
         let retry = Retry {
             partition: self.partition,
             generation: self.generation,

@@ -86,6 +86,16 @@ impl LowWaterMark {
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
     }
+
+    /// The registered offsets not settled, ascending.
+    pub fn in_flight_offsets(&self) -> impl Iterator<Item = i64> + '_ {
+        self.in_flight.iter().copied()
+    }
+
+    /// The highest offset registered; `None` before the first registration.
+    pub fn highest(&self) -> Option<i64> {
+        self.next.map(|n| n - 1)
+    }
 }
 
 #[cfg(test)]
@@ -109,5 +119,8 @@ mod tests {
         l.forget_commit();
         assert_eq!(l.take_commit(), Some(10));
         assert_eq!(l.in_flight(), 0);
+        assert_eq!(l.highest(), Some(9));
+        assert!(l.register(12));
+        assert_eq!(l.in_flight_offsets().collect::<Vec<_>>(), vec![12]);
     }
 }
