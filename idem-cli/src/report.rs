@@ -10,12 +10,12 @@
 //! operational counts and explains; a store without that table gets a note instead.
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use idem_broker::horizon::human;
 use std::collections::BTreeMap;
 
 use idem_core::record::{AuditStats, BusinessTable, OutcomeCount, Timestamp};
+use idem_core::retention::RetentionFloor;
 
 /// What the page is made from.
 pub(crate) struct Report<'a> {
@@ -32,7 +32,7 @@ pub(crate) struct Report<'a> {
     /// When the report was made.
     pub(crate) generated: Timestamp,
     /// The retention floor measured against.
-    pub(crate) floor: Duration,
+    pub(crate) floor: idem_core::retention::RetentionFloor,
     /// The business table recounted.
     pub(crate) business: &'a BusinessTable,
     /// What the store said.
@@ -732,8 +732,8 @@ generated <span id="generated">{generated}</span> by idem {version}. Times are U
             i128::from(ret.all_claims),
             &thousands(i128::from(ret.all_claims))
         ),
-        r.floor.as_secs(),
-        human(r.floor),
+        floor_secs(r.floor, r.generated),
+        floor_words(r.floor),
         ret.cutoff.map_or_else(|| "-".to_owned(), |t| t.to_string()),
         figure(
             "purgeable-claims",
@@ -778,6 +778,19 @@ award id and the key, not the message body nor its submission timestamp: re-deri
     h
 }
 
+/// The floor in seconds back from `now` (for calendar years, the days those years have).
+fn floor_secs(floor: RetentionFloor, now: Timestamp) -> i64 {
+    (now.unix_micros() - floor.cutoff(now).unix_micros()) / 1_000_000
+}
+
+/// The floor in words: calendar years as such, an exact duration as `idem` writes one.
+fn floor_words(floor: RetentionFloor) -> String {
+    match floor {
+        RetentionFloor::Exactly(d) => human(d),
+        years => years.describe(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -800,7 +813,7 @@ mod tests {
             since: t("2026-07-01"),
             until: t("2026-07-03"),
             generated: t("2026-07-03"),
-            floor: Duration::from_secs(86_400),
+            floor: std::time::Duration::from_secs(86_400).into(),
             business: &business,
             stats: &stats,
         })

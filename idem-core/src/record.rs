@@ -155,6 +155,17 @@ impl Timestamp {
         Some(Self::from_unix_micros(t.unix_micros + micros))
     }
 
+    /// The same UTC civil time `years` calendar years earlier (a 29 February goes to the
+    /// 28th in a year without one, as Postgres and SQLite count); the earliest instant
+    /// when that is out of range.
+    pub fn years_earlier(self, years: u32) -> Self {
+        self.civil()
+            .checked_sub(jiff::Span::new().years(i64::from(years)))
+            .ok()
+            .and_then(|dt| Self::from_civil(dt, 0))
+            .unwrap_or(Self::from_unix_micros(i64::MIN))
+    }
+
     /// The instant of the UTC civil time `dt`, plus `secs` seconds.
     fn from_civil(dt: DateTime, secs: i64) -> Option<Self> {
         let since_epoch = dt.duration_since(EPOCH) + SignedDuration::from_secs(secs);

@@ -26,6 +26,38 @@ pub enum RetentionFloor {
     Exactly(Duration),
 }
 
+impl RetentionFloor {
+    /// The instant a floor reaches back to from `now`: calendar years counted in UTC (a
+    /// 29 February goes back to the 28th where the year has none, as on the servers), an
+    /// exact duration subtracted.
+    ///
+    /// ```
+    /// use idem_core::record::Timestamp;
+    /// use idem_core::retention::RetentionFloor;
+    /// let now = Timestamp::parse_rfc3339("2028-03-01T12:00:00Z").unwrap();
+    /// let cutoff = RetentionFloor::Years(3).cutoff(now);
+    /// assert_eq!(Some(cutoff), Timestamp::parse_rfc3339("2025-03-01T12:00:00Z"));
+    /// ```
+    pub fn cutoff(self, now: Timestamp) -> Timestamp {
+        let micros = now.unix_micros();
+        match self {
+            Self::Years(n) => now.years_earlier(n),
+            Self::Exactly(d) => Timestamp::from_unix_micros(
+                micros.saturating_sub(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)),
+            ),
+        }
+    }
+
+    /// The floor in words: `3 calendar years`, or the exact duration.
+    pub fn describe(self) -> String {
+        match self {
+            Self::Years(1) => "1 calendar year".to_owned(),
+            Self::Years(n) => format!("{n} calendar years"),
+            Self::Exactly(d) => format!("{d:?}"),
+        }
+    }
+}
+
 impl From<Duration> for RetentionFloor {
     fn from(d: Duration) -> Self {
         Self::Exactly(d)

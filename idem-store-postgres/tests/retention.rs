@@ -218,3 +218,33 @@ async fn an_event_still_in_the_relay_queue_is_not_purged() {
     assert_eq!(queued, 12, "every queued event keeps its outbox row");
     common::drop_schema(&store).await;
 }
+
+/// The retention floor's cutoff as the audit report computes it
+/// ([`RetentionFloor::cutoff`](idem_core::retention::RetentionFloor::cutoff)) is the
+/// server's `t - make_interval(years => N)`, the one a purge checks, to the microsecond:
+/// leap days counted, a 29 February going back to the 28th.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floors_cutoff_is_the_servers_calendar_years() {
+    use idem_core::record::Timestamp;
+    use idem_core::retention::RetentionFloor;
+    let store = common::fresh_pg().await;
+    for (at, years) in [
+        ("2028-03-01T12:00:00.123456Z", 3),
+        ("2028-02-29T00:00:00Z", 3),
+        ("2028-02-29T23:59:59Z", 4),
+        ("2027-12-31T23:59:59.999999Z", 1),
+        ("2026-12-06T13:00:00Z", 3),
+    ] {
+        let t = Timestamp::parse_rfc3339(at).expect("timestamp");
+        let server: i64 = sqlx::query_scalar(
+            "SELECT (extract(epoch FROM ($1::timestamptz AT TIME ZONE 'UTC' - make_interval(years => $2)) AT TIME ZONE 'UTC') * 1000000)::int8",
+        )
+        .bind(at)
+        .bind(years)
+        .fetch_one(store.pool())
+        .await
+        .expect("the server's cutoff");
+        let ours = RetentionFloor::Years(u32::try_from(years).expect("years")).cutoff(t);
+        assert_eq!(ours.unix_micros(), server, "{at} minus {years} years");
+    }
+}

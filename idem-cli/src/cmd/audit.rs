@@ -21,7 +21,6 @@
 //! name. Postgres keeps microseconds; SQLite milliseconds (written `.123000Z`).
 
 use std::io::Write;
-use std::time::Duration;
 
 #[cfg(feature = "postgres")]
 use idem_core::ident::Ident;
@@ -32,7 +31,6 @@ use idem_store_postgres::{PgConfig, PgError, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 use serde::Serialize;
 
-use crate::cmd::parse_duration;
 #[cfg(feature = "postgres")]
 use crate::error::error_chain;
 use crate::stores::StoreUrl;
@@ -98,8 +96,8 @@ struct ReportArgs {
     #[arg(long)]
     out: std::path::PathBuf,
     /// The retention floor the retention section measures against (default 3y).
-    #[arg(long, value_parser = parse_duration)]
-    retention_floor: Option<Duration>,
+    #[arg(long, value_parser = crate::cmd::parse_floor)]
+    retention_floor: Option<RetentionFloor>,
     /// Dedup records shown with the command that re-derives their key.
     #[arg(long, default_value_t = 10)]
     sample: usize,
@@ -261,18 +259,10 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
         &args.amount_column,
         &args.subject_column,
     )?;
-    // The report shows the floor as a duration: three calendar years at most 1096 days.
-    let floor = args
-        .retention_floor
-        .unwrap_or(match DEFAULT_RETENTION_FLOOR {
-            RetentionFloor::Years(n) => Duration::from_secs(u64::from(n) * 365 * 86_400),
-            RetentionFloor::Exactly(d) => d,
-        });
+    // The cutoff `idem purge` would refuse to go past: the same floor, the same years.
+    let floor = args.retention_floor.unwrap_or(DEFAULT_RETENTION_FLOOR);
     let now = Timestamp::now();
-    let cutoff = Timestamp::from_unix_micros(
-        now.unix_micros()
-            .saturating_sub(i64::try_from(floor.as_micros()).unwrap_or(i64::MAX)),
-    );
+    let cutoff = floor.cutoff(now);
     let store = w.open("report").await?;
     // The bounds as UTC instants (a bare date is its midnight UTC, as the page says),
     // whatever the server's time zone.

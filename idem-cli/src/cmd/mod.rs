@@ -307,6 +307,18 @@ fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, 
 /// 365 days, `1y 6months` where a month is 30.44 days, or a bare number of seconds).
 pub(crate) use idem_broker::parse_duration;
 
+/// A retention floor, as `idem purge` and `idem audit report` read it: `Ny` is N calendar
+/// years (leap days included, as the servers count them), anything else an exact duration.
+pub(crate) fn parse_floor(s: &str) -> Result<idem_core::retention::RetentionFloor, String> {
+    use idem_core::retention::RetentionFloor;
+    match s.trim().strip_suffix('y').map(str::parse::<u32>) {
+        Some(Ok(n)) => Ok(RetentionFloor::Years(n)),
+        _ => parse_duration(s)
+            .map(RetentionFloor::from)
+            .map_err(|e| e.to_string()),
+    }
+}
+
 /// A broker error as the command reports it: the caller's mistake exits 2, a failure 1.
 /// A URL whose broker (or TLS) is not compiled in names the feature that brings it.
 pub(crate) fn broker_error(context: &str, e: &BrokerError) -> CliError {

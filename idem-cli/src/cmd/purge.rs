@@ -19,17 +19,7 @@ fn parse_age(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// A floor: `Ny` is N calendar years, anything else an exact duration.
-fn parse_floor(s: &str) -> Result<RetentionFloor, String> {
-    match s.strip_suffix('y').map(str::parse::<u32>) {
-        Some(Ok(n)) => Ok(RetentionFloor::Years(n)),
-        _ => parse_duration(s)
-            .map(RetentionFloor::from)
-            .map_err(|e| e.to_string()),
-    }
-}
-
-use crate::cmd::parse_duration;
+use crate::cmd::{parse_duration, parse_floor};
 use crate::stores::StoreUrl;
 use crate::CliError;
 
