@@ -593,7 +593,8 @@ impl Converter {
                 key,
                 payload,
                 headers,
-                unsettled: Unsettled::new(&self.shared, partition, generation, offset),
+                // A delivery outside every ownership (generation 0) settles nothing.
+                armed: AtomicBool::new(generation != 0),
                 shared: Arc::clone(&self.shared),
             },
         }
@@ -951,7 +952,7 @@ impl Converter {
                 key: r.key,
                 payload: r.payload,
                 headers: r.headers,
-                unsettled: Unsettled::new(&self.shared, r.partition, r.generation, r.offset),
+                armed: AtomicBool::new(r.generation != 0),
                 shared: Arc::clone(&self.shared),
             },
         })
@@ -1475,7 +1476,8 @@ pub struct KafkaAcker {
     key: Option<Vec<u8>>,
     payload: Vec<u8>,
     headers: Headers,
-    unsettled: Unsettled,
+    /// Not settled yet: dropped so, it tells the stream ([`Converter::dropped`]).
+    armed: AtomicBool,
     shared: Arc<Shared>,
 }
 
@@ -1486,37 +1488,12 @@ struct Dropped {
     offset: i64,
 }
 
-/// Tells the stream when its delivery is dropped before it was settled (acked, handed
-/// back or dead-lettered): a fenced transaction or an abandoned handler.
-struct Unsettled {
-    armed: AtomicBool,
-    partition: i32,
-    generation: u64,
-    offset: i64,
-    tx: mpsc::UnboundedSender<Dropped>,
-}
-
-impl Unsettled {
-    fn new(shared: &Shared, partition: i32, generation: u64, offset: i64) -> Self {
-        Self {
-            // A delivery outside every ownership (generation 0) settles nothing.
-            armed: AtomicBool::new(generation != 0),
-            partition,
-            generation,
-            offset,
-            tx: shared.dropped.clone(),
-        }
-    }
-
-    fn disarm(&self) {
-        self.armed.store(false, Ordering::Release);
-    }
-}
-
-impl Drop for Unsettled {
+impl Drop for KafkaAcker {
+    /// Dropped before it was settled (acked, handed back or dead-lettered): a fenced
+    /// transaction or an abandoned handler. The stream hears of it.
     fn drop(&mut self) {
         if *self.armed.get_mut() {
-            let _ = self.tx.send(Dropped {
+            let _ = self.shared.dropped.send(Dropped {
                 partition: self.partition,
                 generation: self.generation,
                 offset: self.offset,
@@ -1548,16 +1525,16 @@ impl KafkaAcker {
 
     /// Hands the delivery back to the stream after `delay` (`deferred`: without
     /// counting another delivery).
-    fn hand_back(self, delay: Option<Duration>, deferred: bool) -> Result<(), AckError> {
-        self.unsettled.disarm();
+    fn hand_back(mut self, delay: Option<Duration>, deferred: bool) -> Result<(), AckError> {
+        self.disarm();
         let retry = Retry {
             partition: self.partition,
             generation: self.generation,
             offset: self.offset,
             deferred,
-            key: self.key,
-            payload: self.payload,
-            headers: self.headers,
+            key: self.key.take(),
+            payload: std::mem::take(&mut self.payload),
+            headers: std::mem::take(&mut self.headers),
         };
         let tx = self.shared.retry.clone();
         // Counted until the stream takes it again (`Reader::next`).
@@ -1577,9 +1554,14 @@ impl KafkaAcker {
         }
     }
 
+    /// Settled (or handed back): its drop says nothing.
+    fn disarm(&self) {
+        self.armed.store(false, Ordering::Release);
+    }
+
     /// Sends the settlement; the receiver answers once it is committed (or ignored).
     fn send_settle(&self) -> Result<oneshot::Receiver<Result<(), AckError>>, AckError> {
-        self.unsettled.disarm();
+        self.disarm();
         let (tx, rx) = oneshot::channel();
         self.shared
             .settle
@@ -1652,7 +1634,7 @@ impl Acker for KafkaAcker {
     }
 
     async fn dead_letter(
-        self,
+        mut self,
         payload: &[u8],
         headers: &Headers,
         reason: &RejectReason,
@@ -1702,15 +1684,15 @@ impl Acker for KafkaAcker {
             "produce dead-letter",
             last.map_or_else(|| "no attempt".to_owned(), |e| e.to_string()),
         );
-        self.unsettled.disarm();
+        self.disarm();
         let retry = Retry {
             partition: self.partition,
             generation: self.generation,
             offset: self.offset,
             deferred: false,
-            key: self.key,
-            payload: self.payload,
-            headers: self.headers,
+            key: self.key.take(),
+            payload: std::mem::take(&mut self.payload),
+            headers: std::mem::take(&mut self.headers),
         };
         let tx = self.shared.retry.clone();
         tokio::spawn(async move {
