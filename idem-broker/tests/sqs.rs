@@ -13,13 +13,19 @@ use idem_broker::any::{publish_raw, AnyConsumer, AnyPublisher, BrokerUrl};
 use idem_broker::{until_idle, BrokerError};
 use idem_core::Acker;
 
-fn broker() -> Broker {
+/// The test server's `host:port` (`IDEM_TEST_SQS_ENDPOINT`, default moto's).
+fn host() -> String {
     let endpoint = std::env::var("IDEM_TEST_SQS_ENDPOINT")
         .unwrap_or_else(|_| "http://127.0.0.1:5000".to_owned());
-    let host = endpoint
+    endpoint
         .trim_start_matches("http://")
         .trim_start_matches("https://")
-        .trim_end_matches('/');
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+fn broker() -> Broker {
+    let host = host();
     // A received, unsettled message comes back after two seconds; short long polls.
     let url = format!("sqs://{host}?visibility_timeout=2s&wait=1s");
     Broker {
@@ -291,14 +297,9 @@ async fn idle_exit_never_ends_a_stream_while_a_receive_is_outstanding() {
 /// rerun is held), so none is moved to the dead-letter queue without a reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_killers_in_one_window_strand_no_neighbour() {
-    let endpoint = std::env::var("IDEM_TEST_SQS_ENDPOINT")
-        .unwrap_or_else(|_| "http://127.0.0.1:5000".to_owned());
-    let host = endpoint
-        .trim_start_matches("http://")
-        .trim_start_matches("https://")
-        .trim_end_matches('/');
     let url = BrokerUrl::parse(&format!(
-        "sqs://{host}?visibility_timeout=1s&wait=1s&max_receive_count=6"
+        "sqs://{}?visibility_timeout=1s&wait=1s&max_receive_count=6",
+        host()
     ))
     .expect("URL");
     common::within(common::killers_in_one_window_strand_no_neighbour(&url)).await;
