@@ -686,22 +686,7 @@ impl Converter {
                     if let (Some(next), Some(consumer)) = (seek, self.consumer.clone()) {
                         // Read on from the stored position; what was fetched below it
                         // already is skipped below.
-                        let topic = self.shared.topic.clone();
-                        let sought = blocking(move || {
-                            consumer.seek(
-                                &topic,
-                                partition,
-                                Offset::Offset(next),
-                                Duration::from_secs(10),
-                            )
-                        })
-                        .await;
-                        let failed = match sought {
-                            Ok(Ok(())) => None,
-                            Ok(Err(e)) => Some(e.to_string()),
-                            Err(e) => Some(e.to_string()),
-                        };
-                        if let Some(e) = failed {
+                        if let Err(e) = self.seek(consumer, partition, next).await {
                             tracing::debug!(target: "idem::broker", broker = BROKER, partition, next, error = %e, "seek to the stored position failed; skipping up to it instead");
                         }
                     }
@@ -739,6 +724,28 @@ impl Converter {
         Ok(Some(d))
     }
 
+    /// Seeks `partition` to `offset`, off the async workers.
+    async fn seek(
+        &self,
+        consumer: Arc<Inner>,
+        partition: i32,
+        offset: i64,
+    ) -> Result<(), BrokerError> {
+        let topic = self.shared.topic.clone();
+        blocking(move || {
+            consumer
+                .seek(
+                    &topic,
+                    partition,
+                    Offset::Offset(offset),
+                    Duration::from_secs(10),
+                )
+                .map_err(|e| BrokerError::op(BROKER, "seek", e))
+        })
+        .await
+        .and_then(|r| r)
+    }
+
     /// Seeks `partition` back to `to` under a new generation ([`Owned::rewind`]; `retake`:
     /// taken from the position store again first): what was fetched and handed out under
     /// the old one is dropped unsettled, and the partition is read again from `to` (what
@@ -764,19 +771,7 @@ impl Converter {
         };
         let mut wait = COMMIT_RETRY_FIRST;
         for _ in 0..5 {
-            let (c, topic) = (Arc::clone(&consumer), self.shared.topic.clone());
-            let sought = blocking(move || {
-                c.seek(
-                    &topic,
-                    partition,
-                    Offset::Offset(to),
-                    Duration::from_secs(10),
-                )
-                .map_err(|e| BrokerError::op(BROKER, "seek", e))
-            })
-            .await
-            .and_then(|r| r);
-            match sought {
+            match self.seek(Arc::clone(&consumer), partition, to).await {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(target: "idem::broker", broker = BROKER, partition, to, error = %e, "seek back failed; trying again");
