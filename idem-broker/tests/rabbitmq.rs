@@ -31,6 +31,7 @@ mod settle {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use futures::StreamExt as _;
     use idem_broker::rabbitmq::{
         publish_raw, QueueType, RabbitAcker, RabbitConfig, RabbitConsumer,
     };
@@ -104,21 +105,24 @@ mod settle {
                     t.await.expect("task");
                 }
                 nacked.sort();
-                let back = drain(&mut stream, Duration::from_secs(2)).await;
-                assert_eq!(
-                    bodies_of(&back),
-                    nacked,
-                    "round {round}: exactly the nacked come back"
-                );
-                assert!(
-                    back.iter().all(|d| d.attempt == Some(2)),
-                    "x-delivery-count + 1: {:?}",
-                    back.iter().map(|d| d.attempt).collect::<Vec<_>>()
-                );
-                // Settle them for good before the next round.
-                for o in ok.process_batch(back).await {
+                // They come back one at a time (each a rerun: the next comes once it
+                // is settled), each settled for good before the next round.
+                let (mut back, mut attempts) = (Vec::new(), Vec::new());
+                while let Ok(Some(d)) =
+                    tokio::time::timeout(Duration::from_secs(2), stream.next()).await
+                {
+                    let d = d.expect("delivery");
+                    back.push(String::from_utf8_lossy(&d.payload).into_owned());
+                    attempts.push(d.attempt);
+                    let o = ok.process(d).await;
                     assert!(o.settle_error().is_none(), "{o:?}");
                 }
+                back.sort();
+                assert_eq!(back, nacked, "round {round}: exactly the nacked come back");
+                assert!(
+                    attempts.iter().all(|a| *a == Some(2)),
+                    "x-delivery-count + 1: {attempts:?}"
+                );
                 assert_eq!(stream.unsettled(), 0, "no tag left outstanding");
             }
             assert!(drain(&mut stream, Duration::from_secs(2)).await.is_empty());
@@ -180,19 +184,20 @@ mod settle {
                 assert_eq!(o.kind(), OutcomeKind::Failed, "{o:?}");
             }
             assert_eq!(stream.held(), 2, "half the prefetch is held");
-            // The two not held come back at once; the held two after the delay.
-            let early = take(&mut stream, 2).await;
-            assert!(started.elapsed() < Duration::from_secs(3));
-            let late = take(&mut stream, 2).await;
-            assert!(started.elapsed() >= Duration::from_secs(3));
-            assert_eq!(stream.held(), 0);
+            // The two not held come back at once; the held two after the delay (each a
+            // rerun: the next comes once it is settled).
             let ok = Gate::new(MemoryStore::new(), Plain::default());
-            for o in ok
-                .process_batch(early.into_iter().chain(late).collect())
-                .await
-            {
+            for back in 0..4 {
+                let d = take(&mut stream, 1).await.pop().expect("one");
+                if back < 2 {
+                    assert!(started.elapsed() < Duration::from_secs(3));
+                } else {
+                    assert!(started.elapsed() >= Duration::from_secs(3));
+                }
+                let o = ok.process(d).await;
                 assert!(o.settle_error().is_none(), "{o:?}");
             }
+            assert_eq!(stream.held(), 0);
         })
         .await;
     }
@@ -528,4 +533,15 @@ async fn a_server_silent_after_the_handshake_is_a_connect_error_after_connection
         matches!(e, idem_broker::BrokerError::Connect { .. }),
         "{e:?}"
     );
+}
+
+/// Three killers in one window of ten on a quorum queue whose delivery limit is twice the
+/// gate's: no neighbour reaches the limit (dead-lettered by RabbitMQ without a reason),
+/// because the consumer starts taking one message at a time (prefetch 1) and goes to its
+/// full prefetch only at a first delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_killers_in_one_window_strand_no_neighbour() {
+    let url =
+        idem_broker::any::BrokerUrl::parse(&format!("{}?delivery_limit=6", url())).expect("URL");
+    common::within(common::killers_in_one_window_strand_no_neighbour(&url)).await;
 }

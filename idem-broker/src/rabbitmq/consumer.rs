@@ -13,6 +13,7 @@
 //! requeue (counted by 3.x and 4.0–4.2, not by 4.3+).
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,7 +24,8 @@ use async_trait::async_trait;
 use futures::Stream;
 use idem_core::{AckError, AckProof, Acker, Delivery, Headers, RejectReason};
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    BasicRejectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
@@ -265,6 +267,11 @@ struct Shared {
     closing: tokio::sync::watch::Sender<bool>,
     /// Deferred deliveries coming back into the consumer's stream.
     hand_back: mpsc::UnboundedSender<HandBack>,
+    /// Tags of reruns (deliveries the queue counts as delivered before) not yet settled:
+    /// while one is held, a solo consumer does not go full (see [`Pace`]).
+    reruns: Mutex<BTreeSet<u64>>,
+    /// Notified whenever a rerun is settled.
+    rerun_settled: tokio::sync::Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -272,6 +279,35 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Takes `tags` off the outstanding set (and the reruns); whether the first was on it.
+    fn forget(&self, tags: impl IntoIterator<Item = u64>) -> bool {
+        let (mut out, mut reruns) = (lock(&self.outstanding), lock(&self.reruns));
+        let (mut first, mut any_rerun) = (None, false);
+        for t in tags {
+            let was = out.remove(&t);
+            first.get_or_insert(was);
+            any_rerun |= reruns.remove(&t);
+        }
+        drop((out, reruns));
+        if any_rerun {
+            self.rerun_settled.notify_waiters();
+        }
+        first.unwrap_or(false)
+    }
+
+    /// Waits until no rerun is held.
+    async fn reruns_settled(&self) {
+        loop {
+            let settled = self.rerun_settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if lock(&self.reruns).is_empty() {
+                return;
+            }
+            settled.await;
+        }
+    }
+
     /// Sends `frame` for `tag` (`multiple` for an ack or a nack only).
     async fn send(&self, tag: u64, frame: Frame, multiple: bool) -> Result<(), BrokerError> {
         match frame {
@@ -315,7 +351,7 @@ impl Shared {
             let Some(tag) = lock(&self.dropped).pop() else {
                 return;
             };
-            if lock(&self.outstanding).remove(&tag) {
+            if self.forget([tag]) {
                 tracing::debug!(target: "idem::broker", broker = BROKER, tag, "requeueing a delivery dropped unsettled");
                 // A requeue that is nobody's failure (see `plan`).
                 let frame = match plan(Settle::Dropped, self.room(Instant::now())) {
@@ -333,7 +369,7 @@ impl Shared {
     async fn settle_one(&self, tag: u64, frame: Frame) -> Result<(), AckError> {
         let _step = self.settle.lock().await;
         self.flush_dropped().await;
-        lock(&self.outstanding).remove(&tag);
+        self.forget([tag]);
         self.send(tag, frame, false).await.map_err(Into::into)
     }
 
@@ -343,7 +379,7 @@ impl Shared {
         let _step = self.settle.lock().await;
         self.flush_dropped().await;
         let cut = {
-            let mut out = lock(&self.outstanding);
+            let out = lock(&self.outstanding);
             let mut cut = None;
             let mut covered = 0usize;
             for t in out.iter() {
@@ -353,12 +389,9 @@ impl Shared {
                 cut = Some(*t);
                 covered += 1;
             }
-            let cut = cut.filter(|_| covered > 1);
-            for t in tags {
-                out.remove(t);
-            }
-            cut
+            cut.filter(|_| covered > 1)
         };
+        self.forget(tags.iter().copied());
         let rest: Vec<u64> = match cut {
             Some(c) => tags.range(c + 1..).copied().collect(),
             None => tags.iter().copied().collect(),
@@ -428,6 +461,44 @@ pub struct RabbitConsumer {
     handed_back: mpsc::UnboundedReceiver<HandBack>,
     queue: String,
     queue_type: QueueType,
+    /// How many deliveries the consumer takes ahead now.
+    pace: Pace,
+    /// The prefetch of [`Pace::Full`] (the configured one).
+    prefetch: u16,
+    /// The configured consumer tag (empty: the server names each consumer).
+    consumer_tag: String,
+    /// The change to [`Pace::Full`] under way: the current consumer is being cancelled
+    /// (the deliveries it received still come through it, then it ends) and this task
+    /// starts its successor once no rerun is held.
+    switch: Option<tokio::task::JoinHandle<Result<lapin::Consumer, BrokerError>>>,
+    /// The consumer cancelled for a change of pace has ended: the next comes from
+    /// `switch`.
+    drained: bool,
+}
+
+/// How many deliveries a consumer of a quorum queue takes ahead.
+///
+/// A message that kills its consumer (an OOM kill, an abort) is returned with everything
+/// that consumer held, and each return counts towards the queue's delivery limit. So
+/// that a few such messages in one prefetch window do not push their innocent
+/// neighbours to the limit (dead-lettered by RabbitMQ, without a reason) while the
+/// process dies again and again on them, a consumer starts [`Solo`](Pace::Solo), one
+/// delivery at a time: the reruns a restart finds at the head of the queue come alone,
+/// and each death costs only the rerun that caused it. At the first delivery the queue
+/// has not delivered before, and once no rerun is held, it goes [`Full`](Pace::Full): a
+/// consumer's prefetch cannot change while it consumes (and a quorum queue refuses a
+/// channel-wide one), so it cancels its consumer (what the broker sent already still
+/// comes through) and consumes again at the configured prefetch; the delivery held by
+/// the first consumer does not count against the second's prefetch, so one more than
+/// the prefetch may be in hand around the change. A rerun that reaches a consumer at
+/// full pace (handed over by another consumer that died) runs beside its window.
+/// Classic and stream queues count nothing and always consume at full pace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    /// Prefetch 1.
+    Solo,
+    /// The configured prefetch.
+    Full,
 }
 
 impl std::fmt::Debug for RabbitConsumer {
@@ -442,6 +513,9 @@ impl Drop for RabbitConsumer {
     fn drop(&mut self) {
         // Held deliveries are settled now (deferred ones requeued).
         self.shared.closing.send_replace(true);
+        if let Some(switch) = self.switch.take() {
+            switch.abort();
+        }
     }
 }
 
@@ -528,19 +602,19 @@ impl RabbitConsumer {
             .await
             .map_err(|e| BrokerError::op(BROKER, "channel.open", e))?;
         declare(&channel, &config.name, config).await?;
-        channel
-            .basic_qos(config.prefetch.max(1), BasicQosOptions { global: false })
-            .await
-            .map_err(|e| BrokerError::op(BROKER, "basic.qos", e))?;
-        let inner = channel
-            .basic_consume(
-                config.name.as_str().into(),
-                config.consumer_tag.as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| BrokerError::op(BROKER, "basic.consume", e))?;
+        let prefetch = config.prefetch.max(1);
+        let pace = if config.queue_type == QueueType::Quorum && prefetch > 1 {
+            Pace::Solo
+        } else {
+            Pace::Full
+        };
+        let inner = consume(
+            &channel,
+            &config.name,
+            &config.consumer_tag,
+            if pace == Pace::Solo { 1 } else { prefetch },
+        )
+        .await?;
         let (hand_back, handed_back) = mpsc::unbounded_channel();
         Ok(Self {
             connection,
@@ -560,11 +634,36 @@ impl RabbitConsumer {
                 hold_limit: usize::from(config.prefetch / 2).max(1),
                 closing: tokio::sync::watch::channel(false).0,
                 hand_back,
+                reruns: Mutex::new(BTreeSet::new()),
+                rerun_settled: tokio::sync::Notify::new(),
             }),
             handed_back,
             queue: config.name.clone(),
             queue_type: config.queue_type,
+            pace,
+            prefetch,
+            consumer_tag: config.consumer_tag.clone(),
+            switch: None,
+            drained: false,
         })
+    }
+
+    /// Goes [`Pace::Full`]: cancels the current consumer and starts, once no rerun is
+    /// held, a successor at the configured prefetch.
+    fn go_full(&mut self) {
+        self.pace = Pace::Full;
+        let (shared, old) = (Arc::clone(&self.shared), self.inner.tag());
+        let (queue, tag, prefetch) = (self.queue.clone(), self.consumer_tag.clone(), self.prefetch);
+        tracing::debug!(target: "idem::broker", broker = BROKER, queue = %queue, prefetch, "changing the prefetch");
+        self.switch = Some(tokio::spawn(async move {
+            shared
+                .channel
+                .basic_cancel(old, BasicCancelOptions::default())
+                .await
+                .map_err(|e| BrokerError::op(BROKER, "basic.cancel", e))?;
+            shared.reruns_settled().await;
+            consume(&shared.channel, &queue, &tag, prefetch).await
+        }));
     }
 
     /// Closes the connections: every delivery not settled (held ones included) goes back
@@ -602,41 +701,99 @@ impl Stream for RabbitConsumer {
         if let Poll::Ready(Some(back)) = self.handed_back.poll_recv(cx) {
             return Poll::Ready(Some(Ok(back.into_delivery())));
         }
-        match Pin::new(&mut self.inner).poll_next(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(BrokerError::Operation {
-                broker: BROKER,
-                action: "basic.consume",
-                retryable: true,
-                source: Box::new(e),
-            }))),
-            Poll::Ready(Some(Ok(d))) => {
-                let tag = d.delivery_tag;
-                lock(&self.shared.outstanding).insert(tag);
-                let headers = headers_of(&d.properties);
-                let attempt = attempt_of(&headers, self.queue_type);
-                Poll::Ready(Some(Ok(Delivery {
-                    payload: d.data.clone(),
-                    headers: headers.clone(),
-                    attempt,
-                    acker: RabbitAcker {
-                        guard: TagGuard {
-                            tag,
-                            shared: Arc::clone(&self.shared),
-                            armed: true,
-                        },
-                        kept: Kept {
-                            payload: d.data,
-                            headers,
-                            attempt,
-                            received: Instant::now(),
-                        },
-                    },
-                })))
+        let d = loop {
+            if self.drained {
+                // The consumer ended by its change of pace: its successor comes.
+                let Some(switch) = self.switch.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                let next = match Pin::new(switch).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(next) => next,
+                };
+                self.switch = None;
+                match next {
+                    Ok(Ok(consumer)) => {
+                        self.inner = consumer;
+                        self.drained = false;
+                    }
+                    Ok(Err(e)) => return Poll::Ready(Some(Err(e))),
+                    Err(e) => {
+                        return Poll::Ready(Some(Err(BrokerError::op(BROKER, "basic.consume", e))))
+                    }
+                }
+            }
+            match Pin::new(&mut self.inner).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => {
+                    return Poll::Ready(Some(Err(BrokerError::Operation {
+                        broker: BROKER,
+                        action: "basic.consume",
+                        retryable: true,
+                        source: Box::new(e),
+                    })))
+                }
+                Poll::Ready(Some(Ok(d))) => break d,
+                // The broker's cancel or a closed channel: the end.
+                Poll::Ready(None) if self.switch.is_none() => return Poll::Ready(None),
+                // Cancelled for a change of pace.
+                Poll::Ready(None) => self.drained = true,
+            }
+        };
+        let tag = d.delivery_tag;
+        lock(&self.shared.outstanding).insert(tag);
+        let headers = headers_of(&d.properties);
+        let attempt = attempt_of(&headers, self.queue_type);
+        if self.queue_type == QueueType::Quorum && self.prefetch > 1 {
+            let rerun = attempt.is_some_and(|a| a > 1);
+            if rerun {
+                lock(&self.shared.reruns).insert(tag);
+            }
+            if self.pace == Pace::Solo && !rerun {
+                self.go_full();
             }
         }
+        Poll::Ready(Some(Ok(Delivery {
+            payload: d.data.clone(),
+            headers: headers.clone(),
+            attempt,
+            acker: RabbitAcker {
+                guard: TagGuard {
+                    tag,
+                    shared: Arc::clone(&self.shared),
+                    armed: true,
+                },
+                kept: Kept {
+                    payload: d.data,
+                    headers,
+                    attempt,
+                    received: Instant::now(),
+                },
+            },
+        })))
     }
+}
+
+/// Sets the prefetch of `channel`'s next consumer and starts it on `queue`.
+async fn consume(
+    channel: &Channel,
+    queue: &str,
+    tag: &str,
+    prefetch: u16,
+) -> Result<lapin::Consumer, BrokerError> {
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await
+        .map_err(|e| BrokerError::op(BROKER, "basic.qos", e))?;
+    channel
+        .basic_consume(
+            queue.into(),
+            tag.into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| BrokerError::op(BROKER, "basic.consume", e))
 }
 
 /// What an acker keeps of its delivery, to hand it back into the stream after a
