@@ -1351,3 +1351,60 @@ async fn an_owner_fenced_by_a_late_take_takes_the_partition_again() {
     let row = &store.positions(&source).await.expect("positions")[0];
     assert_eq!((row.next, row.epoch), (Some(10), 3), "{row:?}");
 }
+
+/// A member that lost its partition in a rebalance does not dead-letter a delivery it
+/// received before: member A holds a delivery; member B joins the group (an eager
+/// protocol, so every partition is revoked and assigned again); once one of them has
+/// received the message again, A's dead letter of its old delivery is refused and the
+/// dead-letter topic stays empty — its new owner decides (before, A's dead letter went
+/// out beside the new owner's processing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_that_lost_its_partition_does_not_dead_letter_its_delivery() {
+    use idem_core::{Acker as _, RejectReason};
+    let group = format!("idem-test-{:08x}", rand::random::<u32>());
+    let url = BrokerUrl::parse(&format!("{}&assignment=range", url_in(&group, 1))).expect("url");
+    let name = common::fresh_name("stale-dead-letter");
+    publish_raw(&url, &name, &[b"held".to_vec()])
+        .await
+        .expect("publish");
+    let mut a = AnyConsumer::connect(&url, &name, 8).await.expect("A");
+    let d = next_within(&mut a, Duration::from_secs(60))
+        .await
+        .expect("A's delivery within 60 s")
+        .expect("A's stream goes on")
+        .expect("A's delivery");
+    let mut b = AnyConsumer::connect(&url, &name, 8).await.expect("B");
+    // The rebalance: the message comes again, to A (a new ownership) or to B.
+    let again = tokio::time::timeout(Duration::from_secs(90), async {
+        use futures::StreamExt as _;
+        tokio::select! {
+            Some(r) = a.next() => r,
+            Some(r) = b.next() => r,
+        }
+    })
+    .await
+    .expect("the message delivered again within 90 s of B's join")
+    .expect("a delivery");
+    assert_eq!(again.payload, b"held");
+    let refused = d
+        .acker
+        .dead_letter(
+            &d.payload,
+            &d.headers,
+            &RejectReason::new("test", "dead-lettered by a member that lost the partition"),
+        )
+        .await;
+    assert!(refused.is_err(), "a stale member's dead letter is refused");
+    // A reader in a group of its own (a member of the test's group would rebalance it).
+    let reader = BrokerUrl::parse(&url_in(&format!("{group}-letters"), 1)).expect("url");
+    let mut letters = AnyConsumer::connect(&reader, &idem_broker::dead_letter_name(&name), 8)
+        .await
+        .expect("dead-letter consumer");
+    let letters = common::drain(&mut letters, Duration::from_secs(8)).await;
+    assert!(
+        letters.is_empty(),
+        "nothing dead-lettered: {} letters",
+        letters.len()
+    );
+    drop(again);
+}

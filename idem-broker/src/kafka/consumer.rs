@@ -102,6 +102,12 @@ impl Owned {
         })
     }
 
+    /// Ends the ownership of every partition but `held`.
+    fn forget_all_but(&mut self, held: impl IntoIterator<Item = i32>) {
+        let held: std::collections::BTreeSet<i32> = held.into_iter().collect();
+        self.parts.retain(|p, _| held.contains(p));
+    }
+
     /// Starts the ownership of `partition` (at `generation`) over, for a seek back to
     /// an earlier offset: a new generation (what was handed out or fetched under the old
     /// one is dropped, never settled), an empty tracker, each offset in flight uncounted
@@ -301,17 +307,36 @@ impl ConsumerContext for GroupContext {
         }
     }
 
-    fn post_rebalance(&self, _base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) = rebalance {
-            {
-                let mut owned = self.own.owned();
-                for e in tpl.elements_for_topic(&self.topic) {
-                    // A fresh generation: settlements of an earlier ownership are ignored.
-                    owned.parts.remove(&e.partition());
-                    owned.part(e.partition());
+    fn post_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                {
+                    let mut owned = self.own.owned();
+                    for e in tpl.elements_for_topic(&self.topic) {
+                        // A fresh generation: settlements of an earlier ownership are
+                        // ignored.
+                        owned.parts.remove(&e.partition());
+                        owned.part(e.partition());
+                    }
                 }
+                self.assigned.notify_one();
             }
-            self.assigned.notify_one();
+            Rebalance::Error(e) => {
+                // rdkafka has unassigned what the failed rebalance named (every
+                // partition, under an eager protocol): the ownership of what this
+                // member no longer holds ends here, so none of its deliveries settles
+                // or is dead-lettered under it.
+                let held = base.assignment().ok();
+                let held = held
+                    .as_ref()
+                    .map(|tpl| tpl.elements_for_topic(&self.topic))
+                    .unwrap_or_default();
+                let mut owned = self.own.owned();
+                let before = owned.parts.len();
+                owned.forget_all_but(held.iter().map(|e| e.partition()));
+                tracing::warn!(target: "idem::broker", broker = BROKER, error = %e, released = before - owned.parts.len(), "rebalance failed; the partitions it took away are no longer this member's");
+            }
+            Rebalance::Revoke(_) => {}
         }
     }
 }
@@ -1550,6 +1575,19 @@ impl KafkaAcker {
     }
 
     /// Settled (or handed back): its drop says nothing.
+    /// Whether this member still owns the delivery's partition under the ownership it
+    /// was delivered in.
+    fn owned(&self) -> bool {
+        self.generation != 0
+            && self
+                .shared
+                .own
+                .owned()
+                .parts
+                .get(&self.partition)
+                .is_some_and(|p| p.generation == self.generation)
+    }
+
     fn disarm(&self) {
         self.armed.store(false, Ordering::Release);
     }
@@ -1634,6 +1672,21 @@ impl Acker for KafkaAcker {
         headers: &Headers,
         reason: &RejectReason,
     ) -> Result<(), AckError> {
+        if !self.owned() {
+            // Revoked since it was handed out: its new owner receives it again and
+            // decides; a dead letter from here would be a second one, or one of a
+            // message the new owner processes.
+            self.disarm();
+            return Err(AckError::new(
+                format!(
+                    "partition {} was revoked since offset {} was delivered: not \
+                     dead-lettered here (its new owner receives it again)",
+                    self.partition, self.offset
+                ),
+                false,
+                None,
+            ));
+        }
         let reason = reason.to_string();
         let mut h = OwnedHeaders::new();
         for (k, v) in headers
