@@ -97,8 +97,10 @@ impl Store {
         partition.rem_euclid(self.partitions.max(1))
     }
 
-    /// The last record written for `partition` (empty when none), read from the start of
-    /// its partition of `NAME.attempts` to its end. Blocking.
+    /// The last record written for `partition` (empty when none), read backwards from
+    /// the end of its partition of `NAME.attempts` ([`latest`]): a take reads the
+    /// recent records, not the whole log (which compaction keeps short on a real cluster
+    /// only once a segment rolls). Blocking.
     pub(crate) fn read(&self, partition: i32) -> Result<Record, BrokerError> {
         let at = self.partition_of(partition);
         let consumer: BaseConsumer = self
@@ -114,45 +116,45 @@ impl Store {
         let (low, high) = consumer
             .fetch_watermarks(&self.topic, at, REQUEST_TIMEOUT)
             .map_err(|e| BrokerError::op(BROKER, "read attempts", e))?;
-        if high <= low {
-            return Ok(Record::default());
-        }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.topic, at, Offset::Offset(low))
-            .map_err(|e| BrokerError::op(BROKER, "read attempts", e))?;
-        consumer
-            .assign(&tpl)
-            .map_err(|e| BrokerError::op(BROKER, "read attempts", e))?;
         let wanted = key(&self.group, partition);
         let deadline = Instant::now() + 3 * REQUEST_TIMEOUT;
-        let mut last = Record::default();
-        loop {
-            match consumer.poll(Duration::from_millis(200)) {
-                Some(Ok(m)) => {
-                    if m.key() == Some(wanted.as_bytes()) {
-                        last = decode(m.payload().unwrap_or_default());
+        latest(low, high, |from, to| {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&self.topic, at, Offset::Offset(from))
+                .map_err(|e| BrokerError::op(BROKER, "read attempts", e))?;
+            consumer
+                .assign(&tpl)
+                .map_err(|e| BrokerError::op(BROKER, "read attempts", e))?;
+            let mut last = None;
+            loop {
+                match consumer.poll(Duration::from_millis(200)) {
+                    Some(Ok(m)) => {
+                        // Past `to` (a compacted log has gaps): read before, ignored.
+                        if m.offset() < to && m.key() == Some(wanted.as_bytes()) {
+                            last = Some(decode(m.payload().unwrap_or_default()));
+                        }
+                        if m.offset() + 1 >= to {
+                            return Ok(last);
+                        }
                     }
-                    if m.offset() + 1 >= high {
-                        return Ok(last);
+                    Some(Err(e)) => {
+                        tracing::debug!(target: "idem::broker", broker = BROKER, error = %e, "reading attempts");
                     }
+                    None => {}
                 }
-                Some(Err(e)) => {
-                    tracing::debug!(target: "idem::broker", broker = BROKER, error = %e, "reading attempts");
+                if Instant::now() > deadline {
+                    return Err(BrokerError::op(
+                        BROKER,
+                        "read attempts",
+                        format!(
+                            "{:?} partition {at} not read to offset {to} within {:?}",
+                            self.topic,
+                            3 * REQUEST_TIMEOUT
+                        ),
+                    ));
                 }
-                None => {}
             }
-            if Instant::now() > deadline {
-                return Err(BrokerError::op(
-                    BROKER,
-                    "read attempts",
-                    format!(
-                        "{:?} partition {at} not read to offset {high} within {:?}",
-                        self.topic,
-                        3 * REQUEST_TIMEOUT
-                    ),
-                ));
-            }
-        }
+        })
     }
 
     /// Writes `record` as `partition`'s and waits for the broker's ack.
@@ -176,9 +178,70 @@ impl Store {
     }
 }
 
+/// The records read per range at first by [`latest`]; each further range is twice the
+/// last.
+const FIRST_RANGE: i64 = 64;
+
+/// The last record of a key in a log whose offsets run from `low` to `high` (exclusive),
+/// searched backwards: `read_range(from, to)` returns the last record of the key among
+/// offsets `from..to` (`None` when it has none); the first range that has one holds the
+/// latest. The ranges grow twofold from [`FIRST_RANGE`], so a key written recently costs
+/// one short read and one never written costs about two reads of the log.
+fn latest(
+    low: i64,
+    high: i64,
+    mut read_range: impl FnMut(i64, i64) -> Result<Option<Record>, BrokerError>,
+) -> Result<Record, BrokerError> {
+    let (mut to, mut len) = (high, FIRST_RANGE);
+    while to > low {
+        let from = to.saturating_sub(len).max(low);
+        if let Some(record) = read_range(from, to)? {
+            return Ok(record);
+        }
+        (to, len) = (from, len.saturating_mul(2));
+    }
+    Ok(Record::default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log of `len` records from offset `low`, the key's at `at`: what [`latest`]
+    /// finds, and how many records it read.
+    fn search(low: i64, len: i64, at: &[i64]) -> (Record, i64) {
+        let mut read = 0;
+        let found = latest(low, low + len, |from, to| {
+            assert!(low <= from && from < to && to <= low + len, "{from}..{to}");
+            read += to - from;
+            Ok(at
+                .iter()
+                .filter(|o| (from..to).contains(o))
+                .max()
+                .map(|o| decode(format!("{o}:1").as_bytes())))
+        })
+        .expect("no read fails");
+        (found, read)
+    }
+
+    #[test]
+    fn the_latest_record_is_found_reading_the_recent_part_of_the_log() {
+        let expect = |o: i64| decode(format!("{o}:1").as_bytes());
+        // Written last among 100,000 records: one short read, not the whole log.
+        let (found, read) = search(1_000, 100_000, &[1_000, 50_000, 100_990]);
+        assert_eq!(found, expect(100_990));
+        assert_eq!(read, FIRST_RANGE);
+        // Written long ago: the ranges grow until they reach it; the latest of several.
+        let (found, read) = search(0, 100_000, &[3, 7]);
+        assert_eq!(found, expect(7));
+        assert_eq!(read, 100_000);
+        let (found, read) = search(0, 100_000, &[90_000, 10]);
+        assert_eq!(found, expect(90_000));
+        assert!(read < 20_000, "{read}");
+        // Never written, or an empty log.
+        assert_eq!(search(5, 100_000, &[]), (Record::default(), 100_000));
+        assert_eq!(search(5, 0, &[]), (Record::default(), 0));
+    }
 
     #[test]
     fn counts_read_back_as_written() {
