@@ -50,6 +50,7 @@
 mod cmd;
 mod error;
 mod horizon;
+mod identity;
 mod metrics;
 mod out;
 mod report;
