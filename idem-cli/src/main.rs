@@ -54,6 +54,7 @@ mod identity;
 mod metrics;
 mod out;
 mod report;
+mod sql_handler;
 mod stores;
 
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
