@@ -69,11 +69,6 @@ impl Source {
         }
     }
 
-    /// Whether the source reads the body.
-    fn reads_body(&self) -> bool {
-        matches!(self, Self::Pointer(_))
-    }
-
     /// The source's value in this message: never the value itself in the error.
     fn value<'a>(
         &self,
@@ -164,11 +159,6 @@ impl std::str::FromStr for IdentitySpec {
 }
 
 impl IdentitySpec {
-    /// Whether a source reads the body (a JSON pointer).
-    pub(crate) fn reads_body(&self) -> bool {
-        self.subject.reads_body() || self.second.as_ref().is_some_and(Source::reads_body)
-    }
-
     /// The identity and key of a message whose body is `raw` (`body`: `raw` parsed as
     /// JSON, when it is JSON).
     ///
