@@ -266,22 +266,22 @@ fn orders_from_nats_into_sqlite_take_effect_once_and_a_bad_amount_is_dead_letter
     assert_eq!(report_value(&stdout, "rejected"), 1, "{stdout}");
     assert_eq!(left(&nats, &subject), 0, "every delivery settled");
 
-    let (rows, events): (Vec<(String, f64, String)>, Vec<(String, String)>) =
-        rt().block_on(async {
-            use sqlx::Connection as _;
-            let mut conn = sqlx::SqliteConnection::connect(&store).await.expect("open");
-            let rows = sqlx::query_as("SELECT order_id, amount, idempotency_key FROM orders")
-                .fetch_all(&mut conn)
-                .await
-                .expect("orders");
-            let events = sqlx::query_as(
-                "SELECT subject, payload FROM outbox WHERE event_type = 'order.recorded'",
-            )
+    type Orders = Vec<(String, f64, String)>;
+    let (rows, events): (Orders, Vec<(String, String)>) = rt().block_on(async {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::SqliteConnection::connect(&store).await.expect("open");
+        let rows = sqlx::query_as("SELECT order_id, amount, idempotency_key FROM orders")
             .fetch_all(&mut conn)
             .await
-            .expect("outbox");
-            (rows, events)
-        });
+            .expect("orders");
+        let events = sqlx::query_as(
+            "SELECT subject, payload FROM outbox WHERE event_type = 'order.recorded'",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .expect("outbox");
+        (rows, events)
+    });
     assert_eq!(rows.len(), 20, "{rows:?}");
     for (id, amount, key) in &rows {
         let body = good
