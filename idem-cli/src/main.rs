@@ -50,9 +50,11 @@
 mod cmd;
 mod error;
 mod horizon;
+mod identity;
 mod metrics;
 mod out;
 mod report;
+mod sql_handler;
 mod stores;
 
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};

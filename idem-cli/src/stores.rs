@@ -19,6 +19,7 @@ use idem_store_redis::{IdentitySession, RedisConfig, RedisFilter, StoreIdentityS
 use idem_store_sqlite::SqliteIdentitySession;
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
+use crate::sql_handler::SqlTx;
 use crate::CliError;
 
 /// A parsed `--store` URL.
@@ -96,7 +97,8 @@ impl std::fmt::Debug for Extras {
     }
 }
 
-/// Receives the opened store with its concrete type.
+/// Receives the opened store with its concrete type: its transactions take the grant
+/// handler and the SQL handler alike.
 pub(crate) trait StoreVisitor {
     type Output;
 
@@ -108,7 +110,8 @@ pub(crate) trait StoreVisitor {
     ) -> impl Future<Output = Result<Self::Output, CliError>> + Send
     where
         S: ClaimStore + Clone + 'static,
-        GrantHandler: Handler<S::Tx>;
+        GrantHandler: Handler<S::Tx>,
+        S::Tx: SqlTx;
 }
 
 /// Where and how to open a store.
@@ -259,7 +262,7 @@ async fn with_filter<S, V>(
 ) -> Result<V::Output, CliError>
 where
     S: ClaimStore + GrantDb + Clone + 'static,
-    S::Tx: GrantBook,
+    S::Tx: GrantBook + SqlTx,
     V: StoreVisitor,
 {
     let db: Arc<dyn GrantDb> = Arc::new(store.clone());

@@ -1,25 +1,73 @@
-//! `idem consume`: the gate (claim → disbursement → commit → ack) under `idem-runtime`'s
+//! `idem consume`: the gate (claim → the handler's writes → commit → ack) under `idem-runtime`'s
 //! supervised consumer (reconnects with backoff, `--reconnect-timeout` then exit 1, a
 //! configuration failure exit 2 with nothing acked, counts across reconnects). Ctrl-C or
 //! SIGTERM finishes the deliveries in hand and exits 0; stdout gets `name: value` lines.
+//! The handler is the grant pipeline (`--handler grant`, the default) or the team's own
+//! statements (`--handler sql:FILE`, [`crate::sql_handler`], with `--identity`).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
-use idem_core::{ClaimStore, ConflictPolicy, ConsumerConfig, Gate, GateConfig, Handler};
+use idem_core::{
+    ClaimStore, ClaimTx as _, ConflictPolicy, ConsumerConfig, Gate, GateConfig, Handler,
+};
 use idem_grant::{GrantDb, GrantHandler, KeyDerivation};
 use idem_runtime::supervise::{supervise, SourceCheck, SupervisorConfig};
 
 use crate::cmd::{at_least_one, at_least_one_u32, broker_error, parse_secs};
-use crate::stores::{Extras, StoreSpec, StoreVisitor};
+use crate::identity::IdentitySpec;
+use crate::sql_handler::{SqlHandler, SqlScript, SqlTx};
+use crate::stores::{Extras, StoreSpec, StoreUrl, StoreVisitor};
 use crate::CliError;
+
+/// `--handler`: what a message does in the claim's transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HandlerArg {
+    /// `grant`: a grant submission becomes a disbursement and its event.
+    Grant,
+    /// `sql:FILE`: the statements of FILE.
+    Sql(PathBuf),
+}
+
+impl std::str::FromStr for HandlerArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "grant" => Ok(Self::Grant),
+            _ => match s.strip_prefix("sql:") {
+                Some("") => Err("sql: needs a file: --handler sql:FILE".into()),
+                Some(path) => Ok(Self::Sql(PathBuf::from(path))),
+                None => Err(format!("unknown handler {s:?}: use grant or sql:FILE")),
+            },
+        }
+    }
+}
 
 /// Arguments of `idem consume`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[arg(long, value_name = "URL", env = "IDEM_BROKER", hide_env_values = true, help = super::BROKER_HELP)]
     broker: String,
+    /// What each message does in the claim's transaction: `grant` (a grant submission
+    /// becomes a `disbursements` row and a `disbursement.recorded` event) or `sql:FILE`
+    /// (the statements of FILE, with the body as $1 - jsonb on Postgres, JSON text on
+    /// SQLite -, the key as $2, the subject as $3 and the headers as a JSON object as $4;
+    /// needs --identity).
+    #[arg(long, value_name = "HANDLER", default_value = "grant")]
+    handler: HandlerArg,
+    /// What identifies a message, for --handler sql:FILE: one or two of a JSON pointer
+    /// into the body (`/order_id`), `header:NAME` or `message-id`, separated by a comma.
+    /// The first is the subject; the key is sha256(subject|second|sha256(body)), the
+    /// second part being `-` when one is given.
+    #[arg(long, value_name = "SOURCES")]
+    identity: Option<IdentitySpec>,
+    /// With --handler sql:FILE: each row the last statement returns (`RETURNING …`)
+    /// becomes an outbox event of this type, its payload the row as a JSON object.
+    #[arg(long, value_name = "NAME")]
+    event_type: Option<String>,
     /// The queue / stream to consume (created if missing).
     #[arg(long, value_name = "NAME")]
     source: String,
@@ -101,14 +149,21 @@ pub(crate) struct Args {
     no_migrate: bool,
 }
 
+/// The handler `idem consume` runs.
+#[derive(Clone)]
+enum Chosen {
+    Grant(KeyDerivation),
+    Sql(SqlHandler),
+}
+
 #[derive(Clone)]
 struct Consume {
+    handler: Chosen,
     migrate: bool,
     broker: BrokerUrl,
     source: String,
     config: SupervisorConfig,
     gate: GateConfig,
-    key_derivation: KeyDerivation,
     handler_timeout: Duration,
     metrics: Arc<crate::metrics::ConsumeEndpoint>,
 }
@@ -125,11 +180,43 @@ impl StoreVisitor for Consume {
     where
         S: ClaimStore + Clone + 'static,
         GrantHandler: Handler<S::Tx>,
+        S::Tx: SqlTx,
     {
         if !self.migrate {
             db.check_grants().await?; // fail now, naming the table
         }
-        self.metrics.opened(Arc::clone(&db), extras.filter_stats);
+        match self.handler.clone() {
+            Chosen::Grant(derivation) => {
+                let handler = db.grant_handler().with_key_derivation(derivation);
+                self.serve(store, db, extras, handler).await
+            }
+            Chosen::Sql(handler) => {
+                // A statement the server cannot parse or plan is a usage error now, not a
+                // dead letter per message.
+                let mut tx = store.begin().await?;
+                let prepared = tx.prepare_script(handler.script()).await;
+                let _ = tx.rollback().await;
+                prepared.map_err(|e| CliError::usage(format!("--handler sql: {e}")))?;
+                self.serve(store, db, extras, handler).await
+            }
+        }
+    }
+}
+
+impl Consume {
+    /// Runs the gate with `handler` under the supervised consumer.
+    async fn serve<S, H>(
+        self,
+        store: S,
+        db: Arc<dyn GrantDb>,
+        extras: Extras,
+        handler: H,
+    ) -> Result<idem_runtime::supervise::Supervised, CliError>
+    where
+        S: ClaimStore + Clone + 'static,
+        H: Handler<S::Tx> + 'static,
+    {
+        self.metrics.opened(db, extras.filter_stats);
         let (broker, source) = (&self.broker, &self.source);
         let (first, connect) = super::connect_consumer(
             broker,
@@ -139,10 +226,7 @@ impl StoreVisitor for Consume {
             extras.positions.clone(),
         )
         .await?;
-        let handler = idem_runtime::Deadline::new(
-            db.grant_handler().with_key_derivation(self.key_derivation),
-            self.handler_timeout,
-        );
+        let handler = idem_runtime::Deadline::new(handler, self.handler_timeout);
         // The metrics, and the outcome tally when the store can keep one.
         let (observer, flusher) = idem_runtime::tally::with_outcome_tally(
             self.metrics.metrics.stages(),
@@ -160,9 +244,49 @@ impl StoreVisitor for Consume {
     }
 }
 
+/// The handler the arguments choose, checked before anything is opened.
+fn chosen(args: &Args, store: &StoreUrl) -> Result<Chosen, CliError> {
+    match &args.handler {
+        HandlerArg::Grant => {
+            if args.identity.is_some() || args.event_type.is_some() {
+                return Err(CliError::usage(
+                    "--identity and --event-type go with --handler sql:FILE; the grant \
+                     handler's identity is the award id and the submission timestamp",
+                ));
+            }
+            Ok(Chosen::Grant(args.key_derivation))
+        }
+        HandlerArg::Sql(path) => {
+            if matches!(store, StoreUrl::Memory) {
+                return Err(CliError::usage(
+                    "--handler sql: needs a postgres:// or sqlite:// store (memory:// has no SQL)",
+                ));
+            }
+            let Some(identity) = args.identity.clone() else {
+                return Err(CliError::usage(
+                    "--handler sql:FILE needs --identity: what identifies a message \
+                     (a JSON pointer such as /order_id, header:NAME or message-id)",
+                ));
+            };
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                CliError::usage(format!("cannot read --handler sql:{}: {e}", path.display()))
+            })?;
+            let script =
+                SqlScript::parse(&path.display().to_string(), &text, args.event_type.clone())
+                    .map_err(|e| CliError::usage(format!("--handler sql: {e}")))?;
+            Ok(Chosen::Sql(SqlHandler::new(
+                script,
+                identity,
+                args.key_derivation,
+            )))
+        }
+    }
+}
+
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
-    let mut spec = StoreSpec::new(&args.store, args.schema, args.front_filter)?;
+    let mut spec = StoreSpec::new(&args.store, args.schema.clone(), args.front_filter.clone())?;
+    let handler = chosen(&args, &spec.url)?;
     // The server cancels a statement the handler's deadline gave up on.
     spec.statement_timeout = Some(
         args.handler_timeout
@@ -191,11 +315,11 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         .reconnect_timeout(timeout);
     let migrate = !args.no_migrate;
     let visitor = Consume {
+        handler,
         migrate,
         broker,
         source: args.source,
         config,
-        key_derivation: args.key_derivation,
         handler_timeout: args.handler_timeout,
         gate: GateConfig::default()
             .with_max_attempts(args.max_attempts)

@@ -524,6 +524,7 @@ impl StoreVisitor for Demo {
     where
         S: ClaimStore + Clone + 'static,
         GrantHandler: Handler<S::Tx>,
+        S::Tx: crate::sql_handler::SqlTx,
     {
         let Demo { args, seed, url } = self;
         let broker = SimBroker::with_redelivery_rate(seed, args.redeliveries);

@@ -1,4 +1,4 @@
-//! `idem inspect`: was this award or key processed, when, under which key, and which
+//! `idem inspect`: was this subject (award) or key processed, when, under which key, and which
 //! outbox events did it cause; with `--broker URL --source NAME`, the redelivery horizon
 //! a purge would respect. Never shows payloads.
 
@@ -18,7 +18,7 @@ use crate::CliError;
 
 /// Arguments of `idem inspect`.
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["key", "award_id", "source"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["key", "subject", "source"])))]
 pub(crate) struct Args {
     /// The store: sqlite://PATH or postgres://… (not needed for the horizon alone; or
     /// IDEM_STORE, else DATABASE_URL)
@@ -35,9 +35,15 @@ pub(crate) struct Args {
     /// An idempotency key (64 hex).
     #[arg(long, value_name = "HEX")]
     key: Option<String>,
-    /// An award id: every claim made for it.
-    #[arg(long, allow_hyphen_values = true)]
-    award_id: Option<String>,
+    /// A subject (an award id for grants, the first --identity part otherwise): every
+    /// claim made for it. `--award-id` is the same flag.
+    #[arg(
+        long,
+        visible_alias = "award-id",
+        value_name = "ID",
+        allow_hyphen_values = true
+    )]
+    subject: Option<String>,
     /// A broker holding a source that feeds the store (with --source): shows the source's
     /// redelivery horizon, which `idem purge --broker … --source …` respects (default
     /// with --source: IDEM_BROKER).
@@ -91,7 +97,7 @@ async fn records(
                 PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?,
             )
             .await?;
-            match (key, &args.award_id) {
+            match (key, &args.subject) {
                 (Some(k), _) => store.inspect_key(k).await?.into_iter().collect(),
                 (None, Some(a)) => store.inspect_subject(a).await?,
                 (None, None) => Vec::new(),
@@ -106,7 +112,7 @@ async fn records(
             let mut config = SqliteConfig::default();
             config.create_if_missing = false;
             let store = SqliteStore::connect(&path, config).await?;
-            match (key, &args.award_id) {
+            match (key, &args.subject) {
                 (Some(k), _) => store.inspect_key(k).await?.into_iter().collect(),
                 (None, Some(a)) => store.inspect_subject(a).await?,
                 (None, None) => Vec::new(),
@@ -126,9 +132,9 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     };
     let sources = crate::horizon::pairs(&args.broker, &args.source)?;
     let mut out = crate::out::Out::new();
-    if key.is_some() || args.award_id.is_some() {
+    if key.is_some() || args.subject.is_some() {
         let Some(store) = &args.store else {
-            return Err(CliError::usage("--key and --award-id need --store"));
+            return Err(CliError::usage("--key and --subject need --store"));
         };
         let shown = records(&args, store, key.as_ref()).await?;
         claims(&mut out, &shown);
@@ -136,7 +142,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     if !sources.is_empty() {
         let positions = position_store(&args).await?;
         let horizons = crate::horizon::read(&sources, positions.as_deref()).await?;
-        if !out.is_json() && (key.is_some() || args.award_id.is_some()) {
+        if !out.is_json() && (key.is_some() || args.subject.is_some()) {
             println!();
         }
         let mut longest = Some(Duration::ZERO);

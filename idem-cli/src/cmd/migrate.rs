@@ -69,6 +69,7 @@ impl StoreVisitor for Done {
     where
         S: ClaimStore + Clone + 'static,
         GrantHandler: Handler<S::Tx>,
+        S::Tx: crate::sql_handler::SqlTx,
     {
         Ok(())
     }

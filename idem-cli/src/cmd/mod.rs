@@ -521,6 +521,7 @@ impl<V: StoreVisitor + Send> StoreVisitor for Marked<V> {
     where
         S: ClaimStore + Clone + 'static,
         GrantHandler: Handler<S::Tx>,
+        S::Tx: crate::sql_handler::SqlTx,
     {
         self.visited.store(true, Ordering::SeqCst);
         self.inner.visit(store, db, extras).await
