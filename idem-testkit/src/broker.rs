@@ -70,6 +70,8 @@ struct State {
     in_flight: HashMap<u64, SimMessage>,
     dead: Vec<(SimMessage, RejectReason)>,
     published_events: Vec<OutboxEvent>,
+    /// Each payload's key, when the run said ([`SimBroker::expect_keys`]).
+    keys: Option<HashMap<Vec<u8>, IdempotencyKey>>,
     rng: StdRng,
     redelivery_rate: f64,
     expiry_rate: f64,
@@ -107,6 +109,7 @@ impl SimBroker {
                 in_flight: HashMap::new(),
                 dead: Vec::new(),
                 published_events: Vec::new(),
+                keys: None,
                 rng: StdRng::seed_from_u64(seed),
                 redelivery_rate: rate.clamp(0.0, 1.0),
                 expiry_rate: 0.0,
@@ -138,6 +141,13 @@ impl SimBroker {
     pub fn counting_runs(self) -> Self {
         self.lock().count_runs = true;
         self
+    }
+
+    /// The key each payload must be acked with (the handler's `identify` of it), for
+    /// [`BrokerStats::foreign_proofs`]; without it, the key of a payload that is one of
+    /// the test kit's submissions ([`crate::EffectHandler::parse`]).
+    pub(crate) fn expect_keys(&self, keys: HashMap<Vec<u8>, IdempotencyKey>) {
+        self.lock().keys = Some(keys);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -246,12 +256,16 @@ impl SimBroker {
         match how {
             Settlement::Ack(key) => {
                 st.stats.acks += 1;
-                // The proof must be for this delivery: its payload's own key, where the
-                // payload is one of the test kit's submissions.
-                if let Ok(sub) = crate::harness::EffectHandler::parse(&msg.payload) {
-                    if sub.key != key {
-                        st.stats.foreign_proofs += 1;
-                    }
+                // The proof must be for this delivery: its payload's own key, where it is
+                // known (the run's keys, or one of the test kit's submissions).
+                let own = match &st.keys {
+                    Some(keys) => keys.get(&msg.payload).copied(),
+                    None => crate::harness::EffectHandler::parse(&msg.payload)
+                        .ok()
+                        .map(|sub| sub.key),
+                };
+                if own.is_some_and(|own| own != key) {
+                    st.stats.foreign_proofs += 1;
                 }
                 let rate = st.redelivery_rate;
                 if !msg.echoed && rate > 0.0 && st.rng.random_bool(rate) {

@@ -8,7 +8,9 @@
 //! - [`fault`]: wrappers that crash the pipeline at every step;
 //! - [`Ledger`]: the model that asserts exactly-once;
 //! - [`conformance`]: the suite every store runs ([`conformance_tests!`]);
-//! - [`sim`]: a driver that runs a whole schedule of deliveries, redeliveries and crashes;
+//! - [`sim`]: a driver that runs a whole schedule of deliveries, redeliveries and crashes,
+//!   and the crash-at-every-step suite for a handler of your own on your own store
+//!   ([`sim::crash_suite`], [`sim::check_handler`]);
 //! - [`strategies`]: proptest strategies for schedules;
 //! - [`explore`]: an exhaustive explorer of the real gate's interleavings and faults.
 //!
