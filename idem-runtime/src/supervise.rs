@@ -21,7 +21,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -42,7 +42,8 @@ pub struct SupervisorConfig {
     /// The consumer loop's batch size and concurrency.
     pub consumer: ConsumerConfig,
     /// End the run once no delivery arrived for this long (default: never), and nothing
-    /// is left for it: a delivery that failed or was deferred (it comes back after its
+    /// is left for it: a delivery still in its handler is waited for, and one that failed
+    /// or was deferred (it comes back after its
     /// delay, held by the consumer or redelivered by the broker) is waited for until it
     /// settles. One that does not come back within twice the gate's longest retry delay
     /// after its last failure (the broker gave it to another consumer) ends the run with
@@ -410,6 +411,9 @@ struct Watched<St, P> {
     /// What an idle run still waits for, and how long after its last attempt.
     awaited: Arc<Awaited>,
     await_bound: Duration,
+    /// Deliveries this stream handed out whose outcome has not come yet: an idle run
+    /// waits for them (one may fail and come back).
+    in_flight: Arc<AtomicUsize>,
     /// Asks the source what it still holds once nothing of the run's own is left.
     check: Option<SourceCheck>,
     /// The question in flight.
@@ -461,6 +465,9 @@ where
         }
         match this.inner.as_mut().poll_next(cx) {
             Poll::Ready(Some(item)) => {
+                if item.is_ok() {
+                    this.in_flight.fetch_add(1, Ordering::SeqCst);
+                }
                 this.idle_timer = None;
                 this.asking = None;
                 this.last_item = Instant::now();
@@ -483,7 +490,12 @@ where
                     if timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
-                    match (this.awaited.left(this.await_bound), &this.check) {
+                    let left = if this.in_flight.load(Ordering::SeqCst) > 0 {
+                        Left::Waiting
+                    } else {
+                        this.awaited.left(this.await_bound)
+                    };
+                    match (left, &this.check) {
                         (Left::Nothing, Some(check)) => this.asking = Some(check.ask()),
                         (Left::Nothing | Left::Gone, _) => {
                             this.done = true;
@@ -591,12 +603,14 @@ where
             }
         };
         let ended = Arc::new(AtomicBool::new(false));
+        let in_flight = Arc::new(AtomicUsize::new(0));
         let deliveries = Watched {
             inner: Box::pin(stream),
             idle: config.exit_when_idle,
             idle_timer: None,
             awaited: Arc::clone(&awaited),
             await_bound: gate.config().retry.max.saturating_mul(2),
+            in_flight: Arc::clone(&in_flight),
             check: config.source_check.clone(),
             asking: None,
             last_item: Instant::now(),
@@ -618,6 +632,8 @@ where
             outlasted(&streak, timeout, || gate.store_proven()),
         );
         let run = consumer::run(gate, deliveries, config.consumer, stop, |o: &Outcome| {
+            let _ =
+                in_flight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
             awaited.record(o);
             streak.record(o.kind());
             counts.record(o);

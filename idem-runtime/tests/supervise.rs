@@ -127,11 +127,13 @@ async fn the_reconnect_timeout_holds_while_the_workers_wait_on_the_store() {
 }
 
 /// The testkit's handler, except that a submission whose subject starts with `ONCE`
-/// fails its first attempt (a transient error of the handler's own).
+/// fails its first attempt (a transient error of the handler's own), `slow` after it
+/// began.
 #[derive(Debug, Clone, Default)]
 struct FailsOnce {
     inner: EffectHandlerFor<MemoryStore>,
     failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    slow: Duration,
 }
 
 #[idem_core::async_trait]
@@ -154,6 +156,7 @@ impl idem_core::Handler<<MemoryStore as idem_core::ClaimStore>::Tx> for FailsOnc
         if sub.subject.starts_with("ONCE")
             && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst)
         {
+            tokio::time::sleep(self.slow).await;
             return Err(idem_core::HandlerError::Transient("once".into()));
         }
         self.inner.handle(tx, sub).await
@@ -195,6 +198,42 @@ async fn an_idle_run_waits_for_a_delivery_that_failed_and_comes_back() {
         .boxed()
     };
     let config = SupervisorConfig::new(ConsumerConfig::new(1, 1))
+        .exit_when_idle(Some(Duration::from_millis(300)))
+        .reconnect_timeout(Duration::from_secs(5));
+    let run = supervise(&gate, None, connect, config, std::future::pending(), |_| {});
+    let done = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the supervisor did not return")
+        .expect("drained");
+    assert_eq!(done.stats.processed, 2, "{done:?}");
+    assert_eq!(done.stats.failed, 1, "{done:?}");
+    assert!(broker.is_settled());
+}
+
+/// A drain does not end while a delivery is in flight: the last one's handler runs 1 s
+/// (past the idle limit of 300 ms) and then fails; the run waits for it, sees it fail,
+/// and ends with it processed. Before, the run went idle while the handler ran and ended
+/// with the message handed back to the broker (`idem consume --exit-when-idle` exited 0
+/// with a lock wait's message still in the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_run_waits_for_a_delivery_in_flight() {
+    let broker = SimBroker::new(5);
+    let ts = "2026-07-01T09:00:00Z";
+    broker.publish(encode_submission("OK-1", ts, 1));
+    broker.publish(encode_submission("ONCE-1", ts, 2));
+    let gate = Gate::new(
+        MemoryStore::new(),
+        FailsOnce {
+            slow: Duration::from_secs(1),
+            ..FailsOnce::default()
+        },
+    );
+    let b = broker.clone();
+    let connect = move || {
+        let b = b.clone();
+        async move { Ok::<_, Attempt<std::io::Error>>(polling(b)) }.boxed()
+    };
+    let config = SupervisorConfig::new(ConsumerConfig::new(2, 1))
         .exit_when_idle(Some(Duration::from_millis(300)))
         .reconnect_timeout(Duration::from_secs(5));
     let run = supervise(&gate, None, connect, config, std::future::pending(), |_| {});
