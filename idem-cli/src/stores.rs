@@ -128,6 +128,9 @@ pub(crate) struct StoreSpec {
     /// the handler's deadline gave up on).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) statement_timeout: Option<std::time::Duration>,
+    /// Whether migrating also creates the grant pipeline's tables (`disbursements`):
+    /// for the grant handler only; idem's own tables are always migrated.
+    pub(crate) grant_tables: bool,
     /// The layout a Postgres store is migrated to when its tables do not exist yet
     /// (`idem migrate --layout`); an existing table keeps its own.
     #[cfg(feature = "postgres")]
@@ -166,6 +169,7 @@ impl StoreSpec {
             front_filter,
             max_connections: None,
             statement_timeout: None,
+            grant_tables: false,
             #[cfg(feature = "postgres")]
             pg_layout: None,
             #[cfg(feature = "postgres")]
@@ -197,8 +201,10 @@ pub(crate) async fn open<V: StoreVisitor>(
                 config.max_connections = n;
             }
             let store = SqliteStore::connect(path, config).await?;
-            if migrate {
+            if migrate && spec.grant_tables {
                 store.migrate_grants().await?;
+            } else if migrate {
+                store.migrate().await?;
             }
             let identity = Identity::Sqlite(store.clone());
             let (counts, positions) = durable(&store);
@@ -225,8 +231,10 @@ pub(crate) async fn open<V: StoreVisitor>(
                 config = config.with_partition_window(back, ahead);
             }
             let store = PgStore::connect(url, config).await?;
-            if migrate {
+            if migrate && spec.grant_tables {
                 store.migrate_grants().await?;
+            } else if migrate {
+                store.migrate().await?;
             }
             let identity = Identity::Pg(store.clone());
             let (counts, positions) = durable(&store);

@@ -190,8 +190,10 @@ fn demo_on_postgres_is_exactly_once() {
     assert_eq!(report_value(&out, "processed"), "400");
 }
 
+/// `idem migrate` creates idem's own tables and no handler's; `--handler grant` adds the
+/// grant pipeline's `disbursements`. Both are idempotent.
 #[test]
-fn migrate_creates_the_tables() {
+fn migrate_creates_idems_tables_and_the_grant_table_only_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("m.db").display());
     let o = idem(&["migrate", "--store", &url]);
@@ -202,14 +204,34 @@ fn migrate_creates_the_tables() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        let store = idem_store_sqlite::SqliteStore::connect(&url, Default::default())
-            .await
-            .unwrap();
-        for t in ["processed_messages", "disbursements", "outbox"] {
-            assert_eq!(store.count(t).await.unwrap(), 0, "{t}");
-        }
-    });
+    let tables = |url: &str| {
+        rt.block_on(async {
+            let store = idem_store_sqlite::SqliteStore::connect(url, Default::default())
+                .await
+                .unwrap();
+            let mut out = Vec::new();
+            for t in ["processed_messages", "disbursements", "outbox"] {
+                out.push(store.count(t).await.map(|_| t).ok());
+            }
+            out
+        })
+    };
+    assert_eq!(
+        tables(&url),
+        [Some("processed_messages"), None, Some("outbox")]
+    );
+    for _ in 0..2 {
+        let o = idem(&["migrate", "--store", &url, "--handler", "grant"]);
+        assert!(o.status.success(), "{o:?}");
+    }
+    assert_eq!(
+        tables(&url),
+        [
+            Some("processed_messages"),
+            Some("disbursements"),
+            Some("outbox")
+        ]
+    );
 }
 
 #[test]

@@ -214,6 +214,8 @@ impl Run {
             &run.pg,
             "--schema",
             &run.schema,
+            "--handler",
+            "grant",
         ]));
         ok(&idem(&[
             "publish",

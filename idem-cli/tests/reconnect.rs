@@ -170,7 +170,7 @@ fn a_drain_after_a_sigkill_waits_for_the_invisible_messages() {
     )
     .expect("write");
     let lines = lines.to_str().expect("utf-8").to_owned();
-    let (out, _) = idem(&["migrate", "--store", &store]);
+    let (out, _) = idem(&["migrate", "--store", &store, "--handler", "grant"]);
     common::ok(&out, "migrate");
     let (out, _) = idem(&[
         "publish",

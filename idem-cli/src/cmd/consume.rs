@@ -183,7 +183,11 @@ impl StoreVisitor for Consume {
         S::Tx: SqlTx,
     {
         if !self.migrate {
-            db.check_grants().await?; // fail now, naming the table
+            // Fail now, naming the table.
+            match self.handler {
+                Chosen::Grant(_) => db.check_grants().await?,
+                Chosen::Sql(_) => db.outbox_backlog().await.map(drop)?,
+            }
         }
         match self.handler.clone() {
             Chosen::Grant(derivation) => {
@@ -287,6 +291,8 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
     let mut spec = StoreSpec::new(&args.store, args.schema.clone(), args.front_filter.clone())?;
     let handler = chosen(&args, &spec.url)?;
+    // The grant pipeline's table comes with the grant handler.
+    spec.grant_tables = matches!(handler, Chosen::Grant(_));
     // The server cancels a statement the handler's deadline gave up on.
     spec.statement_timeout = Some(
         args.handler_timeout

@@ -726,6 +726,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         }
     };
     let mut spec = StoreSpec::new(&url, args.schema.clone(), args.front_filter.clone())?;
+    spec.grant_tables = true;
     spec.max_connections = Some(
         u32::try_from(args.concurrency)
             .unwrap_or(4)

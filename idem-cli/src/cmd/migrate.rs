@@ -28,6 +28,12 @@ pub(crate) struct Args {
     /// identity, restores and clones"), before any consumer starts on it.
     #[arg(long)]
     rotate_store_identity: bool,
+    /// Also create the tables of this handler: `grant` (the grant pipeline's
+    /// `disbursements`, which `idem consume` with the grant handler otherwise creates at
+    /// its first migrating start). Without it only idem's own tables are made: a SQL
+    /// handler's tables are the team's.
+    #[arg(long, value_name = "HANDLER", value_parser = ["grant"])]
+    handler: Option<String>,
     /// The layout of processed_messages (Postgres only), used when it does not exist yet:
     /// `plain` (the reference's table, shared with consumers in other languages),
     /// `partitioned` (by the submission month: old months are purged by dropping their
@@ -76,8 +82,8 @@ impl StoreVisitor for Done {
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
     let mut spec = StoreSpec::new(&args.store, args.schema, None)?;
+    spec.grant_tables = args.handler.is_some();
     #[cfg(feature = "postgres")]
     {
         if let Some(layout) = args.layout {

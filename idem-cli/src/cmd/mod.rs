@@ -400,6 +400,15 @@ pub(crate) enum Opened {
 }
 
 impl Opened {
+    /// Creates or updates idem's own tables (not a handler's).
+    async fn migrate(&self) -> Result<(), idem_core::StoreError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Pg(s) => s.migrate().await.map_err(Into::into),
+            Self::Lite(s) => s.migrate().await,
+        }
+    }
+
     /// The store as the grant pipeline sees it.
     pub(crate) fn db(&self) -> Arc<dyn GrantDb> {
         match self {
@@ -445,11 +454,10 @@ pub(crate) async fn open_durable(
                     .map_err(|e| Attempt::Final(e.into()))?,
             ),
         };
-        let db = store.db();
         let prepared = if migrate {
-            db.migrate_grants().await
+            store.migrate().await
         } else {
-            db.outbox_backlog().await.map(drop)
+            store.db().outbox_backlog().await.map(drop)
         };
         prepared.map_err(|e| attempt(e.into()))?;
         Ok(store)
