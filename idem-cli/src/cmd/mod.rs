@@ -404,7 +404,7 @@ impl Opened {
     async fn migrate(&self) -> Result<(), idem_core::StoreError> {
         match self {
             #[cfg(feature = "postgres")]
-            Self::Pg(s) => s.migrate().await.map_err(Into::into),
+            Self::Pg(s) => s.migrate().await,
             Self::Lite(s) => s.migrate().await,
         }
     }
