@@ -260,12 +260,12 @@ fn inspect_answers_by_award_and_by_key_on_sqlite() {
     assert!(o.status.success(), "{text}");
     assert_eq!(report_value(&text, "processed"), "yes");
     assert_eq!(report_value(&text, "claims"), "1");
-    assert_eq!(report_value(&text, "award_id"), award);
+    assert_eq!(report_value(&text, "subject"), award);
     assert_eq!(report_value(&text, "events"), "1");
     assert!(text.contains("disbursement.recorded"));
     let key = report_value(&text, "key");
     let o = idem(&["inspect", "--store", &url, "--key", &key]);
-    assert_eq!(report_value(&stdout(&o), "award_id"), award);
+    assert_eq!(report_value(&stdout(&o), "subject"), award);
     let o = idem(&["inspect", "--store", &url, "--award-id", "A-never"]);
     assert_eq!(report_value(&stdout(&o), "processed"), "no");
     let o = idem(&["inspect", "--store", &url, "--key", "not-hex"]);

@@ -381,6 +381,7 @@ fn json_results_carry_what_the_lines_show() {
         claims.len() as u64,
         report_value(&text(&lines.stdout), "claims")
     );
+    assert_eq!(claims[0]["subject"], award.as_str());
     assert_eq!(claims[0]["award_id"], award.as_str());
     assert_eq!(claims[0]["key"].as_str().map(str::len), Some(64));
     assert!(claims[0]["events"]

@@ -199,6 +199,8 @@ fn claims(out: &mut crate::out::Out, shown: &[ClaimRecord]) {
                     .collect();
                 serde_json::json!({
                     "key": s.key.to_string(),
+                    "subject": s.award_id,
+                    // The same value under its grant name, for readers of earlier output.
                     "award_id": s.award_id,
                     "claimed_at": s.claimed_at.map(|t| t.to_string()),
                     "events": events,
@@ -213,7 +215,7 @@ fn claims(out: &mut crate::out::Out, shown: &[ClaimRecord]) {
     for s in shown {
         println!();
         println!("key: {}", s.key);
-        println!("award_id: {}", s.award_id.as_deref().unwrap_or("-"));
+        println!("subject: {}", s.award_id.as_deref().unwrap_or("-"));
         println!(
             "claimed_at: {}",
             s.claimed_at
