@@ -440,7 +440,7 @@ fn reasons_table(outcomes: Option<&[OutcomeCount]>) -> String {
 fn reason_meaning(code: &str) -> &'static str {
     match code {
         idem_core::gate::CONFLICT => {
-            "the same award id and submission timestamp as a processed submission, another payload"
+            "the same identity (subject and second part) as a processed submission, another payload"
         }
         idem_core::gate::ATTEMPTS_EXHAUSTED => "failed on every attempt (a handler error or panic)",
         idem_core::gate::STORE_REJECTED => "the store refused the message for good",
@@ -456,7 +456,7 @@ fn reason_meaning(code: &str) -> &'static str {
         "negative_amount" => "the amount is negative",
         "control_character" => "a field holds a control character",
         "too_long" => "a field is too long",
-        "invalid_identity" => "the award id or timestamp cannot form a key",
+        "invalid_identity" => "the subject or the second part cannot form a key",
         _ => "bad input (see the dead letter's reason header)",
     }
 }
@@ -569,7 +569,7 @@ generated <span id="generated">{generated}</span> by idem {version}. Times are U
 <tr><td>Claims with no {table} row</td>{}<td>should be 0</td></tr>
 <tr><td>Claims with more than one {table} row</td>{}<td>should be 0 (a double effect)</td></tr>
 <tr><td>{table} rows (any time) without a dedup record</td>{}<td>should be 0 (a row without evidence, or evidence purged)</td></tr>
-<tr><td>Subjects ({subject}) with more than one {table} row</td>{}<td>resubmissions of one award with a different payload each have their own key</td></tr>
+<tr><td>Subjects ({subject}) with more than one {table} row</td>{}<td>resubmissions of one subject with a different payload each have their own key</td></tr>
 <tr><td>Outbox events written</td>{}<td>outbox, by created_at</td></tr>
 <tr><td>Outbox events published</td>{}<td>outbox, by published_at</td></tr>
 <tr><td>Outbox events written and not yet published</td>{}<td>outbox, published_at empty</td></tr>
@@ -751,16 +751,17 @@ generated <span id="generated">{generated}</span> by idem {version}. Times are U
     let _ = write!(
         h,
         r#"<section><h2>A sample of keys, and how to re-derive each</h2>
-<p>An idempotency key is <code>sha256_hex(award_id | submission_timestamp | sha256_hex(message body))</code>. The store keeps the
-award id and the key, not the message body nor its submission timestamp: re-derive a key from the message as it was delivered
+<p>An idempotency key is <code>sha256_hex(subject | second part | sha256_hex(message body))</code>: for a grant submission the
+subject is its award id and the second part its submission timestamp; under a SQL handler's one-part identity the second part is
+<code>-</code>. The store keeps the subject and the key, not the message body nor the second part: re-derive a key from the message as it was delivered
 (from the archive of the source or of its producer) with the command shown; it must print the key in the first column.</p>
-<table id="sample"><tr><th>Key</th><th>Award</th><th>Claimed at</th><th>Events</th><th>Re-derive with</th></tr>
+<table id="sample"><tr><th>Key</th><th>Subject</th><th>Claimed at</th><th>Events</th><th>Re-derive with</th></tr>
 "#
     );
     for c in &st.sample {
         let award = c.award_id.as_deref().unwrap_or("");
         let cmd = format!(
-            "idem key --award-id {} --timestamp <submission_timestamp> --payload <message body file>",
+            "idem key --subject {} --timestamp <second part> --payload <message body file>",
             shell_quote(award)
         );
         let _ = writeln!(

@@ -182,7 +182,7 @@ fn check(dom: &str, want: &Counts, agree: bool) {
     } else {
         assert!(dom.contains("Totals DISAGREE"), "the page says they do not");
     }
-    assert!(dom.contains("idem key --award-id"));
+    assert!(dom.contains("idem key --subject"));
     for remote in ["src=\"http", "href=\"http", "url(http", "@import"] {
         assert!(!dom.contains(remote), "a network resource: {remote}");
     }
