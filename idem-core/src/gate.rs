@@ -1250,12 +1250,12 @@ where
                     .await;
             }
         };
-        if !matches!(claimed, ClaimOutcome::Claimed) {
-            self.note(&key, reruns, RunNote::NotRun).await;
-        }
+        // Not claimed: the run recorded for a rerun is taken back once the transaction is
+        // over (a store with one writer, SQLite, would wait on its own transaction's lock).
         match claimed {
             ClaimOutcome::Conflict { existing } => {
                 let _ = tx.rollback().await;
+                self.note(&key, reruns, RunNote::NotRun).await;
                 self.forget_attempts(&key);
                 self.conflict(delivery, key, existing, &sub.subject).await
             }
@@ -1271,6 +1271,7 @@ where
                     }
                 }
                 let _ = tx.rollback().await;
+                self.note(&key, reruns, RunNote::NotRun).await;
                 self.forget_attempts(&key);
                 audit::duplicate(&key, &sub.subject);
                 let started = Instant::now();
@@ -1284,6 +1285,7 @@ where
             }
             ClaimOutcome::InProgress => {
                 let _ = tx.rollback().await;
+                self.note(&key, reruns, RunNote::NotRun).await;
                 let settle = delivery.acker.defer(self.config.defer_delay).await;
                 Outcome::Deferred { key, settle }
             }

@@ -750,6 +750,42 @@ pub async fn reruns_are_recorded<S: TestStore>(store: S) {
     );
 }
 
+/// A rerun of a message its dead process had committed (not acked) is a duplicate, acked
+/// at once: the run recorded for it is taken back after its transaction is over, not
+/// while the transaction still holds the store (on SQLite, one writer: the take-back
+/// waited on its own transaction's lock for the whole busy timeout, 30 s, and a consumer
+/// restarted after a kill stalled on every such message).
+pub async fn a_rerun_of_a_committed_message_is_a_duplicate_at_once<S: TestStore>(store: S) {
+    let broker = SimBroker::new(1).counting_runs();
+    let body = encode_submission("rerun-committed", CONFLICT_TS, 1);
+    broker.publish(body.clone());
+    // The first process committed the claim and died before its ack.
+    let key =
+        IdempotencyKey::derive("rerun-committed", CONFLICT_TS, &body).expect("valid identity");
+    let mut tx = store.begin().await.expect("begin");
+    let meta = ClaimMeta::new("rerun-committed").with_submission_timestamp(CONFLICT_TS);
+    assert_eq!(
+        tx.claim(&key, &meta).await.expect("claim"),
+        ClaimOutcome::Claimed
+    );
+    tx.commit().await.expect("commit");
+    drop(broker.receive_many(usize::MAX));
+    let gate = Gate::new(store.clone(), EffectHandlerFor::<S>::new());
+    let rerun = broker.receive().expect("redelivered");
+    assert!(rerun.attempt.unwrap_or(1) > 1, "a rerun");
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), gate.process(rerun))
+        .await
+        .expect("the rerun settles");
+    assert_eq!(outcome.kind(), OutcomeKind::Duplicate, "{outcome:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "a duplicate rerun waited {:?}",
+        started.elapsed()
+    );
+    assert!(broker.is_settled());
+}
+
 /// Runs every check in order against stores from `make` (for a quick single-test run).
 pub async fn run_all<S, F, Fut>(make: F)
 where
@@ -774,6 +810,7 @@ where
     gate_conflict_policies(make().await).await;
     first_delivered_wins_across_batches(make().await).await;
     reruns_are_recorded(make().await).await;
+    a_rerun_of_a_committed_message_is_a_duplicate_at_once(make().await).await;
 }
 
 /// Expands to one `#[tokio::test]` per conformance check. `$make` is an expression
@@ -798,7 +835,8 @@ macro_rules! conformance_tests {
             batch_claim_detects_conflicts,
             gate_conflict_policies,
             first_delivered_wins_across_batches,
-            reruns_are_recorded
+            reruns_are_recorded,
+            a_rerun_of_a_committed_message_is_a_duplicate_at_once
         );
     };
     (@each $make:expr; $($name:ident),+) => {
