@@ -241,7 +241,8 @@ impl SqliteStore {
             "WITH c AS (SELECT idempotency_key FROM processed_messages WHERE claimed_at >= ?1 AND claimed_at < ?2), \
                   d AS (SELECT b.idempotency_key AS k, count(*) AS n, sum(b.{amount}) AS s \
                         FROM {biz} b JOIN c ON c.idempotency_key = b.idempotency_key GROUP BY 1) \
-             SELECT (SELECT count(*) FROM c), coalesce(sum(n), 0), coalesce(sum(s), 0), \
+             SELECT (SELECT count(*) FROM c), coalesce(sum(n), 0), \
+                    CAST(round(coalesce(sum(s), 0)) AS INTEGER), \
                     (SELECT count(*) FROM c) - count(*), coalesce(sum(n > 1), 0), \
                     (SELECT count(*) FROM {biz} b WHERE NOT EXISTS \
                         (SELECT 1 FROM processed_messages p WHERE p.idempotency_key = b.idempotency_key)), \
@@ -258,14 +259,20 @@ impl SqliteStore {
             .fetch_one(self.pool())
             .await
             .map_err(|e| map("reconciling claims with the business table", e))?;
+        // The business table is the team's: a column of another type than expected is an
+        // error naming it, never a panic.
+        let get = |i: usize| {
+            r.try_get::<i64, _>(i)
+                .map_err(|e| map("reconciling claims with the business table", e))
+        };
         let rec = &mut stats.reconciliation;
-        rec.claims = n(r.get(0));
-        rec.rows = n(r.get(1));
-        rec.amount_total = r.get(2);
-        rec.claims_without_row = n(r.get(3));
-        rec.claims_with_several_rows = n(r.get(4));
-        rec.rows_without_claim = n(r.get(5));
-        rec.subjects_with_several_rows = n(r.get(6));
+        rec.claims = n(get(0)?);
+        rec.rows = n(get(1)?);
+        rec.amount_total = get(2)?;
+        rec.claims_without_row = n(get(3)?);
+        rec.claims_with_several_rows = n(get(4)?);
+        rec.rows_without_claim = n(get(5)?);
+        rec.subjects_with_several_rows = n(get(6)?);
 
         let cut = stored_ceil(cutoff);
         let r = sqlx::query(
@@ -554,5 +561,72 @@ mod tests {
             .expect("now");
         let t = parse_stored(Some(now.clone())).expect("SQLite's now parses");
         assert_eq!(stored_ceil(t), now);
+    }
+
+    /// A team's business table reconciles whatever its amount column holds: `REAL`
+    /// amounts sum rounded to an integer (as Postgres's `::bigint`), text as SQLite sums
+    /// it — never a panic (a `REAL` column was one: the report decoded the sum as an
+    /// integer and unwrapped).
+    #[tokio::test]
+    async fn a_business_table_of_real_or_text_amounts_reconciles_or_is_an_error() {
+        use idem_core::{ClaimMeta, ClaimStore as _, ClaimTx as _, IdempotencyKey};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("audit.db");
+        let store = crate::SqliteStore::connect(path.to_str().expect("utf-8"), Default::default())
+            .await
+            .expect("open");
+        store.migrate().await.expect("migrate");
+        sqlx::raw_sql(
+            "CREATE TABLE orders (order_id TEXT, amount REAL, idempotency_key TEXT); \
+             CREATE TABLE notes (order_id TEXT, amount TEXT, idempotency_key TEXT);",
+        )
+        .execute(store.pool())
+        .await
+        .expect("tables");
+        for (i, amount) in [(1, 1.25), (2, 2.5)] {
+            let key = IdempotencyKey::derive(&format!("O-{i}"), "-", b"{}").expect("key");
+            let mut tx = store.begin().await.expect("begin");
+            tx.claim(&key, &ClaimMeta::new(format!("O-{i}")))
+                .await
+                .expect("claim");
+            tx.commit().await.expect("commit");
+            sqlx::query("INSERT INTO orders VALUES (?1, ?2, ?3), (?1, 'x', ?3)")
+                .bind(format!("O-{i}"))
+                .bind(amount)
+                .bind(key.to_hex())
+                .execute(store.pool())
+                .await
+                .expect("order");
+            sqlx::query("INSERT INTO notes VALUES (?1, 'twelve', ?2)")
+                .bind(format!("O-{i}"))
+                .bind(key.to_hex())
+                .execute(store.pool())
+                .await
+                .expect("note");
+        }
+        sqlx::query("DELETE FROM orders WHERE amount = 'x'")
+            .execute(store.pool())
+            .await
+            .expect("delete");
+        let (since, until) = ("2000-01-01T00:00:00Z", "2999-01-01T00:00:00Z");
+        let cutoff = Timestamp::parse_rfc3339("2000-01-01T00:00:00Z").expect("cutoff");
+        let orders = BusinessTable::new("orders", "amount", "order_id").expect("names");
+        let stats = store
+            .audit_stats(since, until, &orders, cutoff, 0)
+            .await
+            .expect("REAL amounts reconcile");
+        assert_eq!(stats.reconciliation.rows, 2);
+        assert_eq!(stats.reconciliation.amount_total, 4, "round(1.25 + 2.5)");
+        // SQLite's sum() reads text that is not a number as 0 (a STRICT table refuses
+        // such a row in the first place).
+        let notes = BusinessTable::new("notes", "amount", "order_id").expect("names");
+        let stats = store
+            .audit_stats(since, until, &notes, cutoff, 0)
+            .await
+            .expect("text amounts reconcile as SQLite sums them");
+        assert_eq!(
+            (stats.reconciliation.rows, stats.reconciliation.amount_total),
+            (2, 0)
+        );
     }
 }
