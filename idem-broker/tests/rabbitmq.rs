@@ -259,10 +259,20 @@ mod settle {
     async fn deferrals_that_fill_the_prefetch_are_held_and_stop_the_sending() {
         common::within(async {
             let name = fresh_name("rabbit-defer-full");
+            let mut stream = consumer(&name, 4).await;
+            // A first message takes the consumer from its solo start (prefetch 1) to its
+            // prefetch of 4; settled, and the change given time to complete, the solo
+            // consumer holds nothing that would count beside the 4.
+            publish_raw(&url(), &name, &plain_bodies(&format!("{name}-first"), 1))
+                .await
+                .expect("publish");
+            let ok = Gate::new(MemoryStore::new(), Plain::default());
+            let first = take(&mut stream, 1).await.pop().expect("the first");
+            assert!(ok.process(first).await.settle_error().is_none());
+            tokio::time::sleep(Duration::from_secs(2)).await;
             publish_raw(&url(), &name, &plain_bodies(&name, 6))
                 .await
                 .expect("publish");
-            let mut stream = consumer(&name, 4).await;
             let taken = take(&mut stream, 4).await;
             let started = std::time::Instant::now();
             for d in taken {
@@ -280,7 +290,6 @@ mod settle {
                 back.iter().map(|d| d.attempt).collect::<Vec<_>>()
             );
             assert_eq!(stream.held(), 0);
-            let ok = Gate::new(MemoryStore::new(), Plain::default());
             for o in ok.process_batch(back).await {
                 assert!(o.settle_error().is_none(), "{o:?}");
             }
