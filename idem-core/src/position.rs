@@ -112,6 +112,14 @@ pub trait PositionStore: Send + Sync + std::fmt::Debug {
     async fn positions(&self, source: &str) -> Result<Vec<StoredPosition>, StoreError>;
 }
 
+/// How many done offsets past the position a store keeps in one row's array (the
+/// Postgres store's slot, the SQLite store's partition row). While one offset stays
+/// undone (a message deferred, a batch still running), every offset done after it must be
+/// kept; those the array has no room for are rows of their own (`idem_position_offsets`),
+/// so that what each transaction rewrites stays this size, however long the offset stays
+/// undone.
+pub const HELD: usize = 64;
+
 /// The stored position after a transaction: `next` and `done` as stored, the member's
 /// settled prefix and the transaction's offsets. Every offset below the result's `next`
 /// is done; its `done` holds the offsets past it that are, ascending. `next` never moves

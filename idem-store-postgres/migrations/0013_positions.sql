@@ -10,7 +10,10 @@
 -- - `settled`: the highest "every offset below this one is done" a transaction recorded
 --   (the member's settled prefix);
 -- - `done`: offsets whose transactions committed (those below `settled` are pruned once
---   the slot holds 64);
+--   the slot holds 64). A slot holds at most 64: while a low offset stays undone (a
+--   message deferred, a slow batch), the offsets done past it that do not fit are rows of
+--   `idem_position_offsets`, one each, so what a transaction writes does not grow with
+--   the time the offset stays undone;
 -- - `epoch`: the fencing token. A member taking the partition raises the epoch of every
 --   slot at once (waiting for the transactions that hold one); a claim transaction moves
 --   its slot only at its member's epoch (in the same UPDATE), so a member that lost the
@@ -31,3 +34,16 @@ CREATE TABLE IF NOT EXISTS {schema}.idem_positions (
     advanced_at timestamptz,
     PRIMARY KEY (source, partition, slot)
 ) WITH (fillfactor = 50);
+
+-- The done offsets a slot's array has no room for (see `done` above): one row each,
+-- written by the claim transaction that did the offset, under its slot row's lock, and
+-- deleted by a later transaction of the slot (or a take) once the slot's `settled` passes
+-- it. Empty unless an offset stayed undone while more than 64 past it in its slot were
+-- done.
+CREATE TABLE IF NOT EXISTS {schema}.idem_position_offsets (
+    source text NOT NULL,
+    partition integer NOT NULL,
+    slot smallint NOT NULL,
+    off bigint NOT NULL,
+    PRIMARY KEY (source, partition, slot, off)
+);

@@ -90,6 +90,7 @@ const RELATIONS: &[&str] = &[
     "idem_migrations",
     "idem_runs",
     "idem_positions",
+    "idem_position_offsets",
 ];
 /// Columns the scripts add to tables that may have been created without them.
 const COLUMNS: &[(&str, &str)] = &[

@@ -135,3 +135,45 @@ async fn a_store_without_positions_refuses_a_move() {
 async fn a_transaction_of_two_ownerships_is_fenced() {
     scenario::a_transaction_of_two_ownerships_is_fenced(&common::fresh_pg().await).await;
 }
+
+/// An offset that stays undone while 1,600 past it are done: the position keeps them
+/// all, yet no slot's array holds more than 64 (the rest are rows of
+/// `idem_position_offsets`), so what each transaction rewrites does not grow with the
+/// time the offset stays undone; once it is done the rows go. Before, every slot's
+/// array took each offset of its own and, from 64, was rewritten and sorted whole by
+/// each transaction.
+#[tokio::test]
+async fn an_offset_that_stays_undone_does_not_grow_what_each_transaction_writes() {
+    let pg = common::fresh_pg().await;
+    let epoch = scenario::while_an_offset_stays_undone(&pg).await;
+    let (largest, rows) = held(&pg).await;
+    assert!(
+        largest <= idem_core::position::HELD,
+        "a slot holds {largest} offsets"
+    );
+    assert!(rows > 1_000, "{rows} offset rows");
+    scenario::once_it_is_done(&pg, epoch).await;
+    assert_eq!(held(&pg).await.1, 0, "offset rows left below the position");
+}
+
+/// The largest array a slot of partition [`scenario::STUCK`] holds, and the partition's
+/// offset rows.
+async fn held(pg: &idem_store_postgres::PgStore) -> (usize, i64) {
+    let largest: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT max(cardinality(done)) FROM \"{}\".idem_positions WHERE partition = $1",
+        pg.schema()
+    )))
+    .bind(scenario::STUCK)
+    .fetch_one(pg.pool())
+    .await
+    .expect("arrays");
+    let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\".idem_position_offsets WHERE partition = $1",
+        pg.schema()
+    )))
+    .bind(scenario::STUCK)
+    .fetch_one(pg.pool())
+    .await
+    .expect("rows");
+    (usize::try_from(largest.unwrap_or(0)).unwrap_or(0), rows)
+}

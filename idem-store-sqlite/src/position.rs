@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 use idem_core::mutant::{self, Mutant};
-use idem_core::position::advance as advance_position;
+use idem_core::position::{advance as advance_position, merge, HELD};
 use idem_core::{PositionMove, PositionStore, StoreError, StoredPosition, TakenPosition};
 use sqlx::SqliteConnection;
 
@@ -84,7 +84,28 @@ async fn move_row(
     }
     let settled = moves.iter().map(|m| m.settled_below).max().unwrap_or(0);
     let offsets: Vec<i64> = moves.iter().map(|m| m.offset).collect();
-    let (next, done) = advance_position(next, &parse_done(&done)?, settled, &offsets);
+    let (next, mut done) = advance_position(next, &parse_done(&done)?, settled, &offsets);
+    // The row keeps the lowest HELD offsets done; the rest are rows of their own.
+    let spill = done.split_off(done.len().min(HELD));
+    for off in spill {
+        sqlx::query(
+            "INSERT INTO idem_position_offsets (source, partition, off) VALUES (?, ?, ?) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(source)
+        .bind(partition)
+        .bind(off)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map("keeping a done offset", e))?;
+    }
+    sqlx::query("DELETE FROM idem_position_offsets WHERE source = ? AND partition = ? AND off < ?")
+        .bind(source)
+        .bind(partition)
+        .bind(next)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map("pruning the done offsets", e))?;
     sqlx::query(concat!(
         "UPDATE idem_positions SET next_offset = ?, done = ?, advanced_at = ",
         now!(),
@@ -123,11 +144,8 @@ impl PositionStore for SqliteStore {
         .fetch_one(self.pool())
         .await
         .map_err(|e| map("taking a partition's log position", e))?;
-        Ok(TakenPosition {
-            epoch,
-            next,
-            done: parse_done(&done)?,
-        })
+        let (next, done) = self.with_rows(source, partition, next, &done).await?;
+        Ok(TakenPosition { epoch, next, done })
     }
 
     async fn positions(&self, source: &str) -> Result<Vec<StoredPosition>, StoreError> {
@@ -139,16 +157,46 @@ impl PositionStore for SqliteStore {
         .fetch_all(self.pool())
         .await
         .map_err(|e| map("reading the log positions", e))?;
-        rows.into_iter()
-            .map(|(partition, next, done, epoch)| {
-                Ok(StoredPosition {
-                    source: source.to_owned(),
-                    partition,
-                    next,
-                    done: parse_done(&done)?,
-                    epoch,
-                })
-            })
-            .collect()
+        let mut out = Vec::with_capacity(rows.len());
+        for (partition, next, done, epoch) in rows {
+            let (next, done) = self.with_rows(source, partition, next, &done).await?;
+            out.push(StoredPosition {
+                source: source.to_owned(),
+                partition,
+                next,
+                done,
+                epoch,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl SqliteStore {
+    /// A partition's position: its row's `next_offset` and `done` merged with its rows of
+    /// `idem_position_offsets` ([`merge`]).
+    async fn with_rows(
+        &self,
+        source: &str,
+        partition: i32,
+        next: Option<i64>,
+        done: &str,
+    ) -> Result<(Option<i64>, Vec<i64>), StoreError> {
+        let done = parse_done(done)?;
+        let rows: Vec<i64> = sqlx::query_scalar(
+            "SELECT off FROM idem_position_offsets WHERE source = ? AND partition = ? ORDER BY off",
+        )
+        .bind(source)
+        .bind(partition)
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| map("reading the done offsets", e))?;
+        if rows.is_empty() {
+            return Ok((next, done));
+        }
+        Ok(match merge([(next, &done[..]), (None, &rows[..])]) {
+            Some((next, done)) => (Some(next), done),
+            None => (None, Vec::new()),
+        })
     }
 }

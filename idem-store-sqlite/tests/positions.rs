@@ -52,3 +52,44 @@ async fn without_fencing_the_stale_member_commits() {
 async fn a_transaction_of_two_ownerships_is_fenced() {
     scenario::a_transaction_of_two_ownerships_is_fenced(&common::fresh().await.store).await;
 }
+
+/// An offset that stays undone while 1,600 past it are done: the position keeps them
+/// all, yet the partition's row holds at most 64 (the rest are rows of
+/// `idem_position_offsets`), so what each transaction rewrites does not grow with the
+/// time the offset stays undone; once it is done the rows go. Before, the row's JSON
+/// array took every offset and each transaction parsed, sorted and wrote it whole.
+#[tokio::test]
+async fn an_offset_that_stays_undone_does_not_grow_what_each_transaction_writes() {
+    let db = common::fresh().await;
+    let epoch = scenario::while_an_offset_stays_undone(&db.store).await;
+    let (largest, rows) = held(&db.store).await;
+    assert!(
+        largest <= i64::try_from(idem_core::position::HELD).unwrap(),
+        "the row holds {largest} offsets"
+    );
+    assert!(rows > 1_000, "{rows} offset rows");
+    scenario::once_it_is_done(&db.store, epoch).await;
+    assert_eq!(
+        held(&db.store).await.1,
+        0,
+        "offset rows left below the position"
+    );
+}
+
+/// The length of partition [`scenario::STUCK`]'s array, and its offset rows.
+async fn held(store: &idem_store_sqlite::SqliteStore) -> (i64, i64) {
+    let largest: i64 = sqlx::query_scalar(
+        "SELECT json_array_length(done) FROM idem_positions WHERE partition = ?",
+    )
+    .bind(scenario::STUCK)
+    .fetch_one(store.pool())
+    .await
+    .expect("array");
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idem_position_offsets WHERE partition = ?")
+            .bind(scenario::STUCK)
+            .fetch_one(store.pool())
+            .await
+            .expect("rows");
+    (largest, rows)
+}

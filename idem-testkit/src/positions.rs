@@ -5,7 +5,8 @@
 //! never back; the stored position agrees with the reference
 //! [`advance`] over long shuffled runs; a member whose
 //! partition was taken since cannot commit for it ([`stale_member_commits`], and its
-//! mutant).
+//! mutant); an offset that stays undone while many past it are done
+//! ([`while_an_offset_stays_undone`], [`once_it_is_done`]).
 
 use std::sync::Arc;
 
@@ -252,4 +253,71 @@ where
         other => panic!("not fenced: {other:?}"),
     }
     assert_eq!(stored(store, 8).await, (None, vec![], new));
+}
+
+/// The partition [`while_an_offset_stays_undone`] and [`once_it_is_done`] use.
+pub const STUCK: i32 = 9;
+/// How many offsets are done past the undone one: 1,200 in transactions of one
+/// delivery, then 400 in transactions of four.
+pub const DONE_PAST_IT: i64 = 1_600;
+
+/// Offset 0 of partition [`STUCK`] stays undone (a deferred message) while offsets 1 to
+/// [`DONE_PAST_IT`] are done, one delivery per transaction and then four, the member's
+/// settled prefix held at 0: the stored position keeps every one of them, before and
+/// after another member takes the partition. Returns the new member's epoch, for
+/// [`once_it_is_done`]. A store then checks what its rows hold: a bounded array
+/// ([`idem_core::position::HELD`]), however many are done.
+pub async fn while_an_offset_stays_undone<S>(store: &S) -> i64
+where
+    S: ClaimStore + PositionStore,
+{
+    let e = store
+        .take_position(SOURCE, STUCK)
+        .await
+        .expect("take")
+        .epoch;
+    for o in 1..=1_200 {
+        commit_claims(store, &[at(STUCK, o, 0, e)])
+            .await
+            .expect("commit");
+    }
+    let batches: Vec<i64> = (1_201..=DONE_PAST_IT).collect();
+    for four in batches.chunks(4) {
+        let moves: Vec<PositionMove> = four.iter().map(|&o| at(STUCK, o, 0, e)).collect();
+        commit_claims(store, &moves).await.expect("commit");
+    }
+    let all: Vec<i64> = (1..=DONE_PAST_IT).collect();
+    assert_eq!(stored(store, STUCK).await, (Some(0), all.clone(), e));
+    let taken = store
+        .take_position(SOURCE, STUCK)
+        .await
+        .expect("take again");
+    assert_eq!((taken.next, taken.done), (Some(0), all.clone()));
+    assert_eq!(stored(store, STUCK).await, (Some(0), all, e + 1));
+    e + 1
+}
+
+/// After [`while_an_offset_stays_undone`]: offset 0 is done at the new member's epoch,
+/// and the position passes every offset (to [`DONE_PAST_IT`] + 1); then 32 more
+/// deliveries, the member's prefix past them all, leave nothing done past the position.
+pub async fn once_it_is_done<S>(store: &S, epoch: i64)
+where
+    S: ClaimStore + PositionStore,
+{
+    commit_claims(store, &[at(STUCK, 0, 0, epoch)])
+        .await
+        .expect("commit 0");
+    assert_eq!(
+        stored(store, STUCK).await,
+        (Some(DONE_PAST_IT + 1), vec![], epoch)
+    );
+    for o in DONE_PAST_IT + 1..=DONE_PAST_IT + 32 {
+        commit_claims(store, &[at(STUCK, o, o, epoch)])
+            .await
+            .expect("commit");
+    }
+    assert_eq!(
+        stored(store, STUCK).await,
+        (Some(DONE_PAST_IT + 33), vec![], epoch)
+    );
 }
