@@ -72,20 +72,36 @@ fn assert_gave_up(out: &Output, took: Duration) {
     assert!(took < Duration::from_secs(20), "took {took:?}");
 }
 
-#[test]
-fn consume_gives_up_on_an_unreachable_broker() {
-    let (_dir, store) = sqlite_store();
-    let broker = format!("amqp://guest:guest@127.0.0.1:{}/%2f", closed_port());
-    let (out, took) = consume(&broker, &store, "1");
-    assert_gave_up(&out, took);
+/// A URL of each broker kind at `port` on loopback.
+fn every_kind(port: u16) -> [String; 5] {
+    [
+        format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+        format!("nats://127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}"),
+        format!("sqs://127.0.0.1:{port}"),
+        format!("kafka://127.0.0.1:{port}"),
+    ]
 }
 
+/// Every adapter: nothing listening is a failed try, retried until the reconnect
+/// timeout, then exit 1 naming it.
+#[test]
+fn consume_gives_up_on_an_unreachable_broker() {
+    for broker in every_kind(closed_port()) {
+        let (_dir, store) = sqlite_store();
+        let (out, took) = consume(&broker, &store, "1");
+        assert_gave_up(&out, took);
+    }
+}
+
+/// The same for the relay's publisher, on every adapter.
 #[test]
 fn relay_gives_up_on_an_unreachable_broker() {
-    let (_dir, store) = sqlite_store();
-    let broker = format!("redis://127.0.0.1:{}", closed_port());
-    let (out, took) = relay(&store, &broker, "events", "1");
-    assert_gave_up(&out, took);
+    for broker in every_kind(closed_port()) {
+        let (_dir, store) = sqlite_store();
+        let (out, took) = relay(&store, &broker, "events", "1");
+        assert_gave_up(&out, took);
+    }
 }
 
 #[test]
@@ -118,27 +134,25 @@ fn silent_port() -> u16 {
 }
 
 /// A broker that accepts the connection and never answers is a failed try, retried until
-/// the reconnect timeout: the consumer exits 1 saying so (it waited for ever, silently).
+/// the reconnect timeout, on every adapter: the consumer exits 1 saying so (it waited for
+/// ever, silently).
 #[test]
 fn consume_gives_up_on_a_broker_that_never_answers() {
-    for broker in [
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", silent_port()),
-        format!("nats://127.0.0.1:{}", silent_port()),
-        format!("redis://127.0.0.1:{}", silent_port()),
-    ] {
+    for broker in every_kind(silent_port()) {
         let (_dir, store) = sqlite_store();
         let (out, took) = consume(&broker, &store, "2");
         assert_gave_up(&out, took);
     }
 }
 
-/// The same for the relay's publisher.
+/// The same for the relay's publisher, on every adapter.
 #[test]
 fn relay_gives_up_on_a_broker_that_never_answers() {
-    let (_dir, store) = sqlite_store();
-    let broker = format!("amqp://guest:guest@127.0.0.1:{}/%2f", silent_port());
-    let (out, took) = relay(&store, &broker, "events", "2");
-    assert_gave_up(&out, took);
+    for broker in every_kind(silent_port()) {
+        let (_dir, store) = sqlite_store();
+        let (out, took) = relay(&store, &broker, "events", "2");
+        assert_gave_up(&out, took);
+    }
 }
 
 /// A drain started right after a consumer was SIGKILLed while it held messages (its
