@@ -8,6 +8,9 @@
 //! - [`fault`]: wrappers that crash the pipeline at every step;
 //! - [`Ledger`]: the model that asserts exactly-once;
 //! - [`conformance`]: the suite every store runs ([`conformance_tests!`]);
+//! - [`broker_conformance`]: the suite every broker adapter runs on its real server
+//!   ([`broker_conformance::BrokerUnderTest`], [`broker_conformance_tests!`]), so an
+//!   adapter of your own proves itself as idem's do;
 //! - [`sim`]: a driver that runs a whole schedule of deliveries, redeliveries and crashes,
 //!   and the crash-at-every-step suite for a handler of your own on your own store
 //!   ([`sim::crash_suite`], [`sim::check_handler`]);
@@ -46,6 +49,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod broker;
+pub mod broker_conformance;
 pub mod conformance;
 pub mod explore;
 pub mod fault;
