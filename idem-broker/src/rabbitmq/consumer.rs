@@ -532,9 +532,9 @@ impl RabbitConsumer {
     pub async fn connect(config: &RabbitConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
         config.check()?;
-        super::within_connection_timeout(&config.url, async {
-            let dead_letters = open(&config.url).await?;
-            let connection = open(&config.url).await?;
+        super::within_connection_timeout(&config.url, async |opening| {
+            let dead_letters = open(&config.url, opening).await?;
+            let connection = open(&config.url, opening).await?;
             Self::start(connection, dead_letters, true, config).await
         })
         .await

@@ -64,7 +64,10 @@
 //!   whole opening of a connection, TCP, TLS and the AMQP handshake, and from a URL the
 //!   channel, confirm mode, the queue's declaration and the consumer's start with it, so
 //!   a server that accepts (or completes the handshake) and then never answers is an
-//!   error rather than a hang. lapin's own `heartbeat`,
+//!   error rather than a hang. A connection given up so (or when the caller drops the
+//!   connect's future) has its socket shut down, so that lapin's I/O thread
+//!   (`lapin-io-loop`), which would wait for the server for ever, ends with it; the
+//!   server sees the connection closed. lapin's own `heartbeat`,
 //!   `frame_max`, `channel_max` and `auth_mechanism` stay in the URL; any other
 //!   parameter is an error.
 //! - **TLS**: `amqps://` connects with TLS (feature `tls`, rustls) verifying the server
@@ -74,6 +77,7 @@
 
 mod config;
 mod consumer;
+mod opening;
 mod publisher;
 
 pub use config::{QueueType, RabbitConfig, DEFAULT_CONFIRM_TIMEOUT, DEFAULT_DELIVERY_LIMIT};
@@ -84,35 +88,44 @@ use std::time::Duration;
 
 use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection};
 
 use crate::BrokerError;
+use opening::Opening;
 
 pub(crate) const BROKER: &str = "rabbitmq";
 
 /// Connects to `url` as [`open`] does and reports the connection's blocking
 /// ([`watch_blocking`]).
 pub(crate) async fn connect(url: &str) -> Result<Connection, BrokerError> {
-    let connection = open(url).await?;
+    let opening = Opening::new();
+    let connection = open(url, &opening).await?;
+    opening.keep();
     watch_blocking(&connection);
     Ok(connection)
 }
 
 /// Connects to `url`: with TLS for `amqps://` (its `cacertfile`, `certfile` and `keyfile`
-/// read here), refused without the `tls` feature. What the URL constructors hand to
-/// `from_connection`.
-pub(crate) async fn open(url: &str) -> Result<Connection, BrokerError> {
+/// read here), refused without the `tls` feature, within the URL's `connection_timeout`.
+/// What the URL constructors hand to `from_connection`. The connection becomes part of
+/// `setup` (shut down if `setup` is given up); one that fails or times out is shut down
+/// here, its lapin I/O thread ended ([`opening`]).
+pub(crate) async fn open(url: &str, setup: &Opening) -> Result<Connection, BrokerError> {
     crate::tls::check_compiled(url)?;
     let (url, files) = config::split_tls(url)?;
     let tls = read_tls_files(&files)?;
     #[cfg(feature = "tls")]
     crate::tls::install_default_provider();
     let (url, limit) = connection_timeout(&url)?;
-    let runtime = lapin::runtime::default_runtime().map_err(|e| BrokerError::connect(BROKER, e))?;
-    let opening =
-        Connection::connect_with_config(&url, ConnectionProperties::default(), tls, runtime);
-    match tokio::time::timeout(limit, opening).await {
-        Ok(opened) => opened.map_err(|e| BrokerError::connect(BROKER, e)),
+    let uri: lapin::uri::AMQPUri = url.parse().map_err(|e| BrokerError::connect(BROKER, e))?;
+    let this = Opening::new();
+    match tokio::time::timeout(limit, this.connect(uri, tls)).await {
+        Ok(Ok(connection)) => {
+            setup.adopt(this);
+            Ok(connection)
+        }
+        // `this` is dropped: a socket it opened is shut down.
+        Ok(Err(e)) => Err(BrokerError::connect(BROKER, e)),
         Err(_) => Err(BrokerError::connect(
             BROKER,
             format!(
@@ -129,24 +142,31 @@ pub(crate) async fn open(url: &str) -> Result<Connection, BrokerError> {
 /// declaration, the consumer's start) within the URL's `connection_timeout` in all: a
 /// server that completes the handshake and then answers nothing (a `channel.open` left
 /// unanswered) is a retryable [`BrokerError::Connect`] after it, rather than a wait for
-/// ever (the relay's leased batch held open meanwhile).
+/// ever (the relay's leased batch held open meanwhile). The connections `setup` opens
+/// with [`open`] in the [`Opening`] it is given are shut down when the time is up (or
+/// this future is dropped), so that their lapin I/O threads end; once `setup` returns,
+/// they are closed as lapin closes them.
 pub(crate) async fn within_connection_timeout<T>(
     url: &str,
-    setup: impl std::future::Future<Output = Result<T, BrokerError>>,
+    setup: impl AsyncFnOnce(&Opening) -> Result<T, BrokerError>,
 ) -> Result<T, BrokerError> {
     let (_, limit) = connection_timeout(url)?;
-    tokio::time::timeout(limit, setup)
-        .await
-        .unwrap_or_else(|_| {
-            Err(BrokerError::connect(
-                BROKER,
-                format!(
-                    "the server did not open the channel and the queue within {} ms \
+    let opening = Opening::new();
+    match tokio::time::timeout(limit, setup(&opening)).await {
+        Ok(done) => {
+            opening.keep();
+            done
+        }
+        // `opening` is dropped: the setup's sockets are shut down.
+        Err(_) => Err(BrokerError::connect(
+            BROKER,
+            format!(
+                "the server did not open the channel and the queue within {} ms \
                  (connection_timeout)",
-                    limit.as_millis()
-                ),
-            ))
-        })
+                limit.as_millis()
+            ),
+        )),
+    }
 }
 
 /// How long opening a connection from a URL ([`RabbitConsumer::connect`],
@@ -157,8 +177,9 @@ pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The URL without its `connection_timeout` (milliseconds, as lapin reads it), and that
 /// bound on the whole opening of a connection ([`DEFAULT_CONNECTION_TIMEOUT`] if absent).
-/// lapin bounds only the TCP connect with it: a server that accepts and never answers
-/// (one out of file handles does) would hold the handshake for ever.
+/// lapin's asynchronous connect bounds nothing with it, not even the TCP connect: a
+/// server that accepts and never answers (one out of file handles does) would hold the
+/// handshake for ever, a SYN never answered about two minutes.
 fn connection_timeout(url: &str) -> Result<(String, Duration), BrokerError> {
     let (url, [ms]) = crate::setting::take_params(url, ["connection_timeout"])?;
     let limit = match ms {
@@ -359,7 +380,7 @@ mod tests {
         let port = silent.local_addr().expect("addr").port();
         let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f?connection_timeout=300");
         let started = std::time::Instant::now();
-        let err = tokio::time::timeout(Duration::from_secs(20), open(&url))
+        let err = tokio::time::timeout(Duration::from_secs(20), open(&url, &Opening::new()))
             .await
             .expect("open returned")
             .expect_err("no handshake");

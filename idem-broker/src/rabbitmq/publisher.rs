@@ -167,8 +167,8 @@ impl RabbitPublisher {
     pub async fn connect_with(config: &RabbitConfig) -> Result<Self, BrokerError> {
         check_name(&config.name)?;
         config.check()?;
-        super::within_connection_timeout(&config.url, async {
-            let connection = open(&config.url).await?;
+        super::within_connection_timeout(&config.url, async |opening| {
+            let connection = open(&config.url, opening).await?;
             Self::from_connection(connection, config).await
         })
         .await
