@@ -211,7 +211,8 @@ impl PositionStore for PgStore {
     /// One transaction: an upsert raises the epoch of every slot of the partition
     /// (creating them at 1), waiting for any transaction that holds one of them, and
     /// returns them; with the partition's offset rows they are folded
-    /// ([`idem_core::position::merge`]) into slot 0, which takes the lowest [`HELD`]
+    /// ([`idem_core::position::merge`]) into slot 0, which takes the lowest
+    /// [`HELD`](idem_core::position::HELD)
     /// offsets the slots held (the rest of those become offset rows), and the others
     /// are emptied, so they never hold more than what happened since. Offset rows below
     /// the position go.
