@@ -67,8 +67,8 @@ fn assert_gave_up(out: &Output, took: Duration) {
     // reporting the socket idem shut down as it gave up) may be written after it.
     let last = stderr
         .lines()
-        .filter(|l| l.starts_with("idem: "))
-        .last()
+        .rev()
+        .find(|l| l.starts_with("idem: "))
         .unwrap_or_default();
     assert!(last.contains("--reconnect-timeout"), "stderr: {stderr}");
     assert!(
