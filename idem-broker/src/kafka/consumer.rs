@@ -270,13 +270,22 @@ impl ConsumerContext for GroupContext {
             // Wait for a commit in flight, then commit the settled prefix of what is
             // taken away and drop the rest: the new owner receives it again and skips
             // the committed part as duplicates.
+            //
+            // An assignment *lost* (the session timed out, or the member was fenced)
+            // commits nothing: the partitions may have gone to another member, which
+            // has committed further since, and a commit of this member's older mark —
+            // sent once the coordinator answers again, under a generation a server may
+            // not check (tansu does not) — would move the group's offset backwards.
             let _fence = lock(&self.own.fence);
+            let lost = base.assignment_lost();
             let mut commit = TopicPartitionList::new();
             {
                 let mut owned = self.own.owned();
                 for e in tpl.elements_for_topic(&self.topic) {
                     if let Some(mut part) = owned.parts.remove(&e.partition()) {
-                        if let Some(o) = part.lwm.take_commit() {
+                        if lost {
+                            tracing::info!(target: "idem::broker", broker = BROKER, partition = e.partition(), "assignment lost: the partition's settled offsets are left uncommitted (its new owner skips them as duplicates)");
+                        } else if let Some(o) = part.lwm.take_commit() {
                             let _ = commit.add_partition_offset(
                                 &self.topic,
                                 e.partition(),
@@ -413,6 +422,17 @@ fn commit_round(
         o.commits(topic)
     };
     if tpl.count() == 0 {
+        return Ok(());
+    }
+    if consumer.assignment_lost() {
+        // The session ended (the revoke is on its way): these marks may be behind what
+        // a new owner committed since, so they are not sent (see `pre_rebalance`).
+        let mut o = own.owned();
+        for el in tpl.elements() {
+            if let Some(p) = o.parts.get_mut(&el.partition()) {
+                p.lwm.forget_commit();
+            }
+        }
         return Ok(());
     }
     let started = std::time::Instant::now();
