@@ -102,7 +102,7 @@ mod tests {
         assert_eq!(r.status, 503);
         assert!(r.body.contains("store: not open yet"), "{}", r.body);
         assert!(r.body.contains("broker: not connected"), "{}", r.body);
-        c.opened(Arc::new(idem_testkit::MemoryStore::new()), None);
+        c.opened(Arc::new(idem_sim::MemoryStore::new()), None);
         c.broker.set(true);
         let r = c.endpoint.respond("GET", "/readyz").await;
         assert_eq!((r.status, r.body.as_str()), (200, "ready\n"));

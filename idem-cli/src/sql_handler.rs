@@ -440,7 +440,7 @@ where
 /// The in-memory store has no SQL: `idem consume` refuses `--handler sql:` with
 /// `memory://` before it opens anything; this answers a configuration error otherwise.
 #[async_trait]
-impl SqlTx for idem_testkit::MemoryTx {
+impl SqlTx for idem_sim::MemoryTx {
     async fn prepare_script(&mut self, _script: &SqlScript) -> Result<(), String> {
         Err("memory:// has no SQL: --handler sql: needs a postgres:// or sqlite:// store".into())
     }
@@ -788,8 +788,8 @@ mod tests {
 
     /// The crash suite's messages: eight orders, every other one sent twice, one whose
     /// amount the table refuses, one without an identity.
-    fn crash_orders() -> Vec<idem_testkit::sim::Message> {
-        use idem_testkit::sim::Message;
+    fn crash_orders() -> Vec<idem_sim::sim::Message> {
+        use idem_sim::sim::Message;
         let order = |id: &str, amount: &str| {
             format!(
                 r#"{{"order_id":"{id}","created_at":"2026-07-01T09:00:00Z","amount":{amount}}}"#
@@ -819,8 +819,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_crash_suite_leaves_one_order_each_on_sqlite() {
         use idem_store_sqlite::{SqliteConfig, SqliteStore};
-        use idem_testkit::sim::crash_suite;
-        use idem_testkit::Effect;
+        use idem_sim::sim::crash_suite;
+        use idem_sim::Effect;
         type Error = Box<dyn std::error::Error>;
         const SCRIPT: &str = "INSERT INTO orders (order_id, amount, idempotency_key) \
             VALUES (json_extract($1, '$.order_id'), json_extract($1, '$.amount'), $2) \
@@ -875,8 +875,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_crash_suite_leaves_one_order_each_on_postgres() {
         use idem_store_postgres::{PgConfig, PgStore};
-        use idem_testkit::sim::crash_suite;
-        use idem_testkit::Effect;
+        use idem_sim::sim::crash_suite;
+        use idem_sim::Effect;
         type Error = Box<dyn std::error::Error>;
         let url = std::env::var("IDEM_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());

@@ -316,7 +316,7 @@ mod memory {
     use super::*;
     use crate::handler::GrantBook;
     use crate::submission::Grant;
-    use idem_testkit::{MemoryStore, MemoryTx, Row};
+    use idem_sim::{MemoryStore, MemoryTx, Row};
 
     #[async_trait]
     #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
@@ -367,7 +367,7 @@ mod memory {
 
         async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
             use idem_core::OutboxSource as _;
-            idem_testkit::MemoryOutbox::new(self.clone(), std::time::Duration::ZERO)
+            idem_sim::MemoryOutbox::new(self.clone(), std::time::Duration::ZERO)
                 .backlog()
                 .await
         }

@@ -10,7 +10,7 @@ use idem_core::{Gate, Outcome};
 use idem_grant::{
     GrantDb, GrantHandler, DEFAULT_MAX_BODY, MAX_AWARD_ID_BYTES, MAX_TIMESTAMP_BYTES,
 };
-use idem_testkit::{MemoryStore, SimBroker};
+use idem_sim::{MemoryStore, SimBroker};
 
 const VALID: &[u8] =
     br#"{"award_id":"A-2026-014","submission_timestamp":"2026-07-01T09:00:00Z","amount_cents":125000}"#;

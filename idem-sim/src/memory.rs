@@ -80,7 +80,7 @@ impl Shared {
 /// # tokio_test();
 /// # fn tokio_test() { tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
-/// use idem_testkit::MemoryStore;
+/// use idem_sim::MemoryStore;
 ///
 /// let store = MemoryStore::new();
 /// let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").unwrap();

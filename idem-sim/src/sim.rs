@@ -17,8 +17,8 @@
 //! `examples/orders` runs the suite on SQLite and Postgres):
 //!
 //! ```
-//! use idem_testkit::sim::{crash_suite, Message};
-//! use idem_testkit::{encode_submission, EffectHandlerFor, MemoryStore, TestStore};
+//! use idem_sim::sim::{crash_suite, Message};
+//! use idem_sim::{encode_submission, EffectHandlerFor, MemoryStore, TestStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), String> {

@@ -1,6 +1,8 @@
 //! # idem-testkit
 //!
-//! Everything needed to prove exactly-once *effect* without a single server:
+//! Everything needed to prove exactly-once *effect* without a single server. The
+//! simulated world (the in-memory store, the broker, the faults, the ledger, the driver)
+//! comes from [`idem_sim`], re-exported here under the same paths:
 //!
 //! - [`MemoryStore`]: an in-memory transactional store with Postgres's claim semantics;
 //! - [`SimBroker`]: a simulated at-least-once broker (redelivery, nack, crash, dead
@@ -48,20 +50,18 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod broker;
 pub mod broker_conformance;
 pub mod conformance;
 pub mod explore;
-pub mod fault;
-pub mod harness;
-pub mod ledger;
-pub mod memory;
 pub mod positions;
-pub mod sim;
 #[cfg(feature = "proptest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proptest")))]
 pub mod strategies;
 pub mod tls;
+
+// The simulated world, from idem-sim (the part a program may link), under the paths the
+// kit has always given it.
+pub use idem_sim::{broker, fault, harness, ledger, memory, sim};
 
 pub use broker::{BrokerStats, SimAcker, SimBroker, SimMessage};
 pub use fault::{

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use idem_core::{ClaimStore, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, Stage};
 use idem_grant::{parse_submission, GrantDb, GrantHandler, DEFAULT_MAX_BODY};
-use idem_testkit::fault::{
+use idem_sim::fault::{
     quiet_injected_crashes, CrashPoint, FaultPlan, FaultyHandler, FaultyStore,
 };
-use idem_testkit::sim::{drive_fed, SimConfig};
-use idem_testkit::SimBroker;
+use idem_sim::sim::{drive_fed, SimConfig};
+use idem_sim::SimBroker;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -411,7 +411,7 @@ fn crash_point_name(point: CrashPoint) -> &'static str {
 struct Explanation<'a> {
     args: &'a Args,
     url: &'a str,
-    stats: &'a idem_testkit::BrokerStats,
+    stats: &'a idem_sim::BrokerStats,
     crashes: &'a std::collections::BTreeMap<CrashPoint, u64>,
     duplicates: u64,
     rejected: usize,
