@@ -6,16 +6,16 @@ use std::sync::Arc;
 
 use idem_core::ident::Ident;
 use idem_core::{ClaimStore, FilterStats, Handler, OutcomeCountStore};
-#[cfg(any(feature = "redis", feature = "fred"))]
+#[cfg(any(feature = "redis", feature = "redis-rs"))]
 use idem_core::{Filtered, StoreError};
 use idem_grant::{GrantBook, GrantDb, GrantHandler};
-#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
 use idem_store_postgres::PgIdentitySession;
 #[cfg(feature = "postgres")]
 use idem_store_postgres::{PgConfig, PgStore};
-#[cfg(any(feature = "redis", feature = "fred"))]
+#[cfg(any(feature = "redis", feature = "redis-rs"))]
 use idem_store_redis::{IdentitySession, RedisConfig, RedisFilter, StoreIdentitySource};
-#[cfg(any(feature = "redis", feature = "fred"))]
+#[cfg(any(feature = "redis", feature = "redis-rs"))]
 use idem_store_sqlite::SqliteIdentitySession;
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
@@ -159,7 +159,7 @@ impl StoreSpec {
             if !f.starts_with("redis://") && !f.starts_with("rediss://") {
                 return Err(CliError::usage("--front-filter takes a redis:// URL"));
             }
-            if cfg!(not(any(feature = "redis", feature = "fred"))) {
+            if cfg!(not(any(feature = "redis", feature = "redis-rs"))) {
                 return Err(not_compiled("--front-filter redis://", "redis"));
             }
         }
@@ -179,7 +179,7 @@ impl StoreSpec {
 }
 
 /// What identifies a durable store to the front filter, whose marks are scoped to it.
-#[cfg_attr(not(any(feature = "redis", feature = "fred")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "redis-rs")), allow(dead_code))]
 enum Identity {
     /// None: `memory://`, whose marks are scoped to this process alone.
     Process,
@@ -211,7 +211,7 @@ pub(crate) async fn open<V: StoreVisitor>(
             with_filter(spec, store, identity, counts, positions, visitor).await
         }
         StoreUrl::Memory => {
-            let store = idem_testkit::MemoryStore::new();
+            let store = idem_sim::MemoryStore::new();
             with_filter(spec, store, Identity::Process, None, None, visitor).await
         }
         #[cfg(feature = "postgres")]
@@ -274,7 +274,7 @@ where
     V: StoreVisitor,
 {
     let db: Arc<dyn GrantDb> = Arc::new(store.clone());
-    #[cfg(any(feature = "redis", feature = "fred"))]
+    #[cfg(any(feature = "redis", feature = "redis-rs"))]
     if let Some(url) = &spec.front_filter {
         let config = RedisConfig::new(url.clone());
         let identity: Option<Arc<dyn StoreIdentitySource>> = match identity {
@@ -307,7 +307,7 @@ where
         return visitor.visit(filtered, db, extras).await;
     }
     // Without a Redis client, StoreSpec::new refuses a front filter.
-    #[cfg(not(any(feature = "redis", feature = "fred")))]
+    #[cfg(not(any(feature = "redis", feature = "redis-rs")))]
     let _ = (identity, &spec.front_filter);
     let extras = Extras {
         filter_stats: None,
@@ -318,12 +318,12 @@ where
 }
 
 /// The identity of a Postgres store, for the front filter.
-#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
 struct PgIdentity(PgStore);
-#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
 struct PgSession(PgIdentitySession);
 
-#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
 #[idem_core::async_trait]
 impl StoreIdentitySource for PgIdentity {
     async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
@@ -331,7 +331,7 @@ impl StoreIdentitySource for PgIdentity {
     }
 }
 
-#[cfg(all(feature = "postgres", any(feature = "redis", feature = "fred")))]
+#[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
 #[idem_core::async_trait]
 impl IdentitySession for PgSession {
     fn store_id(&self) -> &str {
@@ -349,12 +349,12 @@ impl IdentitySession for PgSession {
 }
 
 /// The identity of an SQLite store, for the front filter.
-#[cfg(any(feature = "redis", feature = "fred"))]
+#[cfg(any(feature = "redis", feature = "redis-rs"))]
 struct SqliteIdentity(SqliteStore);
-#[cfg(any(feature = "redis", feature = "fred"))]
+#[cfg(any(feature = "redis", feature = "redis-rs"))]
 struct SqliteSession(SqliteIdentitySession);
 
-#[cfg(any(feature = "redis", feature = "fred"))]
+#[cfg(any(feature = "redis", feature = "redis-rs"))]
 #[idem_core::async_trait]
 impl StoreIdentitySource for SqliteIdentity {
     async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
@@ -364,7 +364,7 @@ impl StoreIdentitySource for SqliteIdentity {
     }
 }
 
-#[cfg(any(feature = "redis", feature = "fred"))]
+#[cfg(any(feature = "redis", feature = "redis-rs"))]
 #[idem_core::async_trait]
 impl IdentitySession for SqliteSession {
     fn store_id(&self) -> &str {

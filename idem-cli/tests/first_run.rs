@@ -279,7 +279,7 @@ fn a_url_not_built_in_names_the_feature_that_brings_it() {
         ),
         (
             "redis",
-            cfg!(any(feature = "redis", feature = "fred")),
+            cfg!(any(feature = "redis", feature = "redis-rs")),
             vec![
                 "demo".into(),
                 "--submissions".into(),
