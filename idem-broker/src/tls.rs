@@ -13,9 +13,10 @@ use crate::BrokerError;
 /// Installs rustls's `ring` provider as the process default, unless one is installed.
 ///
 /// fred, async-nats and lapin build their TLS configurations from the process default;
-/// rustls picks one by itself only when exactly one provider is compiled in, and the SQS
-/// client compiles aws-lc-rs in beside ring. An application that installs its own
-/// provider first keeps it.
+/// rustls picks one by itself only when exactly one provider is compiled in, and an
+/// application may compile aws-lc-rs in beside ring (the AWS SDK's default HTTP client
+/// does; idem's SQS client names ring in its own configuration). An application that
+/// installs its own provider first keeps it.
 #[cfg(any(feature = "tls", feature = "nats"))]
 #[allow(dead_code)] // used by the broker features
 pub(crate) fn install_default_provider() {

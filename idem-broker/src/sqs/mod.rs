@@ -313,6 +313,7 @@ pub(crate) async fn sdk_config_for(config: &SqsConfig) -> Result<SdkConfig, Brok
 async fn load(config: &SqsConfig) -> SdkConfig {
     let (credentials, region) = sources(config.endpoint.as_deref(), config.region.as_deref());
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(https_client())
         .timeout_config(timeouts(config, config.request_timeout));
     if let Some(e) = &config.endpoint {
         loader = loader.endpoint_url(e);
@@ -340,7 +341,18 @@ async fn load(config: &SqsConfig) -> SdkConfig {
     loader.load().await
 }
 
-/// An SQS client of `sdk`.
+/// The SDK's HTTP client (HTTP/1.1 and 2, `https://` and loopback `http://`) on rustls
+/// with the `ring` provider, named in its own configuration: the one crypto provider of
+/// every client idem builds, and nothing installed process-wide.
+pub(crate) fn https_client() -> aws_sdk_sqs::config::SharedHttpClient {
+    use aws_smithy_http_client::tls;
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .build_https()
+}
+
+/// An SQS client of `sdk`; with [`https_client`] where `sdk` names no HTTP client (an
+/// application that builds aws-config without its default client).
 ///
 /// # Errors
 /// [`BrokerError::Config`] when `sdk` has no behavior version (the SDK would panic).
@@ -352,7 +364,11 @@ pub(crate) fn client_of(sdk: &SdkConfig) -> Result<Client, BrokerError> {
                 .to_owned(),
         ));
     }
-    Ok(Client::new(sdk))
+    let mut builder = aws_sdk_sqs::config::Builder::from(sdk);
+    if sdk.http_client().is_none() {
+        builder = builder.http_client(https_client());
+    }
+    Ok(Client::from_conf(builder.build()))
 }
 
 /// A client for `endpoint` (or the AWS configuration's, see the module docs), with the
