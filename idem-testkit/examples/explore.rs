@@ -7,26 +7,143 @@
 //! cargo run --release -p idem-testkit --features mutants --example explore -- --replay 0.3.1.0 [same flags]
 //! ```
 //!
-//! Flags: `--workers N`, `--keys N`, `--copies N`, `--poison N`, `--conflicts N`,
-//! `--on-conflict dead-letter|process`, `--batch N`,
-//! `--mode process|consumer|both`, `--crashes N`, `--errors N` (of each class: unavailable,
-//! conflict, rejected, config), `--lost-acks N`, `--expiries N`, `--outages N`,
-//! `--restores N`, `--lock-timeouts N`, `--void-commits N`, `--max-faults N`,
-//! `--killers N`, `--recurring N`, `--max-attempts N`, `--broker-limit N`,
-//! `--delivery-count runs|deliveries`, `--max-depth N`, `--time-limit SECS`,
-//! `--neighbour-check`, `--mutant NAME`, `--replay SEQ`, `--skip-mutants`.
+//! `--help` lists the flags: the space's bounds (workers, keys, copies, …), the fault
+//! budgets, the mode, a mutant to catch and a sequence to replay.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, ValueEnum};
 use idem_core::ConflictPolicy;
 use idem_testkit::explore::{explore, replay, Config, Mode, Mutant, Report};
 
-fn usage(msg: &str) -> ExitCode {
-    eprintln!("explore: {msg}");
+/// Explores the real `Gate` exhaustively within small bounds: every interleaving, crash
+/// and fault, checked for exactly one effect per submission; then shows that each mutant
+/// (a deliberately broken gate) is caught. Exit status 1 on a violation or a missed mutant.
+#[derive(Parser, Debug)]
+#[command(name = "explore", after_help = mutants_help())]
+struct Cli {
+    /// Concurrent workers.
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
+    /// Distinct submissions.
+    #[arg(long, value_name = "N")]
+    keys: Option<u8>,
+    /// Deliveries of each submission.
+    #[arg(long, value_name = "N")]
+    copies: Option<usize>,
+    /// Poison messages.
+    #[arg(long, value_name = "N")]
+    poison: Option<usize>,
+    /// Submissions re-sent with a changed payload (conflicts).
+    #[arg(long, value_name = "N")]
+    conflicts: Option<u8>,
+    /// What a conflict does.
+    #[arg(long, value_enum)]
+    on_conflict: Option<OnConflict>,
+    /// Batch size (1: one delivery per transaction).
+    #[arg(long, value_name = "N")]
+    batch: Option<usize>,
+    /// Which runs: the gate's `process` alone, the consumer loop, or both.
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    mode: ModeArg,
+    /// Crash budget.
+    #[arg(long, value_name = "N")]
+    crashes: Option<u32>,
+    /// Error budget of each class: unavailable, conflict, rejected, config.
+    #[arg(long, value_name = "N")]
+    errors: Option<u32>,
+    /// Lost-ack budget.
+    #[arg(long, value_name = "N")]
+    lost_acks: Option<u32>,
+    /// Lease-expiry budget.
+    #[arg(long, value_name = "N")]
+    expiries: Option<u32>,
+    /// Store-outage budget.
+    #[arg(long, value_name = "N")]
+    outages: Option<u32>,
+    /// Store-restore budget.
+    #[arg(long, value_name = "N")]
+    restores: Option<u32>,
+    /// Lock-timeout budget.
+    #[arg(long, value_name = "N")]
+    lock_timeouts: Option<u32>,
+    /// Budget of commits that fail without an error (void commits).
+    #[arg(long, value_name = "N")]
+    void_commits: Option<u32>,
+    /// Most faults in one run, whatever their class.
+    #[arg(long, value_name = "N")]
+    max_faults: Option<u32>,
+    /// Workers killed mid-run.
+    #[arg(long, value_name = "N")]
+    killers: Option<usize>,
+    /// Recurring failures.
+    #[arg(long, value_name = "N")]
+    recurring: Option<usize>,
+    /// Attempts before a dead letter (at least 1).
+    #[arg(long, value_name = "N")]
+    max_attempts: Option<u32>,
+    /// The broker's own delivery limit.
+    #[arg(long, value_name = "N")]
+    broker_limit: Option<u32>,
+    /// What an attempt counts: the gate's runs or the broker's deliveries.
+    #[arg(long, value_enum)]
+    delivery_count: Option<DeliveryCount>,
+    /// Longest sequence explored.
+    #[arg(long, value_name = "N")]
+    max_depth: Option<usize>,
+    /// Time limit of each pass, in seconds.
+    #[arg(long, value_name = "SECS")]
+    time_limit: Option<u64>,
+    /// Also check each state's neighbours.
+    #[arg(long)]
+    neighbour_check: bool,
+    /// The handler checks the claim before it runs.
+    #[arg(long)]
+    check_before_handler: bool,
+    /// Explore with this mutant switched on (it must be caught).
+    #[arg(long, value_name = "NAME", value_parser = mutant)]
+    mutant: Option<Mutant>,
+    /// Replay this sequence, step by step (with the flags it was found with).
+    #[arg(long, value_name = "SEQ")]
+    replay: Option<String>,
+    /// Skip the pass that shows every mutant caught.
+    #[arg(long)]
+    skip_mutants: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum OnConflict {
+    DeadLetter,
+    Process,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Process,
+    Consumer,
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DeliveryCount {
+    Runs,
+    Deliveries,
+}
+
+fn mutants_help() -> String {
     let names: Vec<&str> = Mutant::ALL.iter().map(|(n, _)| *n).collect();
-    eprintln!("mutants: {}", names.join(", "));
-    ExitCode::from(2)
+    format!("Mutants: {}", names.join(", "))
+}
+
+fn mutant(name: &str) -> Result<Mutant, String> {
+    Mutant::by_name(name).ok_or_else(|| format!("no mutant {name:?}; {}", mutants_help()))
+}
+
+/// A value-enum's command-line name.
+fn name<T: ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_owned())
 }
 
 struct Args {
@@ -35,129 +152,87 @@ struct Args {
     mutant: Option<Mutant>,
     replay: Option<String>,
     skip_mutants: bool,
+    /// The space's flags as given, for the replay hint.
     flags: Vec<String>,
 }
 
-fn parse() -> Result<Args, String> {
+fn parse() -> Args {
+    let cli = Cli::parse();
     let mut config = Config::default();
-    let mut modes = vec![Mode::Process, Mode::Consumer];
-    let mut mutant = None;
-    let mut replay = None;
-    let mut skip_mutants = false;
     let mut flags = Vec::new();
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--skip-mutants" {
-            skip_mutants = true;
-            continue;
-        }
-        if flag == "--neighbour-check" {
-            config.neighbour_check = true;
-            flags.push(flag);
-            continue;
-        }
-        if flag == "--check-before-handler" {
-            config.check_before_handler = true;
-            flags.push(flag);
-            continue;
-        }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let num = || -> Result<u32, String> {
-            value
-                .parse()
-                .map_err(|_| format!("{flag} takes a whole number, not {value:?}"))
+    // Each given flag: recorded for the replay hint, then applied.
+    macro_rules! given {
+        ($field:ident, $flag:literal, |$v:ident| $apply:expr) => {
+            if let Some($v) = cli.$field {
+                flags.push(format!("--{} {}", $flag, $v));
+                $apply;
+            }
         };
-        flags.push(format!("{flag} {value}"));
-        let b = &mut config.budgets;
-        match flag.as_str() {
-            "--workers" => config.workers = num()? as usize,
-            "--keys" => config.keys = u8::try_from(num()?).map_err(|_| "--keys: at most 255")?,
-            "--copies" => config.copies = num()? as usize,
-            "--poison" => config.poison = num()? as usize,
-            "--conflicts" => {
-                config.conflicts = u8::try_from(num()?).map_err(|_| "--conflicts: at most 255")?;
-            }
-            "--on-conflict" => {
-                config.on_conflict = match value.as_str() {
-                    "dead-letter" => ConflictPolicy::DeadLetter,
-                    "process" => ConflictPolicy::Process,
-                    other => {
-                        return Err(format!(
-                            "--on-conflict: dead-letter or process, not {other:?}"
-                        ))
-                    }
-                };
-            }
-            "--batch" => config.batch = num()? as usize,
-            "--crashes" => b.crashes = num()?,
-            "--errors" => {
-                let n = num()?;
-                b.unavailable = n;
-                b.conflict = n;
-                b.rejected = n;
-                b.config = n;
-            }
-            "--lost-acks" => b.lost_acks = num()?,
-            "--expiries" => b.expiries = num()?,
-            "--outages" => b.outages = num()?,
-            "--restores" => b.restores = num()?,
-            "--lock-timeouts" => b.lock_timeouts = num()?,
-            "--void-commits" => b.void_commits = num()?,
-            "--killers" => config.killers = num()? as usize,
-            "--recurring" => config.recurring = num()? as usize,
-            "--max-attempts" => config.max_attempts = num()?.max(1),
-            "--broker-limit" => config.broker_limit = num()?,
-            "--delivery-count" => {
-                config.counts_runs = match value.as_str() {
-                    "runs" => true,
-                    "deliveries" => false,
-                    other => {
-                        return Err(format!(
-                            "--delivery-count: runs or deliveries, not {other:?}"
-                        ))
-                    }
-                };
-            }
-            "--max-faults" => b.total = num()?,
-            "--max-depth" => config.max_depth = num()? as usize,
-            "--time-limit" => config.time_limit = Duration::from_secs(u64::from(num()?)),
-            "--mode" => {
-                flags.pop();
-                modes = match value.as_str() {
-                    "process" => vec![Mode::Process],
-                    "consumer" => vec![Mode::Consumer],
-                    "both" => vec![Mode::Process, Mode::Consumer],
-                    other => {
-                        return Err(format!("--mode: process, consumer or both, not {other:?}"))
-                    }
-                };
-            }
-            "--mutant" => {
-                flags.pop();
-                mutant = Some(Mutant::by_name(&value).ok_or(format!("no mutant {value:?}"))?);
-            }
-            "--replay" => {
-                replay = Some(value.clone());
-                continue;
-            }
-            other => return Err(format!("unknown flag {other}")),
-        }
     }
-    Ok(Args {
+    let b = &mut config.budgets;
+    given!(crashes, "crashes", |n| b.crashes = n);
+    given!(errors, "errors", |n| {
+        b.unavailable = n;
+        b.conflict = n;
+        b.rejected = n;
+        b.config = n;
+    });
+    given!(lost_acks, "lost-acks", |n| b.lost_acks = n);
+    given!(expiries, "expiries", |n| b.expiries = n);
+    given!(outages, "outages", |n| b.outages = n);
+    given!(restores, "restores", |n| b.restores = n);
+    given!(lock_timeouts, "lock-timeouts", |n| b.lock_timeouts = n);
+    given!(void_commits, "void-commits", |n| b.void_commits = n);
+    given!(max_faults, "max-faults", |n| b.total = n);
+    given!(workers, "workers", |n| config.workers = n);
+    given!(keys, "keys", |n| config.keys = n);
+    given!(copies, "copies", |n| config.copies = n);
+    given!(poison, "poison", |n| config.poison = n);
+    given!(conflicts, "conflicts", |n| config.conflicts = n);
+    given!(batch, "batch", |n| config.batch = n);
+    given!(killers, "killers", |n| config.killers = n);
+    given!(recurring, "recurring", |n| config.recurring = n);
+    given!(max_attempts, "max-attempts", |n| config.max_attempts = n.max(1));
+    given!(broker_limit, "broker-limit", |n| config.broker_limit = n);
+    given!(max_depth, "max-depth", |n| config.max_depth = n);
+    given!(time_limit, "time-limit", |n| config.time_limit =
+        Duration::from_secs(n));
+    if let Some(p) = cli.on_conflict {
+        flags.push(format!("--on-conflict {}", name(&p)));
+        config.on_conflict = match p {
+            OnConflict::DeadLetter => ConflictPolicy::DeadLetter,
+            OnConflict::Process => ConflictPolicy::Process,
+        };
+    }
+    if let Some(c) = cli.delivery_count {
+        flags.push(format!("--delivery-count {}", name(&c)));
+        config.counts_runs = matches!(c, DeliveryCount::Runs);
+    }
+    if cli.neighbour_check {
+        flags.push("--neighbour-check".to_owned());
+        config.neighbour_check = true;
+    }
+    if cli.check_before_handler {
+        flags.push("--check-before-handler".to_owned());
+        config.check_before_handler = true;
+    }
+    let modes = match cli.mode {
+        ModeArg::Process => vec![Mode::Process],
+        ModeArg::Consumer => vec![Mode::Consumer],
+        ModeArg::Both => vec![Mode::Process, Mode::Consumer],
+    };
+    Args {
         config,
         modes,
-        mutant,
-        replay,
-        skip_mutants,
+        mutant: cli.mutant,
+        replay: cli.replay,
+        skip_mutants: cli.skip_mutants,
         flags,
-    })
+    }
 }
 
 fn main() -> ExitCode {
-    let args = match parse() {
-        Ok(a) => a,
-        Err(e) => return usage(&e),
-    };
+    let args = parse();
     let started = Instant::now();
 
     if let Some(seq) = &args.replay {
@@ -167,7 +242,10 @@ fn main() -> ExitCode {
         };
         let config = args.mutant.map_or(base.clone(), |m| m.config(&base));
         return match replay(&config, seq) {
-            Err(e) => usage(&e),
+            Err(e) => {
+                eprintln!("explore: {e}");
+                ExitCode::from(2)
+            }
             Ok((steps, end)) => {
                 for (i, s) in steps.iter().enumerate() {
                     println!("step {i}: {}", s.choice);
