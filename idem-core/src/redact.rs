@@ -230,28 +230,13 @@ fn param_pieces<'a>(params: &'a str, out: &mut Vec<Piece<'a>>) {
     }
 }
 
-/// `s` with `%XX` escapes decoded (invalid ones kept as written, `+` as a space).
+/// `s` with `%XX` escapes decoded (invalid ones kept as written, `+` as a space, as in
+/// a query string; bytes that are no UTF-8 replaced).
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match b[i] {
-            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    let plus_as_space = s.replace('+', " ");
+    percent_encoding::percent_decode_str(&plus_as_space)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// A URL shown through [`redact_url`]: `Display` writes it redacted, `Debug` as a quoted
