@@ -19,7 +19,7 @@ use common::{fresh_name, plain_bodies, take, Plain};
 use idem_broker::dead_letter_name;
 use idem_broker::rabbitmq::{publish_raw, RabbitConfig, RabbitConsumer};
 use idem_core::{Acker, Gate, OutcomeKind, RejectReason};
-use idem_testkit::tls::TlsServer;
+use idem_test_support::tls::TlsServer;
 use idem_testkit::MemoryStore;
 
 /// The port and node name of the test's own node, which the test holds (and stops when it

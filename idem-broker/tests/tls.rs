@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use idem_broker::any::{AnyConsumer, AnyPublisher, BrokerUrl};
-use idem_testkit::tls::{Pki, TlsServer};
+use idem_test_support::tls::{Pki, TlsServer};
 
 fn name(tag: &str) -> String {
     format!("idem-tls-{tag}-{:016x}", rand::random::<u64>())

@@ -7,7 +7,7 @@
 ))]
 
 //! `idem` against servers that speak TLS only, started by these tests with their own CA
-//! (`idem_testkit::tls`): a Postgres cluster with `ssl = on` and only `hostssl` entries,
+//! (`idem_test_support::tls`): a Postgres cluster with `ssl = on` and only `hostssl` entries,
 //! and per test one broker — Redis with only a TLS port, NATS with `--tls`, a RabbitMQ
 //! node whose only listener is TLS. `idem migrate`, `publish`, `consume` and `relay` run
 //! end to end with verification on; with another CA each is refused, and nothing is
@@ -20,7 +20,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use idem_testkit::tls::{Pki, TlsServer};
+use idem_test_support::tls::{Pki, TlsServer};
 
 mod common;
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 use idem_store_postgres::{PgConfig, PgStore};
-use idem_testkit::tls::{Pki, TlsServer};
+use idem_test_support::tls::{Pki, TlsServer};
 
 fn url(port: u16, query: &str) -> String {
     format!("postgres://postgres@127.0.0.1:{port}/postgres?{query}")

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::{fresh_prefix, key};
 use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter};
 use idem_store_redis::{ClientKind, RedisConfig, RedisFilter, RedisLeaseStore};
-use idem_testkit::tls::{Pki, TlsServer};
+use idem_test_support::tls::{Pki, TlsServer};
 
 fn config(kind: ClientKind, url: &str, tag: &str) -> RedisConfig {
     RedisConfig::new(url)

@@ -3,7 +3,7 @@
 //! listener on a free loopback port, killed (and its files removed) when dropped.
 //!
 //! ```no_run
-//! use idem_testkit::tls::{Pki, TlsServer};
+//! use idem_test_support::tls::{Pki, TlsServer};
 //! let pki = Pki::new();
 //! let redis = TlsServer::redis(&pki);
 //! let url = format!("rediss://127.0.0.1:{}", redis.port);

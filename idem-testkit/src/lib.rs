@@ -57,7 +57,6 @@ pub mod positions;
 #[cfg(feature = "proptest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proptest")))]
 pub mod strategies;
-pub mod tls;
 
 // The simulated world, from idem-sim (the part a program may link), under the paths the
 // kit has always given it.
