@@ -33,6 +33,7 @@ async fn sqs_horizon_is_the_queue_message_retention_period() {
     let endpoint = env("IDEM_TEST_SQS_ENDPOINT", "http://127.0.0.1:5000");
     let config = aws_sdk_sqs::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(idem_broker::sqs::http_client())
         .region(Region::new("us-east-1"))
         .endpoint_url(&endpoint)
         .credentials_provider(Credentials::new("t", "t", None, None, "test"))
@@ -94,6 +95,7 @@ async fn sqs_horizon_reads_the_queue_in_the_url_s_region() {
     let client = aws_sdk_sqs::Client::from_conf(
         aws_sdk_sqs::Config::builder()
             .behavior_version(BehaviorVersion::latest())
+            .http_client(idem_broker::sqs::http_client())
             .region(Region::new("eu-west-3"))
             .endpoint_url(&endpoint)
             .credentials_provider(Credentials::new("t", "t", None, None, "test"))
@@ -384,6 +386,7 @@ async fn dead_letters_that_keep_longer_bound_the_horizon() {
     let client = aws_sdk_sqs::Client::from_conf(
         aws_sdk_sqs::Config::builder()
             .behavior_version(BehaviorVersion::latest())
+            .http_client(idem_broker::sqs::http_client())
             .region(Region::new("us-east-1"))
             .endpoint_url(&endpoint)
             .credentials_provider(Credentials::new("t", "t", None, None, "test"))

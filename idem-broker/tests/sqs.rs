@@ -49,6 +49,7 @@ async fn sdk() -> aws_sdk_sqs::Client {
     use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
     let conf = aws_sdk_sqs::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(idem_broker::sqs::http_client())
         .region(Region::new("us-east-1"))
         .endpoint_url(endpoint())
         .credentials_provider(Credentials::new(

@@ -818,9 +818,9 @@ mod tests {
     /// dead-letter the two others.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_crash_suite_leaves_one_order_each_on_sqlite() {
-        use idem_store_sqlite::{SqliteConfig, SqliteStore};
         use idem_sim::sim::crash_suite;
         use idem_sim::Effect;
+        use idem_store_sqlite::{SqliteConfig, SqliteStore};
         type Error = Box<dyn std::error::Error>;
         const SCRIPT: &str = "INSERT INTO orders (order_id, amount, idempotency_key) \
             VALUES (json_extract($1, '$.order_id'), json_extract($1, '$.amount'), $2) \
@@ -874,9 +874,9 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_crash_suite_leaves_one_order_each_on_postgres() {
-        use idem_store_postgres::{PgConfig, PgStore};
         use idem_sim::sim::crash_suite;
         use idem_sim::Effect;
+        use idem_store_postgres::{PgConfig, PgStore};
         type Error = Box<dyn std::error::Error>;
         let url = std::env::var("IDEM_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());

@@ -192,7 +192,8 @@ fn parse() -> Args {
     given!(batch, "batch", |n| config.batch = n);
     given!(killers, "killers", |n| config.killers = n);
     given!(recurring, "recurring", |n| config.recurring = n);
-    given!(max_attempts, "max-attempts", |n| config.max_attempts = n.max(1));
+    given!(max_attempts, "max-attempts", |n| config.max_attempts =
+        n.max(1));
     given!(broker_limit, "broker-limit", |n| config.broker_limit = n);
     given!(max_depth, "max-depth", |n| config.max_depth = n);
     given!(time_limit, "time-limit", |n| config.time_limit =

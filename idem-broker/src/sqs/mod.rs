@@ -204,21 +204,28 @@ fn timeouts(config: &SqsConfig, attempt: std::time::Duration) -> TimeoutConfig {
 /// plus the request timeout).
 pub(crate) fn receive_client(client: &Client, config: &SqsConfig) -> Client {
     Client::from_conf(
-        client
-            .config()
-            .to_builder()
+        builder_of(client)
             .timeout_config(timeouts(config, config.receive_timeout()))
             .build(),
     )
+}
+
+/// `client`'s configuration, with [`http_client`] where it names no HTTP client (one
+/// built without the SDK's default client).
+fn builder_of(client: &Client) -> aws_sdk_sqs::config::Builder {
+    let builder = client.config().to_builder();
+    if client.config().http_client().is_some() {
+        builder
+    } else {
+        builder.http_client(http_client())
+    }
 }
 
 /// `client` with the connect and request timeouts of `config`; everything else
 /// (credentials, region, endpoint, HTTP client, interceptors, retries) as it is.
 pub(crate) fn with_timeouts(client: &Client, config: &SqsConfig) -> Client {
     Client::from_conf(
-        client
-            .config()
-            .to_builder()
+        builder_of(client)
             .timeout_config(timeouts(config, config.request_timeout))
             .build(),
     )
@@ -313,7 +320,7 @@ pub(crate) async fn sdk_config_for(config: &SqsConfig) -> Result<SdkConfig, Brok
 async fn load(config: &SqsConfig) -> SdkConfig {
     let (credentials, region) = sources(config.endpoint.as_deref(), config.region.as_deref());
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
-        .http_client(https_client())
+        .http_client(http_client())
         .timeout_config(timeouts(config, config.request_timeout));
     if let Some(e) = &config.endpoint {
         loader = loader.endpoint_url(e);
@@ -341,17 +348,36 @@ async fn load(config: &SqsConfig) -> SdkConfig {
     loader.load().await
 }
 
-/// The SDK's HTTP client (HTTP/1.1 and 2, `https://` and loopback `http://`) on rustls
-/// with the `ring` provider, named in its own configuration: the one crypto provider of
-/// every client idem builds, and nothing installed process-wide.
-pub(crate) fn https_client() -> aws_sdk_sqs::config::SharedHttpClient {
+/// The HTTP client of idem's SQS clients: the SDK's own (HTTP/1.1 and 2, `https://` and
+/// `http://`) on rustls with the `ring` provider, named in its own configuration — the one
+/// crypto provider of every client idem builds, nothing installed process-wide.
+///
+/// idem builds its SQS crate without the SDK's default HTTP client (which compiles
+/// aws-lc from C), so a client or an `SdkConfig` an application builds in a program that
+/// does not ask for that client itself has none; the constructors that take one
+/// ([`SqsConsumer::from_client`], [`SqsConsumer::from_sdk_config`] and the publisher's)
+/// give it this one. For a client of your own, beside idem's:
+///
+/// ```
+/// use aws_sdk_sqs::config::{BehaviorVersion, Region};
+/// let config = aws_sdk_sqs::Config::builder()
+///     .behavior_version(BehaviorVersion::latest())
+///     .region(Region::new("us-east-1"))
+///     .http_client(idem_broker::sqs::http_client())
+///     .build();
+/// let client = aws_sdk_sqs::Client::from_conf(config);
+/// # drop(client);
+/// ```
+pub fn http_client() -> aws_sdk_sqs::config::SharedHttpClient {
     use aws_smithy_http_client::tls;
     aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
         .build_https()
 }
 
-/// An SQS client of `sdk`; with [`https_client`] where `sdk` names no HTTP client (an
+/// An SQS client of `sdk`; with [`http_client`] where `sdk` names no HTTP client (an
 /// application that builds aws-config without its default client).
 ///
 /// # Errors
@@ -366,7 +392,7 @@ pub(crate) fn client_of(sdk: &SdkConfig) -> Result<Client, BrokerError> {
     }
     let mut builder = aws_sdk_sqs::config::Builder::from(sdk);
     if sdk.http_client().is_none() {
-        builder = builder.http_client(https_client());
+        builder = builder.http_client(http_client());
     }
     Ok(Client::from_conf(builder.build()))
 }

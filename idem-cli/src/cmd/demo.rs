@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use idem_core::{ClaimStore, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, Stage};
 use idem_grant::{parse_submission, GrantDb, GrantHandler, DEFAULT_MAX_BODY};
-use idem_sim::fault::{
-    quiet_injected_crashes, CrashPoint, FaultPlan, FaultyHandler, FaultyStore,
-};
+use idem_sim::fault::{quiet_injected_crashes, CrashPoint, FaultPlan, FaultyHandler, FaultyStore};
 use idem_sim::sim::{drive_fed, SimConfig};
 use idem_sim::SimBroker;
 use indicatif::{ProgressBar, ProgressStyle};
