@@ -59,19 +59,8 @@ pub mod positions;
 pub mod strategies;
 
 // The simulated world, from idem-sim (the part a program may link), under the paths the
-// kit has always given it.
-pub use idem_sim::{broker, fault, harness, ledger, memory, sim};
-
-pub use broker::{BrokerStats, SimAcker, SimBroker, SimMessage};
-pub use fault::{
-    CrashPoint, ErrorPoint, FaultPlan, FaultyAcker, FaultyHandler, FaultyStore, FaultyTx,
-};
-pub use harness::{
-    encode_submission, Effect, EffectHandler, EffectHandlerFor, EffectInput, TestStore,
-};
-pub use ledger::{Ledger, Violation};
-pub use memory::{ClaimRecord, MemoryOutbox, MemoryOutboxBatch, MemoryStore, MemoryTx, Row};
-pub use sim::{SimConfig, SimReport};
+// kit has always given it: its modules (`sim`, `fault`, `memory`, …) and their items.
+pub use idem_sim::*;
 
 // The README's example, run as a doctest.
 #[cfg(doctest)]
