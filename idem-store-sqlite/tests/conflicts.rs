@@ -57,5 +57,8 @@ async fn a_reference_table_is_given_the_identity_column_and_then_detects_conflic
             .fetch_one(store.pool())
             .await
             .expect("count");
-    assert_eq!(n, 3, "the other program's row, a, and b claimed without identity");
+    assert_eq!(
+        n, 3,
+        "the other program's row, a, and b claimed without identity"
+    );
 }
