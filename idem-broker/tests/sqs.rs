@@ -155,18 +155,18 @@ fn max_receive_count(policy: &str) -> Option<u32> {
     }
 }
 
-/// A source queue made with `maxReceiveCount` 10 (an earlier version's default, the
-/// gate's default `max_attempts`) is used under the defaults, which give a new queue 20,
-/// and left as it is; asking for 20 is a configuration error (a count asked for is
-/// held), and a count below 10 is refused under the defaults.
+/// A source queue that already exists with `maxReceiveCount` 10 (the gate's default
+/// `max_attempts`) is used under the defaults, which give a new queue 20, and left as it
+/// is; asking for 20 is a configuration error (a count asked for is held), and a count
+/// below 10 is refused under the defaults.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_existing_queue_with_the_earlier_receive_count_is_used_unless_more_is_asked() {
+async fn an_existing_queue_receiving_ten_times_is_used_unless_more_is_asked() {
     let host = endpoint().trim_start_matches("http://").to_owned();
     let url = |query: &str| BrokerUrl::parse(&format!("sqs://{host}{query}")).expect("url");
     let name = common::fresh_name("old-redrive");
     AnyConsumer::connect(&url("?max_receive_count=10"), &name, 4)
         .await
-        .expect("a queue as an earlier version made it");
+        .expect("a queue with 10");
     AnyConsumer::connect(&url(""), &name, 4)
         .await
         .expect("used under the defaults");

@@ -7,8 +7,9 @@ CREATE SCHEMA IF NOT EXISTS {schema};
 -- in 0005, 0006 and 0010): hex digits and identifiers, whose order no language changes. In
 -- a database whose default collation is a language's (en_US.UTF-8, an ICU locale) every
 -- index insert would otherwise compare them through it (what that costs: the collation's
--- row of scripts/index-costs). Columns of an earlier version keep their collation;
--- equality, which is all idem asks of them, is the same under both.
+-- row of scripts/index-costs). The columns of a table idem did not create (the reference
+-- design's, made by another program) keep their collation; equality, which is all idem
+-- asks of them, is the same under both.
 --
 -- The dedup table. Its three columns are the reference's: a table created by another
 -- program with exactly these columns is used as it is (CREATE ... IF NOT EXISTS leaves it
@@ -49,6 +50,5 @@ ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS failed_at timestamptz;
 CREATE UNIQUE INDEX IF NOT EXISTS outbox_event_id_key
     ON {schema}.outbox (event_id);
 -- The relay finds unpublished rows through its queue, outbox_pending, and retention finds
--- old rows through a BRIN index on created_at: both in 0010_outbox_pending.sql, which also
--- drops the partial indexes on published_at that earlier versions created here (an index
--- that names published_at would make every mark a non-HOT update).
+-- old rows through a BRIN index on created_at: both in 0010_outbox_pending.sql (no index
+-- names published_at, which would make every mark a non-HOT update).

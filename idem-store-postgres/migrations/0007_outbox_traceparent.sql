@@ -8,9 +8,8 @@
 --
 -- Both layouts share one outbox (only processed_messages is partitioned), so the statement
 -- is the same for both. Adding a nullable column without a default only changes the
--- catalogue: an existing outbox of any size is upgraded in place, at once. A store
--- connected before the column existed keeps writing rows without it until it reconnects
--- (PgStore::connect looks for the column), so consumers and relays may be upgraded before
--- or after `idem migrate`.
+-- catalogue: an outbox of any size made by another program (the reference design's) takes
+-- it at once. A store connected before the column existed keeps writing rows without it
+-- until it reconnects (PgStore::connect looks for the column).
 
 ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS traceparent text;

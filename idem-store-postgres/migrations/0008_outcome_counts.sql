@@ -1,6 +1,5 @@
--- The outcome tally (PgStore::migrate; both layouts). Idempotent: creates the table on a
--- new schema and on an existing one alike. `{schema}` is replaced by the validated,
--- quoted schema name before execution.
+-- The outcome tally (PgStore::migrate; both layouts). Idempotent. `{schema}` is replaced
+-- by the validated, quoted schema name before execution.
 --
 -- How many deliveries of each UTC day ended with each outcome (`processed`, `duplicate`,
 -- `conflict`, `rejected`, `deferred`, `failed`) and, for a dead letter, each reason code

@@ -5,25 +5,21 @@
 -- The relay leases from it (`ORDER BY id ... FOR UPDATE SKIP LOCKED`), checks a subject's
 -- earlier events in it, and on a confirmed publish deletes the rows and sets
 -- `outbox.published_at` in the same transaction. Why a queue beside the outbox rather than
--- partial indexes on `published_at` (what earlier versions had): an index that names
--- `published_at` (as a key or in its predicate) makes every mark a non-HOT update, a new
--- row version plus an entry in each of the outbox's indexes (two of them 64-character
--- keys). With no index naming `published_at` and room left on each page (fillfactor 50),
+-- partial indexes on `published_at`: an index that names `published_at` (as a key or in
+-- its predicate) makes every mark a non-HOT update, a new row version plus an entry in
+-- each of the outbox's indexes (two of them 64-character keys). With no index naming
+-- `published_at` and room left on each page (fillfactor 50),
 -- the mark is a HOT update, and the queue rows are only deleted: the database's work per
 -- relayed event about halves (docs/scale.md, "The relay").
 --
 -- Every writer fills the queue without knowing of it: a statement-level trigger on the
 -- outbox inserts the queue rows of the rows the statement inserted (those with an event id,
--- not published, not moved aside), in the writer's transaction, so that a consumer built
--- before this migration, or another program writing idem's columns, never writes an event
--- that no relay would see. The trigger function runs as its owner (SECURITY DEFINER):
--- consumers need no privilege on the queue.
+-- not published, not moved aside), in the writer's transaction, so that another program
+-- writing idem's columns never writes an event that no relay would see. The trigger
+-- function runs as its owner (SECURITY DEFINER): consumers need no privilege on the queue.
 --
--- The first run converts an existing outbox in one transaction: it creates the trigger
--- (whose lock waits for writers in flight, and holds off new ones until the migration
--- commits), then copies every unpublished, live event into the queue, drops the partial
--- indexes of 0001, and sets the fillfactor for new pages. Later runs find the trigger and
--- change nothing.
+-- The first run creates the trigger and sets the outbox's fillfactor for new pages; later
+-- runs find the trigger and change nothing.
 
 CREATE TABLE IF NOT EXISTS {schema}.outbox_pending (
     id      bigint PRIMARY KEY,
@@ -43,7 +39,7 @@ BEGIN
 END
 $fn$;
 
-DO $convert$
+DO $trigger$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_trigger
                    WHERE tgrelid = '{schema}.outbox'::regclass
@@ -51,17 +47,10 @@ BEGIN
         CREATE TRIGGER idem_outbox_pending AFTER INSERT ON {schema}.outbox
             REFERENCING NEW TABLE AS idem_new_outbox_rows
             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.idem_outbox_pending();
-        INSERT INTO {schema}.outbox_pending (id, subject)
-        SELECT id, subject FROM {schema}.outbox
-        WHERE event_id IS NOT NULL AND published_at IS NULL AND failed_at IS NULL
-        ON CONFLICT DO NOTHING;
-        DROP INDEX IF EXISTS {schema}.outbox_unpublished_idx;
-        DROP INDEX IF EXISTS {schema}.outbox_unpublished_subject_idx;
-        DROP INDEX IF EXISTS {schema}.outbox_created_at_idx;
         ALTER TABLE {schema}.outbox SET (fillfactor = 50);
     END IF;
 END
-$convert$;
+$trigger$;
 
 -- Retention finds old published rows by age: BRIN, a few pages for years of rows, and
 -- cheap to keep up on insert (created_at follows the insert order).

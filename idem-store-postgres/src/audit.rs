@@ -417,7 +417,7 @@ impl PgStore {
     /// # Errors
     /// As [`add_outcome_counts`](PgStore::add_outcome_counts); the statement timeout is
     /// [`StoreError::Unavailable`] or [`StoreError::Other`] (retryable). The flush's
-    /// table missing (a schema not migrated since it was added) is an error too.
+    /// table missing (a schema `migrate` has not run on) is an error too.
     pub async fn add_outcome_counts_once(
         &self,
         flush: &FlushId,
@@ -496,7 +496,7 @@ impl PgStore {
 
     /// The outcome tally of every UTC day that overlaps `since <= t < until` (RFC 3339 or
     /// any timestamp the server reads), ordered by day, outcome and reason; `None` when
-    /// the schema has no `idem_outcome_counts` table (not migrated since it was added).
+    /// the schema has no `idem_outcome_counts` table (`migrate` has not run on it).
     ///
     /// # Errors
     /// [`PgError::InvalidTimestamp`] for a bad bound; [`PgError::Store`] from the database.

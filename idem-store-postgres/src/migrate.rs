@@ -107,23 +107,12 @@ const COLUMNS: &[(&str, &str)] = &[
 ];
 /// Triggers the scripts create.
 const TRIGGERS: &[(&str, &str)] = &[("outbox", "idem_outbox_pending")];
-/// Relations whose presence asks for the script to run (`a&b`: all of them): an index an
-/// operator built beforehand for the script to swap in (0006_claim_identity.sql), or
-/// beside the one it replaces (0002_audit_indexes.sql).
-const TO_SWAP_IN: &[&str] = &[
-    "processed_messages_identity_full",
-    "outbox_idempotency_key_hash&outbox_idempotency_key_idx",
-];
 
 /// What the catalog must hold for [`PgStore::migrate`] to run no DDL.
 struct Expected {
-    /// Each entry: a relation, or `a|b`: any one of them.
     relations: Vec<&'static str>,
     columns: Vec<(&'static str, &'static str)>,
     triggers: Vec<(&'static str, &'static str)>,
-    /// Relations whose presence asks for the script to run ([`TO_SWAP_IN`]; `a&b`: all of
-    /// them).
-    absent: Vec<&'static str>,
 }
 
 impl Expected {
@@ -137,14 +126,10 @@ impl Expected {
             }
         }
         if audit_indexes {
-            // `processed_messages_award_id_idx` only where the identity index is still
-            // partial (0002_audit_indexes.sql): not a relation every schema has.
             relations.push("processed_messages_claimed_at_idx");
             match layout {
-                // The hash index, or an earlier version's btree until the hash index is
-                // built beside it (0002_audit_indexes.sql).
                 PgLayout::Plain | PgLayout::Partitioned => {
-                    relations.push("outbox_idempotency_key_hash|outbox_idempotency_key_idx");
+                    relations.push("outbox_idempotency_key_hash");
                 }
                 PgLayout::Distributed => relations.extend([
                     "outbox_idempotency_key_idx",
@@ -156,7 +141,6 @@ impl Expected {
             relations,
             columns: COLUMNS.to_vec(),
             triggers: TRIGGERS.to_vec(),
-            absent: TO_SWAP_IN.to_vec(),
         }
     }
 }
@@ -461,8 +445,7 @@ impl PgStore {
         let missing: Result<Vec<String>, _> = sqlx::query_scalar(
             "WITH s AS (SELECT quote_ident($1) || '.' AS q) \
              SELECT r FROM unnest($2::text[]) AS r, s \
-               WHERE NOT EXISTS (SELECT 1 FROM unnest(string_to_array(r, '|')) AS x \
-                 WHERE to_regclass(s.q || quote_ident(x)) IS NOT NULL) \
+               WHERE to_regclass(s.q || quote_ident(r)) IS NULL \
              UNION ALL \
              SELECT t || '.' || c FROM unnest($3::text[], $4::text[]) AS u(t, c), s \
                WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a \
@@ -471,11 +454,7 @@ impl PgStore {
              UNION ALL \
              SELECT t || ' trigger ' || g FROM unnest($5::text[], $6::text[]) AS v(t, g), s \
                WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tr \
-                 WHERE tr.tgrelid = to_regclass(s.q || quote_ident(t)) AND tr.tgname = g) \
-             UNION ALL \
-             SELECT r || ' (to swap in)' FROM unnest($7::text[]) AS r, s \
-               WHERE NOT EXISTS (SELECT 1 FROM unnest(string_to_array(r, '&')) AS x \
-                 WHERE to_regclass(s.q || quote_ident(x)) IS NULL)",
+                 WHERE tr.tgrelid = to_regclass(s.q || quote_ident(t)) AND tr.tgname = g)",
         )
         .bind(self.schema())
         .bind(&expected.relations)
@@ -483,7 +462,6 @@ impl PgStore {
         .bind(&col_names)
         .bind(&trig_tables)
         .bind(&trig_names)
-        .bind(&expected.absent)
         .fetch_all(self.pool())
         .await;
         match missing {

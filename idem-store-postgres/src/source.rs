@@ -32,9 +32,8 @@ use crate::store::PgStore;
 /// - [`mark_published`](OutboxBatch::mark_published) deletes the batch's queue rows and
 ///   sets `outbox.published_at` in one statement, then commits: no index names
 ///   `published_at`, so the mark is a HOT update.
-/// - A queue row whose outbox row is gone, already published or moved aside (left by a
-///   relay of an earlier version, or an outbox row deleted by hand) is deleted when it is
-///   leased, never published.
+/// - A queue row whose outbox row is gone, already published or moved aside (an outbox
+///   row deleted or changed by hand) is deleted when it is leased, never published.
 /// - A row is returned only if every earlier unpublished row of its subject is in the
 ///   same batch before it. A subject whose earlier row is held by another relay (or
 ///   was skipped in this batch) is left out entirely, so several relays never publish one

@@ -306,10 +306,11 @@ async fn a_new_schema_compares_its_keys_byte_by_byte() {
     }
 }
 
-/// A table of an earlier version keeps its columns' collation (no rewrite, no long lock),
-/// and claims and conflicts work on it as on a new one.
+/// The reference design's table, made by another program, keeps its columns' collation
+/// through `migrate` (no rewrite, no long lock), and claims and conflicts work on it as on
+/// a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_earlier_versions_columns_keep_their_collation() {
+async fn a_reference_tables_columns_keep_their_collation() {
     let store = common::bare_store(|c| c).await;
     reference_processed_messages(&store).await;
     store

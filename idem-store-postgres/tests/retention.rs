@@ -182,7 +182,7 @@ async fn purge_below_the_floor_is_refused_unless_allowed() {
 }
 
 /// An event still in the relay's queue is never purged, whatever its `published_at` says
-/// (set by hand, or by a relay of an earlier version that did not know of the queue): only
+/// (set by hand, or by another program that does not know of the queue): only
 /// the relay's own mark, which takes the event out of the queue, makes it purgeable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_still_in_the_relay_queue_is_not_purged() {

@@ -437,7 +437,7 @@ impl SqliteStore {
 
     /// The outcome tally of every UTC day that overlaps `since <= t < until` (RFC 3339 or
     /// a bare date), ordered by day, outcome and reason; `None` when the database has no
-    /// `idem_outcome_counts` table (not migrated since it was added).
+    /// `idem_outcome_counts` table (`migrate` has not run on it).
     ///
     /// # Errors
     /// [`SqliteError::InvalidTimestamp`] for a bad bound; [`SqliteError::Store`] from

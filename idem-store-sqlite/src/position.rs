@@ -1,5 +1,5 @@
 //! Log positions kept in the claim's transaction ([`idem_core::position`]): the
-//! `idem_positions` table (`migrations/0007_positions.sql`). SQLite has one writer at a
+//! `idem_positions` table (`migrations/0005_positions.sql`). SQLite has one writer at a
 //! time (every claim transaction begins `IMMEDIATE`), so a partition's row is read,
 //! moved by [`idem_core::position::advance`] and written back inside the transaction.
 
@@ -121,7 +121,7 @@ async fn move_row(
     Ok(true)
 }
 
-/// `idem_positions` (`migrations/0007_positions.sql`).
+/// `idem_positions` (`migrations/0005_positions.sql`).
 #[async_trait]
 impl PositionStore for SqliteStore {
     /// One autocommitted upsert that raises the epoch (or creates the row at 1) and

@@ -23,61 +23,7 @@ use idem_core::{EventId, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource, 
 use sqlx::{Row as _, SqlitePool};
 
 use crate::error::map;
-use crate::sql::statement;
 use crate::store::SqliteStore;
-
-/// The relay's columns, added to an outbox created before them. `traceparent` is each
-/// event's W3C trace context (`idem_core::trace`): NULL for an untraced event and for
-/// rows written before the column existed.
-const COLUMNS: [(&str, &str); 6] = [
-    ("publish_attempts", "INTEGER NOT NULL DEFAULT 0"),
-    ("last_error", "TEXT"),
-    ("failed_at", "TEXT"),
-    ("lease_token", "TEXT"),
-    ("leased_until", "INTEGER"),
-    ("traceparent", "TEXT"),
-];
-
-/// Adds the relay's columns (publish failures, leases, the trace context) and its index; run by
-/// [`SqliteStore::migrate`] after the tables exist. Idempotent. Two processes migrating at
-/// once may both try to add a column: the loser's `ALTER` fails, and it reads the columns
-/// again instead of failing.
-pub(crate) async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
-    for attempt in 0..3 {
-        let have: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('outbox')")
-            .fetch_all(pool)
-            .await
-            .map_err(|e| map("reading the outbox's columns", e))?;
-        // Names and types are the constants above, never input.
-        let mut sql = idem_core::sql::SqlText::new();
-        for (name, ty) in COLUMNS
-            .iter()
-            .filter(|(name, _)| !have.iter().any(|h| h == name))
-        {
-            sql.push(idem_core::sql!(
-                "ALTER TABLE outbox ADD COLUMN {name} {ty};",
-                name,
-                ty
-            ));
-        }
-        if sql.as_str().is_empty() {
-            break;
-        }
-        match sqlx::raw_sql(statement(sql)).execute(pool).await {
-            Ok(_) => break,
-            Err(_) if attempt < 2 => continue,
-            Err(e) => return Err(map("adding the outbox's relay columns", e)),
-        }
-    }
-    sqlx::raw_sql(
-        "CREATE INDEX IF NOT EXISTS outbox_unpublished_subject \
-         ON outbox (subject, id) WHERE published_at IS NULL",
-    )
-    .execute(pool)
-    .await
-    .map_err(|e| map("indexing the outbox", e))?;
-    Ok(())
-}
 
 /// Unpublished outbox rows of a [`SqliteStore`], for [`idem_core::Relay`].
 #[derive(Debug, Clone)]

@@ -16,17 +16,17 @@ use crate::config::SqliteConfig;
 use crate::error::map;
 use crate::sql::statement;
 
+/// The claims (with their identity column and its unique partial index: conflict
+/// detection) and the outbox (with the relay's columns).
 const MIGRATION: &str = include_str!("../migrations/0001_init.sql");
 /// The store's identity (see [`crate::identity`]).
 const IDENTITY: &str = include_str!("../migrations/0002_store_identity.sql");
-/// The claim's identity column and its unique partial index (conflict detection).
-const CLAIM_IDENTITY: &str = include_str!("../migrations/0003_claim_identity.sql");
 /// The outcome tally (`idem_outcome_counts`, [`SqliteStore::add_outcome_counts`]).
-const OUTCOME_COUNTS: &str = include_str!("../migrations/0005_outcome_counts.sql");
+const OUTCOME_COUNTS: &str = include_str!("../migrations/0003_outcome_counts.sql");
 /// The reruns' record (`idem_runs`, [`ClaimStore::note_run`]).
-const RUNS: &str = include_str!("../migrations/0006_runs.sql");
+const RUNS: &str = include_str!("../migrations/0004_runs.sql");
 /// The log positions kept in claim transactions (`idem_positions`, [`idem_core::position`]).
-const POSITIONS: &str = include_str!("../migrations/0007_positions.sql");
+const POSITIONS: &str = include_str!("../migrations/0005_positions.sql");
 
 /// The current time as the store writes it (see `now!`).
 pub(crate) const NOW: &str = now!();
@@ -92,12 +92,14 @@ impl SqliteStore {
     }
 
     /// Creates the tables if they are missing (the outcome tally `idem_outcome_counts`
-    /// included, on an existing database too), and the store's identity (a random id,
-    /// kept once created; see [`crate::identity`]). Idempotent.
+    /// included), and the store's identity (a random id, kept once created; see
+    /// [`crate::identity`]). A `processed_messages` made by another program with only the
+    /// reference columns is used, given the nullable identity column first. Idempotent.
     ///
     /// # Errors
     /// A store error if the DDL fails.
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.add_identity_to_reference_table().await?;
         sqlx::raw_sql(MIGRATION)
             .execute(&self.pool)
             .await
@@ -106,7 +108,6 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map("creating the store identity", e))?;
-        self.migrate_claim_identity().await?;
         sqlx::raw_sql(OUTCOME_COUNTS)
             .execute(&self.pool)
             .await
@@ -119,28 +120,35 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map("creating the log positions", e))?;
-        crate::source::migrate(&self.pool).await
+        Ok(())
     }
 
-    /// Adds the identity column and index (`migrations/0003_claim_identity.sql`) unless
-    /// the column is there already, in one transaction.
-    async fn migrate_claim_identity(&self) -> Result<(), StoreError> {
+    /// Adds the nullable identity column, `submission_timestamp`, to a `processed_messages`
+    /// made by another program's consumer with only the reference columns, before
+    /// `migrations/0001_init.sql` indexes it; in one transaction, so that two processes
+    /// migrating at once add it once. A table made by [`migrate`](Self::migrate) has it.
+    async fn add_identity_to_reference_table(&self) -> Result<(), StoreError> {
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| map("migrating the claim identity", e))?;
-        let present: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pragma_table_info('processed_messages') \
-             WHERE name = 'submission_timestamp'",
+        let lacking: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master \
+                            WHERE type = 'table' AND name = 'processed_messages') \
+                AND NOT EXISTS (SELECT 1 FROM pragma_table_info('processed_messages') \
+                                WHERE name = 'submission_timestamp')",
         )
         .fetch_one(&mut *tx)
         .await
         .map_err(|e| map("migrating the claim identity", e))?;
-        if present == 0 {
-            sqlx::Executor::execute(&mut *tx, CLAIM_IDENTITY)
-                .await
-                .map_err(|e| map("migrating the claim identity", e))?;
+        if lacking {
+            sqlx::Executor::execute(
+                &mut *tx,
+                "ALTER TABLE processed_messages ADD COLUMN submission_timestamp TEXT",
+            )
+            .await
+            .map_err(|e| map("migrating the claim identity", e))?;
         }
         tx.commit()
             .await

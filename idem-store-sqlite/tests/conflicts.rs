@@ -1,6 +1,6 @@
-//! Conflict detection on SQLite beyond the conformance suite: a database created before
-//! the identity column (migration 0001 only) is upgraded in place by `migrate`, then
-//! detects conflicts; migrating twice is harmless.
+//! Conflict detection on SQLite beyond the conformance suite: a `processed_messages` made
+//! by another program's consumer with only the reference columns is given the identity
+//! column by `migrate`, then detects conflicts; migrating twice is harmless.
 
 use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
@@ -19,13 +19,13 @@ async fn claim_one(store: &SqliteStore, k: &IdempotencyKey, m: &ClaimMeta) -> Cl
 }
 
 #[tokio::test]
-async fn an_old_database_is_upgraded_in_place_and_then_detects_conflicts() {
+async fn a_reference_table_is_given_the_identity_column_and_then_detects_conflicts() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("old.db");
+    let path = dir.path().join("shared.db");
     let store = SqliteStore::connect(path.to_str().expect("utf-8"), SqliteConfig::default())
         .await
         .expect("open");
-    // The table as migration 0001 created it, with a claim in it.
+    // The reference columns, with a claim of the other program in it.
     sqlx::raw_sql(
         "CREATE TABLE processed_messages (idempotency_key TEXT PRIMARY KEY, award_id TEXT, \
          claimed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))); \
@@ -33,7 +33,7 @@ async fn an_old_database_is_upgraded_in_place_and_then_detects_conflicts() {
     )
     .execute(store.pool())
     .await
-    .expect("old table");
+    .expect("reference table");
     store.migrate().await.expect("migrate");
     store.migrate().await.expect("migrate again");
     assert!(store.capabilities().detects_conflicts);
@@ -57,5 +57,8 @@ async fn an_old_database_is_upgraded_in_place_and_then_detects_conflicts() {
             .fetch_one(store.pool())
             .await
             .expect("count");
-    assert_eq!(n, 3, "the old row, a, and b claimed without identity");
+    assert_eq!(
+        n, 3,
+        "the other program's row, a, and b claimed without identity"
+    );
 }

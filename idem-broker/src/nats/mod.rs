@@ -39,8 +39,7 @@
 //!   process (the gate never sees it fail) — past it the server delivers the message no
 //!   more, and it stays in the stream, unacked, not dead-lettered. Each such message is
 //!   announced by the server's `MAX_DELIVERIES` advisory, which the consumer logs (a
-//!   warning with the stream sequence) and counts ([`NatsConsumer::max_deliveries`]). A
-//!   durable made by an earlier version has the same default (20) and joins as it is.
+//!   warning with the stream sequence) and counts ([`NatsConsumer::max_deliveries`]).
 //! - **Publishing** ([`NatsPublisher`]): each outbox event with its id both as
 //!   `Nats-Msg-Id` (the stream's duplicate window drops a republish) and in the
 //!   [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) header; `publish` waits for

@@ -23,7 +23,9 @@ pub const DEAD_LETTER_RETENTION: Duration = Duration::from_secs(1_209_600);
 pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 20;
 
 /// The default of [`SqsConfig::min_receive_count`]: the core's default `max_attempts`
-/// (10), the `maxReceiveCount` that earlier versions gave the queues they created.
+/// (10). An existing queue (made by you, or by your infrastructure's tooling) that moves a
+/// message to the dead-letter queue after fewer receives would have SQS dead-letter
+/// messages before the gate had its attempts.
 pub const DEFAULT_MIN_RECEIVE_COUNT: u32 = 10;
 
 /// The default of [`SqsConfig::connect_timeout`]: 5 s.

@@ -16,7 +16,7 @@
 //!   difference that matters is a [`Config`](crate::BrokerError::Config) error (a
 //!   dead-letter queue keeping less than 14 days, another retention than the one asked
 //!   for, a redrive policy to another queue or with a `maxReceiveCount` below
-//!   [`SqsConfig::min_receive_count`]: 10, the count earlier versions gave, unless a
+//!   [`SqsConfig::min_receive_count`]: 10, the core's default `max_attempts`, unless a
 //!   count was asked for); a count from there up to `max_receive_count` is used with a
 //!   warning.
 //! - **Consuming** ([`SqsConsumer`]): long-poll `ReceiveMessage` (up to 10 a call, several

@@ -200,7 +200,8 @@ fn claims(out: &mut crate::out::Out, shown: &[ClaimRecord]) {
                 serde_json::json!({
                     "key": s.key.to_string(),
                     "subject": s.award_id,
-                    // The same value under its grant name, for readers of earlier output.
+                    // The same value under the grant pipeline's own name (the reference
+                    // design's column).
                     "award_id": s.award_id,
                     "claimed_at": s.claimed_at.map(|t| t.to_string()),
                     "events": events,

@@ -1,5 +1,4 @@
--- The outcome tally (SqliteStore::migrate). Idempotent: creates the table on a new
--- database and on an existing one alike.
+-- The outcome tally (SqliteStore::migrate). Idempotent.
 --
 -- How many deliveries of each UTC day (`YYYY-MM-DD`) ended with each outcome
 -- (`processed`, `duplicate`, `conflict`, `rejected`, `deferred`, `failed`) and, for a dead
