@@ -2,7 +2,7 @@
 -- --redeliveries 0.25` on the default layout: 80 new submissions and 20 redeliveries
 -- (this client's previous batch's, already committed: the demo's 25 % more deliveries
 -- than submissions), and the statements idem-store-postgres and idem-grant send for them
--- (src/store.rs: `begin`, the classifying `claim_batch_identity`; idem-grant's
+-- (src/store/: `begin`, the classifying `claim_batch_identity`; idem-grant's
 -- `record_batch` through src/outbox.rs's `insert_and_enqueue`: the 80 disbursements and
 -- their outbox events, the quiet form, in one statement), on a schema `idem migrate`
 -- made. scripts/bench-postgres counts 80 submissions per transaction and runs it with

@@ -2,7 +2,7 @@
 -- transaction) on the default layout, with the demo's share of redeliveries: every fifth
 -- transaction of a client redelivers its previous message (25 % more deliveries than
 -- submissions). A new submission: the statements idem-store-postgres and idem-grant send
--- (src/store.rs: `begin`, `claim_identity`; idem-grant's handler through src/outbox.rs's
+-- (src/store/: `begin`, `claim_identity`; idem-grant's handler through src/outbox.rs's
 -- `insert_and_enqueue`: the disbursement and its outbox event, the quiet form, in one
 -- statement), then `COMMIT`. A redelivery: the claim inserts nothing and, in the same
 -- statement, finds the key's row (a duplicate), `ROLLBACK`. On a schema `idem migrate` made;

@@ -1,0 +1,235 @@
+//! Delivery counts across members, deferrals, keyed order, and refusals.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use idem_broker::any::BrokerUrl;
+use idem_broker::kafka::KafkaConfig;
+use idem_core::Gate;
+
+use super::{brokers, next_within, one_partition, publish_all, url_in};
+use crate::common;
+
+/// An event Kafka refuses for good (over librdkafka's `message.max.bytes`, 1,000,000 by
+/// default) is a refusal that no retry helps — the relay moves it aside — where it was a
+/// retryable error and the relay retried its batch forever; the next event goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_too_large_for_kafka_is_refused_for_good() {
+    let topic = common::fresh_name("too-large");
+    let publisher = idem_broker::kafka::KafkaPublisher::connect(&brokers(), &topic)
+        .await
+        .expect("connect");
+    common::an_oversized_event_is_refused_for_good(&publisher, 1_100_000).await;
+}
+
+/// A member that dies holding a delivery (dropped without settling it, as a crash
+/// leaves it) N times: each new member of the group sees the count one higher, read from
+/// `NAME.attempts`, where it was written before the delivery was handed out. A deferral
+/// hands it back without raising the count; a nack raises it, and that count too
+/// survives the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_whose_member_dies_counts_on_in_the_next_member() {
+    use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
+    use idem_core::Acker as _;
+    const N: u32 = 3;
+    let config = one_partition(&common::fresh_name("attempts"));
+    KafkaPublisher::connect_config(&config)
+        .await
+        .expect("publisher")
+        .publish_raw(&[b"killer".to_vec()])
+        .await
+        .expect("publish");
+    let take = |config: KafkaConfig| async move {
+        let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+        let d = next_within(&mut consumer, Duration::from_secs(120))
+            .await
+            .expect("a delivery within 120 s")
+            .expect("the stream goes on")
+            .expect("a delivery");
+        assert_eq!(d.payload, b"killer");
+        (consumer, d)
+    };
+    for run in 1..=N {
+        let (consumer, d) = take(config.clone()).await;
+        assert_eq!(d.attempt, Some(run), "member {run}");
+        // The member dies holding it.
+        drop(d);
+        drop(consumer);
+    }
+    let (mut consumer, d) = take(config.clone()).await;
+    assert_eq!(d.attempt, Some(N + 1), "after {N} members died holding it");
+    assert!(d.acker.attempt_counts_runs());
+    d.acker.defer(Duration::ZERO).await.expect("defer");
+    let d = next_within(&mut consumer, Duration::from_secs(30))
+        .await
+        .expect("deferred delivery back")
+        .expect("stream")
+        .expect("delivery");
+    assert_eq!(d.attempt, Some(N + 1), "a deferral is not a delivery");
+    d.acker.nack(None).await.expect("nack");
+    let d = next_within(&mut consumer, Duration::from_secs(30))
+        .await
+        .expect("nacked delivery back")
+        .expect("stream")
+        .expect("delivery");
+    assert_eq!(d.attempt, Some(N + 2), "a nack is");
+    drop(d);
+    drop(consumer);
+    let (_consumer, d) = take(config.clone()).await;
+    assert_eq!(d.attempt, Some(N + 3), "the nacked run survives the member");
+}
+
+/// The next `n` deliveries of `consumer`, each within `within`.
+async fn take_n(
+    consumer: &mut idem_broker::kafka::KafkaConsumer,
+    n: usize,
+    within: Duration,
+) -> Vec<idem_core::Delivery<idem_broker::kafka::KafkaAcker>> {
+    let mut got = Vec::new();
+    for _ in 0..n {
+        got.push(
+            next_within(consumer, within)
+                .await
+                .expect("a delivery in time")
+                .expect("the stream goes on")
+                .expect("a delivery"),
+        );
+    }
+    got
+}
+
+/// Deferred deliveries that fill the prefetch stop the stream from taking new ones until
+/// they come back (the poller's channel fills and it pauses the partition): however long
+/// the store makes them wait, what the member holds stays bounded, and a deferral is not
+/// a delivery (each comes back with the attempt it had).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferrals_that_fill_the_prefetch_stop_the_fetching() {
+    use idem_broker::kafka::KafkaConsumer;
+    use idem_core::Acker as _;
+    let config = one_partition(&common::fresh_name("defer-full")).with_prefetch(8);
+    let bodies: Vec<Vec<u8>> = (0..20).map(|i| format!("m-{i:02}").into_bytes()).collect();
+    publish_all(&config, &bodies).await;
+    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+    let first = take_n(&mut consumer, 8, Duration::from_secs(120)).await;
+    let started = Instant::now();
+    for d in first {
+        d.acker.defer(Duration::from_secs(3)).await.expect("defer");
+    }
+    let back = take_n(&mut consumer, 8, Duration::from_secs(30)).await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "took new deliveries while the deferrals filled the prefetch"
+    );
+    let mut payloads: Vec<&[u8]> = back.iter().map(|d| d.payload.as_slice()).collect();
+    payloads.sort_unstable();
+    let want: Vec<&[u8]> = bodies[..8].iter().map(Vec::as_slice).collect();
+    assert_eq!(payloads, want, "the deferred ones come back first");
+    assert!(
+        back.iter().all(|d| d.attempt == Some(1)),
+        "a deferral is not a delivery"
+    );
+    let gate = Gate::new(idem_testkit::MemoryStore::new(), common::Plain::default());
+    for o in gate.process_batch(back).await {
+        assert!(o.settle_error().is_none(), "{o:?}");
+    }
+    let rest = take_n(&mut consumer, 12, Duration::from_secs(30)).await;
+    let mut payloads: Vec<&[u8]> = rest.iter().map(|d| d.payload.as_slice()).collect();
+    payloads.sort_unstable();
+    let want: Vec<&[u8]> = bodies[8..].iter().map(Vec::as_slice).collect();
+    assert_eq!(payloads, want);
+    for o in gate.process_batch(rest).await {
+        assert!(o.settle_error().is_none(), "{o:?}");
+    }
+}
+
+/// Keyed publishing (`idem publish` keys each record by its subject): the bodies of one
+/// key land on one partition in the order given, each delivery carrying its key, so a
+/// group delivers a subject's payloads in publish order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_bodies_of_one_subject_share_a_partition_in_order() {
+    use idem_broker::any::AnyPublisher;
+    use idem_broker::kafka::KafkaConsumer;
+    let topic = common::fresh_name("keyed");
+    let group = format!("idem-test-{:08x}", rand::random::<u32>());
+    let url = BrokerUrl::parse(&url_in(&group, 4)).expect("URL");
+    let bodies: Vec<Vec<u8>> = (0..12).map(|i| format!("{i:02}").into_bytes()).collect();
+    let keys: Vec<Option<Vec<u8>>> = (0..12)
+        .map(|i| Some(format!("subject-{}", i % 3).into_bytes()))
+        .collect();
+    AnyPublisher::connect(&url, &topic)
+        .await
+        .expect("publisher")
+        .publish_keyed(&bodies, &keys, &[])
+        .await
+        .expect("publish");
+    let config = KafkaConfig::from_url(&url, &topic).expect("config");
+    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+    let got = take_n(&mut consumer, 12, Duration::from_secs(120)).await;
+    let mut by_key: HashMap<String, Vec<(i32, String)>> = HashMap::new();
+    for d in &got {
+        let key = d
+            .headers
+            .iter()
+            .find(|(k, _)| k == idem_broker::kafka::KEY_HEADER)
+            .map(|(_, v)| v.clone())
+            .expect("each delivery carries its key");
+        by_key.entry(key).or_default().push((
+            d.acker.partition(),
+            String::from_utf8(d.payload.clone()).expect("text"),
+        ));
+    }
+    assert_eq!(by_key.len(), 3, "{by_key:?}");
+    for (key, seen) in by_key {
+        let n: usize = key.trim_start_matches("subject-").parse().expect("n");
+        let want: Vec<String> = (0..12)
+            .filter(|i| i % 3 == n)
+            .map(|i| format!("{i:02}"))
+            .collect();
+        let got: Vec<String> = seen.iter().map(|(_, b)| b.clone()).collect();
+        assert_eq!(got, want, "{key}: in publish order");
+        assert!(
+            seen.iter().all(|(p, _)| *p == seen[0].0),
+            "{key}: on one partition: {seen:?}"
+        );
+    }
+}
+
+/// A message fetched behind the first delivery of its member's ownership, whose member
+/// dies while it runs before any commit of its neighbours landed (they are held
+/// unsettled): each next member counts it one higher — the record in `NAME.attempts`
+/// says how far the dead member may have handed out deliveries — instead of counting it
+/// as a first delivery for ever (the gate's check before the handler never saw a rerun,
+/// and the message killed every member).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_fetched_behind_the_first_counts_on_when_its_member_dies() {
+    use idem_broker::kafka::KafkaConsumer;
+    const N: u32 = 3;
+    let config = one_partition(&common::fresh_name("behind"));
+    let bodies: Vec<Vec<u8>> = ["ok-0", "ok-1", "ok-2", "killer"]
+        .iter()
+        .map(|b| b.as_bytes().to_vec())
+        .collect();
+    publish_all(&config, &bodies).await;
+    for run in 1..=N {
+        let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+        let mut held = Vec::new();
+        for body in &bodies {
+            let d = next_within(&mut consumer, Duration::from_secs(120))
+                .await
+                .expect("a delivery within 120 s")
+                .expect("the stream goes on")
+                .expect("a delivery");
+            assert_eq!(&d.payload, body, "member {run}: in offset order");
+            held.push(d);
+        }
+        let killer = held.last().expect("four deliveries");
+        assert_eq!(
+            killer.attempt,
+            Some(run),
+            "member {run}: the killer behind the first delivery counts on"
+        );
+        // The member dies running the killer, its neighbours unsettled.
+        drop(held);
+        drop(consumer);
+    }
+}
