@@ -121,6 +121,35 @@ async fn verified_tls_with_the_right_ca_claims_and_another_ca_is_refused() {
     );
 }
 
+/// The store's TLS configuration names ring itself: a verified TLS connection installs no
+/// process-wide rustls provider, so an application that installs its own afterwards (or
+/// compiles aws-lc-rs in beside ring) gets no error.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_connection_installs_no_process_wide_crypto_provider() {
+    let pki = Pki::new();
+    let server = TlsServer::postgres(&pki);
+    let good = url(
+        server.port,
+        &format!("sslmode=verify-full&sslrootcert={}", root(&pki.ca)),
+    );
+    let store = connect(&good)
+        .await
+        .unwrap_or_else(|e| panic!("verify-full with the server's CA must connect: {e}"));
+    claims_over(&store).await;
+    store.pool().close().await;
+    assert!(
+        rustls::crypto::CryptoProvider::get_default().is_none(),
+        "connecting installed a process-wide crypto provider"
+    );
+    assert!(
+        rustls::crypto::ring::default_provider()
+            .install_default()
+            .is_ok(),
+        "the application's own provider must install"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_required_at_a_server_without_tls_is_refused() {
     let server = TlsServer::postgres_without_tls();

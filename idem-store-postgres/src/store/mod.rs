@@ -211,13 +211,8 @@ impl PgStore {
     /// schema ([`PgLayout`]), or [`PgConfig::layout`] when there is none yet.
     pub async fn connect(url: &str, config: PgConfig) -> Result<Self, StoreError> {
         config.validate()?;
-        // sqlx builds its TLS configuration from rustls's process default, which rustls
-        // picks by itself only when exactly one provider is compiled in (a build with
-        // the SQS client has two): install ring unless one is installed.
-        #[cfg(feature = "tls")]
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+        // sqlx names ring in the TLS configuration it builds (its
+        // `tls-rustls-ring-native-roots`): nothing is installed process-wide.
         let options = connect_options(url)?;
         first_connection(&options, config.acquire_timeout).await?;
         let pool = PgPoolOptions::new()
