@@ -377,8 +377,8 @@ pub fn http_client() -> aws_sdk_sqs::config::SharedHttpClient {
         .build_https()
 }
 
-/// An SQS client of `sdk`; with [`http_client`] where `sdk` names no HTTP client (an
-/// application that builds aws-config without its default client).
+/// An SQS client of `sdk` (the constructors that take it give it [`http_client`] where
+/// `sdk` names none, through [`with_timeouts`]).
 ///
 /// # Errors
 /// [`BrokerError::Config`] when `sdk` has no behavior version (the SDK would panic).
@@ -390,11 +390,7 @@ pub(crate) fn client_of(sdk: &SdkConfig) -> Result<Client, BrokerError> {
                 .to_owned(),
         ));
     }
-    let mut builder = aws_sdk_sqs::config::Builder::from(sdk);
-    if sdk.http_client().is_none() {
-        builder = builder.http_client(http_client());
-    }
-    Ok(Client::from_conf(builder.build()))
+    Ok(Client::new(sdk))
 }
 
 /// A client for `endpoint` (or the AWS configuration's, see the module docs), with the
