@@ -21,7 +21,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use idem_broker::any::{AnyConsumer, BrokerUrl};
 use idem_broker::until_idle;
-use idem_core::{consumer, ConsumerConfig, Gate};
+use idem_engine::{consumer, ConsumerConfig, Gate};
 use idem_grant::GrantDb;
 use idem_store_postgres::{PgConfig, PgStore};
 
@@ -85,7 +85,7 @@ async fn main() {
     let mut tries = 0;
     let deliveries = loop {
         tries += 1;
-        let position_store: std::sync::Arc<dyn idem_core::PositionStore> =
+        let position_store: std::sync::Arc<dyn idem_engine::PositionStore> =
             std::sync::Arc::new(store.clone());
         let prefetch = (2 * batch * concurrency).max(4);
         match AnyConsumer::connect_with(&url, &topic, prefetch, Some(position_store)).await {

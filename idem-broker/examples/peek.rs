@@ -49,7 +49,7 @@ async fn main() {
         match item {
             Ok(d) => {
                 let value = d.header(header).unwrap_or("-").replace(['\t', '\n'], " ");
-                println!("{value}\t{}", idem_core::sha256_hex(&d.payload));
+                println!("{value}\t{}", idem_engine::sha256_hex(&d.payload));
                 held.push(d);
             }
             Err(e) => {

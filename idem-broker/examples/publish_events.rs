@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use idem_broker::any::{AnyPublisher, BrokerUrl};
-use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
+use idem_engine::{IdempotencyKey, OutboxEvent, Publisher};
 
 fn fail(code: i32, msg: &str) -> ! {
     eprintln!("publish_events: {msg}");
@@ -61,7 +61,7 @@ async fn main() {
         while let Some(chunk) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
             publisher.publish(chunk).await?;
         }
-        Ok::<(), idem_core::PublishError>(())
+        Ok::<(), idem_engine::PublishError>(())
     };
     futures::future::try_join_all((0..in_flight).map(|_| worker()))
         .await

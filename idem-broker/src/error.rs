@@ -71,7 +71,7 @@ pub enum BrokerError {
     },
     /// The broker did not answer an operation in time: a hung endpoint, a frozen server,
     /// a network that drops packets. Retryable: a reconnect may reach a live server.
-    #[error("{broker}: {action} got no answer within {}", humantime::format_duration(*.after))]
+    #[error("{broker}: {action} got no answer within {}", crate::show_duration(*.after))]
     Timeout {
         /// Which broker.
         broker: &'static str,

@@ -66,7 +66,7 @@
 //! while let Some(delivery) = deliveries.next().await {
 //!     let delivery = delivery?;
 //!     println!("{} bytes", delivery.payload.len());
-//!     // hand it to an `idem_core::Gate`, which acks only after the commit
+//!     // hand it to an `idem_engine::Gate`, which acks only after the commit
 //! }
 //! # Ok(()) }
 //! ```
@@ -74,7 +74,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod any;
-mod duration;
 mod error;
 #[cfg(any(feature = "nats", feature = "sqs"))]
 mod hold;
@@ -103,8 +102,8 @@ pub mod redis_streams;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
 pub mod sqs;
 
-pub use duration::{parse_duration, DurationError};
 pub use error::BrokerError;
+pub use idem_core::duration::{parse_duration, show as show_duration, DurationError};
 #[cfg(feature = "_tokio")]
 #[cfg_attr(
     docsrs,

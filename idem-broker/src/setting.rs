@@ -147,7 +147,7 @@ pub(crate) fn take_params<const N: usize>(
 }
 
 fn show(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    crate::show_duration(d)
 }
 
 /// Test helper: `result` is a [`BrokerError::InvalidParam`] naming `param`, whose reason

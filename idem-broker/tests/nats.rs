@@ -32,7 +32,7 @@ mod lease {
 
     use idem_broker::nats::{publish_raw, NatsConfig, NatsConsumer};
     use idem_broker::BrokerError;
-    use idem_core::{Gate, GateConfig, OutcomeKind};
+    use idem_engine::{Gate, GateConfig, OutcomeKind};
     use idem_testkit::MemoryStore;
 
     use super::common::{self, drain, fresh_name, plain_bodies, take, Plain};
@@ -160,7 +160,7 @@ mod lease {
 /// moves it aside — where async-nats panicked and took the relay down on every restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_whose_header_has_a_line_break_is_refused_not_a_panic() {
-    use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
+    use idem_engine::{IdempotencyKey, OutboxEvent, Publisher};
     let url = url();
     let name = common::fresh_name("header-lines");
     let publisher = idem_broker::nats::NatsPublisher::connect(&url, &name)
@@ -205,7 +205,7 @@ async fn an_event_over_max_payload_is_refused_for_good() {
 async fn a_delivery_at_max_payload_is_dead_lettered_whole() {
     use futures::StreamExt;
     use idem_broker::{dead_letter_name, until_idle};
-    use idem_core::{Acker, RejectReason};
+    use idem_engine::{Acker, RejectReason};
     common::within(async {
         let b = broker();
         let name = common::fresh_name("at-max");

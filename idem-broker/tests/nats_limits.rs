@@ -19,7 +19,7 @@ use futures::StreamExt;
 use idem_broker::any::{pending_count, publish_raw, AnyConsumer, BrokerUrl};
 use idem_broker::dead_letter_name;
 use idem_broker::nats::{stream_name, NatsConfig, NatsConsumer};
-use idem_core::{
+use idem_engine::{
     consumer, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, ConsumerConfig,
     ConsumerStats, Gate, GateConfig, IdempotencyKey, OutcomeKind, StoreError,
 };
@@ -85,9 +85,9 @@ async fn run_until<S, H, St, A, F, Fut>(
 ) -> ConsumerStats
 where
     S: ClaimStore,
-    H: idem_core::Handler<S::Tx>,
-    A: idem_core::Acker,
-    St: futures::Stream<Item = Result<idem_core::Delivery<A>, idem_broker::BrokerError>>,
+    H: idem_engine::Handler<S::Tx>,
+    A: idem_engine::Acker,
+    St: futures::Stream<Item = Result<idem_engine::Delivery<A>, idem_broker::BrokerError>>,
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
@@ -344,7 +344,7 @@ async fn a_nack_is_counted_as_an_attempt_and_a_deferral_is_not_and_neither_costs
         assert_eq!(d.attempt, Some(1));
         last.clone_from(&d.payload);
         // Past the ack wait, twice over: kept alive all along.
-        use idem_core::Acker;
+        use idem_engine::Acker;
         d.acker.nack(Some(ACK_WAIT * 3)).await.expect("nack held");
         let d = take(&mut stream, 1).await.remove(0);
         assert_eq!(d.payload, last);

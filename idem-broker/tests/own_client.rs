@@ -15,8 +15,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{Stream, StreamExt};
-use idem_core::outbox::EVENT_ID_HEADER;
-use idem_core::{Acker, Delivery, Gate, IdempotencyKey, OutboxEvent, OutcomeKind, Publisher};
+use idem_engine::outbox::EVENT_ID_HEADER;
+use idem_engine::{Acker, Delivery, Gate, IdempotencyKey, OutboxEvent, OutcomeKind, Publisher};
 use idem_testkit::{encode_submission, EffectHandlerFor, MemoryStore};
 
 /// How long the consumer may take to yield the published event.

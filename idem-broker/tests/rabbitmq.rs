@@ -36,7 +36,7 @@ mod settle {
         publish_raw, QueueType, RabbitAcker, RabbitConfig, RabbitConsumer,
     };
     use idem_broker::BrokerError;
-    use idem_core::{Acker, Delivery, Gate, GateConfig, OutcomeKind};
+    use idem_engine::{Acker, Delivery, Gate, GateConfig, OutcomeKind};
     use idem_testkit::MemoryStore;
 
     use super::common::{self, bodies_of, drain, fresh_name, plain_bodies, take, Plain};
@@ -407,7 +407,7 @@ mod settle {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_over_max_message_size_is_refused_for_good() {
     use idem_broker::rabbitmq::RabbitPublisher;
-    use idem_core::{IdempotencyKey, OutboxEvent, Publisher};
+    use idem_engine::{IdempotencyKey, OutboxEvent, Publisher};
     common::within(async {
         let url = url();
         let name = common::fresh_name("too-large");

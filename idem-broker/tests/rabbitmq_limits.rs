@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::{fresh_name, plain_bodies, take, Plain};
 use idem_broker::dead_letter_name;
 use idem_broker::rabbitmq::{publish_raw, RabbitConfig, RabbitConsumer};
-use idem_core::{Acker, Gate, OutcomeKind, RejectReason};
+use idem_engine::{Acker, Gate, OutcomeKind, RejectReason};
 use idem_test_support::tls::TlsServer;
 use idem_testkit::MemoryStore;
 

@@ -97,7 +97,7 @@ mod lease {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deferral_is_held_alive_and_comes_back_with_its_attempt() {
         common::within(async {
-            use idem_core::Acker;
+            use idem_engine::Acker;
             let name = fresh_name("redis-defer");
             publish_raw(&url(), &name, &plain_bodies(&name, 1))
                 .await

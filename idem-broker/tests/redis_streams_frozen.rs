@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use idem_broker::redis_streams::{publish_raw, RedisStreamsConfig, RedisStreamsConsumer};
 use idem_broker::BrokerError;
-use idem_core::{Gate, Outcome};
+use idem_engine::{Gate, Outcome};
 use idem_testkit::MemoryStore;
 
 use common::{fresh_name, plain_bodies, take, Plain};

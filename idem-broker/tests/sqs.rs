@@ -11,7 +11,7 @@ use common::Broker;
 use futures::StreamExt;
 use idem_broker::any::{publish_raw, AnyConsumer, AnyPublisher, BrokerUrl};
 use idem_broker::{until_idle, BrokerError};
-use idem_core::Acker;
+use idem_engine::Acker;
 
 /// The test server's `host:port` (`IDEM_TEST_SQS_ENDPOINT`, default moto's).
 fn host() -> String {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use idem_broker::any::{pending_count, publish_raw, AnyConsumer, AnyPublisher, BrokerUrl};
 use idem_broker::{dead_letter_name, BrokerError};
-use idem_core::{
+use idem_engine::{
     consumer, Acker as _, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, ConsumerConfig, Gate,
     IdempotencyKey, Outcome, OutcomeKind,
 };

@@ -1,6 +1,6 @@
 //! The command's errors: bad input exits 2, a failure exits 1.
 
-use idem_core::StoreError;
+use idem_engine::StoreError;
 
 /// A command's failure.
 #[derive(Debug, thiserror::Error)]
@@ -41,8 +41,8 @@ impl From<StoreError> for CliError {
 
 /// A name from the command line (a schema, a table, a column) that cannot go into SQL
 /// is bad input: its message names it.
-impl From<idem_core::ident::InvalidIdent> for CliError {
-    fn from(e: idem_core::ident::InvalidIdent) -> Self {
+impl From<idem_engine::ident::InvalidIdent> for CliError {
+    fn from(e: idem_engine::ident::InvalidIdent) -> Self {
         Self::Usage(e.to_string())
     }
 }

@@ -53,7 +53,7 @@ pub(crate) fn pairs(
 /// (see `idem_broker::horizon::redelivery_horizon_with`).
 pub(crate) async fn read(
     pairs: &[(String, String)],
-    positions: Option<&dyn idem_core::PositionStore>,
+    positions: Option<&dyn idem_engine::PositionStore>,
 ) -> Result<Vec<RedeliveryHorizon>, CliError> {
     let mut out = Vec::with_capacity(pairs.len());
     for (broker, source) in pairs {

@@ -20,7 +20,7 @@
 //! a control character (U+0000 to U+001F, U+007F) `control_character`; a subject over 256
 //! bytes or a second part over 64 `too_long`; a subject containing `|` `invalid_identity`.
 
-use idem_core::{Headers, IdempotencyKey, RejectReason};
+use idem_engine::{Headers, IdempotencyKey, RejectReason};
 use serde_json::Value;
 
 /// The second part of the key when `--identity` names one source.

@@ -512,7 +512,7 @@ mod tests {
     }
 
     #[test]
-    fn durations_take_seconds_or_humantime() {
+    fn durations_take_seconds_or_friendly_units_and_a_year_means_one_thing() {
         use std::time::Duration;
         let p = crate::cmd::parse_secs;
         assert_eq!(p("3"), Ok(Duration::from_secs(3)));
@@ -521,7 +521,13 @@ mod tests {
         assert_eq!(p("1m 30s"), Ok(Duration::from_secs(90)));
         assert!(p("0").is_err() && p("-1").is_err() && p("soon").is_err() && p("0s").is_err());
         let d = crate::cmd::parse_duration;
-        assert_eq!(d("3y"), Ok(Duration::from_secs(3 * 365 * 86_400)));
+        assert!(
+            d("3y").is_err(),
+            "a timer has no calendar to count a year on"
+        );
+        // A purge age and a retention floor count the same calendar years.
+        let floor = crate::cmd::parse_floor("3y").unwrap();
+        assert_eq!(floor, idem_engine::retention::RetentionFloor::Years(3));
         assert_eq!(d("90d"), Ok(Duration::from_secs(90 * 86_400)));
         assert_eq!(d("1h 30m"), Ok(Duration::from_secs(5400)));
         assert!(d("3 fortnights").is_err());

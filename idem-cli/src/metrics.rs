@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use idem_core::outbox::OutboxBacklog;
-use idem_core::{FilterStats, StoreError};
+use idem_engine::outbox::OutboxBacklog;
+use idem_engine::{FilterStats, StoreError};
 use idem_grant::GrantDb;
 use idem_runtime::metrics::{
     serve, BacklogProbe, Connected, ConsumeMetrics, Endpoint, Registry, RelayMetrics,

@@ -6,7 +6,7 @@
 //!
 //! Claims, business rows and outbox events are the store's exact evidence; duplicates
 //! suppressed, conflicts and dead letters (by reason) come from the outcome tally the
-//! consumers keep in `idem_outcome_counts` (`idem_core::tally`), which the page labels as
+//! consumers keep in `idem_outcome_counts` (`idem_engine::tally`), which the page labels as
 //! operational counts and explains; a store without that table gets a note instead.
 
 use std::fmt::Write as _;
@@ -14,8 +14,8 @@ use std::fmt::Write as _;
 use idem_broker::horizon::human;
 use std::collections::BTreeMap;
 
-use idem_core::record::{AuditStats, BusinessTable, OutcomeCount, Timestamp};
-use idem_core::retention::RetentionFloor;
+use idem_engine::record::{AuditStats, BusinessTable, OutcomeCount, Timestamp};
+use idem_engine::retention::RetentionFloor;
 
 /// What the page is made from.
 pub(crate) struct Report<'a> {
@@ -32,7 +32,7 @@ pub(crate) struct Report<'a> {
     /// When the report was made.
     pub(crate) generated: Timestamp,
     /// The retention floor measured against.
-    pub(crate) floor: idem_core::retention::RetentionFloor,
+    pub(crate) floor: idem_engine::retention::RetentionFloor,
     /// The business table recounted.
     pub(crate) business: &'a BusinessTable,
     /// What the store said.
@@ -439,12 +439,14 @@ fn reasons_table(outcomes: Option<&[OutcomeCount]>) -> String {
 /// What a dead-letter reason code means, for the codes idem itself gives.
 fn reason_meaning(code: &str) -> &'static str {
     match code {
-        idem_core::gate::CONFLICT => {
+        idem_engine::gate::CONFLICT => {
             "the same identity (subject and second part) as a processed submission, another payload"
         }
-        idem_core::gate::ATTEMPTS_EXHAUSTED => "failed on every attempt (a handler error or panic)",
-        idem_core::gate::STORE_REJECTED => "the store refused the message for good",
-        idem_core::gate::PERMANENT_FAILURE => "another permanent failure",
+        idem_engine::gate::ATTEMPTS_EXHAUSTED => {
+            "failed on every attempt (a handler error or panic)"
+        }
+        idem_engine::gate::STORE_REJECTED => "the store refused the message for good",
+        idem_engine::gate::PERMANENT_FAILURE => "another permanent failure",
         "not_json" => "the body is not JSON",
         "not_utf8" => "the body is not UTF-8",
         "empty_body" => "the body is empty",
@@ -799,7 +801,7 @@ mod tests {
     fn page(outcomes: Option<Vec<OutcomeCount>>) -> String {
         let business = BusinessTable::disbursements();
         let mut stats = AuditStats::default();
-        stats.days = vec![idem_core::record::DayCounts::new(
+        stats.days = vec![idem_engine::record::DayCounts::new(
             "2026-07-01".into(),
             5,
             5,

@@ -31,8 +31,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use idem_core::gate::STORE_REJECTED;
-use idem_core::{
+use idem_engine::gate::STORE_REJECTED;
+use idem_engine::{
     ClaimMeta, ClaimTx, Handler, HandlerError, Headers, OutboxEvent, OutboxWriter, RejectReason,
     StoreError, Submission,
 };
@@ -415,10 +415,10 @@ mod sqlite {
 
 /// Through the front filter: the statements run in the durable store's transaction.
 #[async_trait]
-impl<T, F> SqlTx for idem_core::FilteredTx<T, F>
+impl<T, F> SqlTx for idem_engine::FilteredTx<T, F>
 where
     T: SqlTx,
-    F: idem_core::DoneFilter + 'static,
+    F: idem_engine::DoneFilter + 'static,
 {
     async fn prepare_script(&mut self, script: &SqlScript) -> Result<(), String> {
         self.inner_mut().prepare_script(script).await

@@ -4,10 +4,10 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use idem_core::ident::Ident;
-use idem_core::{ClaimStore, FilterStats, Handler, OutcomeCountStore};
+use idem_engine::ident::Ident;
+use idem_engine::{ClaimStore, FilterStats, Handler, OutcomeCountStore};
 #[cfg(any(feature = "redis", feature = "redis-rs"))]
-use idem_core::{Filtered, StoreError};
+use idem_engine::{Filtered, StoreError};
 use idem_grant::{GrantBook, GrantDb, GrantHandler};
 #[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
 use idem_store_postgres::PgIdentitySession;
@@ -51,7 +51,7 @@ impl StoreUrl {
         } else {
             Err(CliError::usage(format!(
                 "unsupported --store URL {:?}: use sqlite://PATH, postgres://… or memory://",
-                idem_core::redact_url(url)
+                idem_engine::redact_url(url)
             )))
         }
     }
@@ -84,7 +84,7 @@ pub(crate) struct Extras {
     pub(crate) outcome_counts: Option<Arc<dyn OutcomeCountStore>>,
     /// Where a log broker's positions are kept when its URL asks (`?positions=store`):
     /// the durable store (Postgres, SQLite), `None` for `memory://`.
-    pub(crate) positions: Option<Arc<dyn idem_core::PositionStore>>,
+    pub(crate) positions: Option<Arc<dyn idem_engine::PositionStore>>,
 }
 
 impl std::fmt::Debug for Extras {
@@ -249,10 +249,10 @@ fn durable<S>(
     store: &S,
 ) -> (
     Option<Arc<dyn OutcomeCountStore>>,
-    Option<Arc<dyn idem_core::PositionStore>>,
+    Option<Arc<dyn idem_engine::PositionStore>>,
 )
 where
-    S: OutcomeCountStore + idem_core::PositionStore + Clone + 'static,
+    S: OutcomeCountStore + idem_engine::PositionStore + Clone + 'static,
 {
     (Some(Arc::new(store.clone())), Some(Arc::new(store.clone())))
 }
@@ -265,7 +265,7 @@ async fn with_filter<S, V>(
     store: S,
     identity: Identity,
     outcome_counts: Option<Arc<dyn OutcomeCountStore>>,
-    positions: Option<Arc<dyn idem_core::PositionStore>>,
+    positions: Option<Arc<dyn idem_engine::PositionStore>>,
     visitor: V,
 ) -> Result<V::Output, CliError>
 where
@@ -290,7 +290,7 @@ where
         let filter = filter.map_err(|e| {
             let message = format!(
                 "front filter {}: {}",
-                idem_core::redact_url(url),
+                idem_engine::redact_url(url),
                 crate::error::error_chain(&e)
             );
             match e {
@@ -324,7 +324,7 @@ struct PgIdentity(PgStore);
 struct PgSession(PgIdentitySession);
 
 #[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
-#[idem_core::async_trait]
+#[idem_engine::async_trait]
 impl StoreIdentitySource for PgIdentity {
     async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
         Ok(Box::new(PgSession(self.0.begin_identity_session().await?)))
@@ -332,7 +332,7 @@ impl StoreIdentitySource for PgIdentity {
 }
 
 #[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
-#[idem_core::async_trait]
+#[idem_engine::async_trait]
 impl IdentitySession for PgSession {
     fn store_id(&self) -> &str {
         &self.0.identity().store_id
@@ -355,7 +355,7 @@ struct SqliteIdentity(SqliteStore);
 struct SqliteSession(SqliteIdentitySession);
 
 #[cfg(any(feature = "redis", feature = "redis-rs"))]
-#[idem_core::async_trait]
+#[idem_engine::async_trait]
 impl StoreIdentitySource for SqliteIdentity {
     async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
         Ok(Box::new(SqliteSession(
@@ -365,7 +365,7 @@ impl StoreIdentitySource for SqliteIdentity {
 }
 
 #[cfg(any(feature = "redis", feature = "redis-rs"))]
-#[idem_core::async_trait]
+#[idem_engine::async_trait]
 impl IdentitySession for SqliteSession {
     fn store_id(&self) -> &str {
         &self.0.identity().store_id

@@ -3,7 +3,7 @@
 
 use std::process::Output;
 
-use idem_core::{
+use idem_engine::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter,
 };
 use idem_store_postgres::{PgConfig, PgStore};

@@ -10,7 +10,7 @@
 use std::process::Command;
 
 use idem_broker::any::{pending_count, BrokerUrl};
-use idem_core::IdempotencyKey;
+use idem_engine::IdempotencyKey;
 
 mod common;
 use common::{amqp_url, idem, ok, pg_url, psql, read_queue, report_value, rt, tag, text};

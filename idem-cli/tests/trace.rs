@@ -17,7 +17,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use idem_broker::any::{pending_count, AnyConsumer, BrokerUrl};
 use idem_broker::until_idle;
-use idem_core::TraceParent;
+use idem_engine::TraceParent;
 
 mod common;
 use common::{amqp_url, idem, ok, pg_url, psql, report_value, rt, text};

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::{AckError, RejectReason};
+use crate::error::{AckError, RejectReason, StoreError};
 use crate::key::IdempotencyKey;
+use crate::store::{ClaimOutcome, ClaimTx};
 
 /// A message's headers, in the broker's order.
 pub type Headers = Vec<(String, String)>;
@@ -22,9 +23,9 @@ pub struct Delivery<A> {
     /// `ApproximateReceiveCount`, the Redis pending entry's delivery count, Kafka counted per
     /// offset). `None` when the broker keeps no count: the consumer counts then.
     /// The gate dead-letters a delivery whose attempt reaches
-    /// [`GateConfig::max_attempts`](crate::GateConfig::max_attempts) after a failure (and,
+    /// `GateConfig::max_attempts` after a failure (and,
     /// where asked, one past it before its handler runs:
-    /// [`GateConfig::check_attempts_before_handler`](crate::GateConfig::check_attempts_before_handler)).
+    /// `GateConfig::check_attempts_before_handler`).
     pub attempt: Option<u32>,
     /// Settles the delivery. Only the gate uses it.
     pub acker: A,
@@ -56,7 +57,10 @@ impl<A> Delivery<A> {
     }
 
     /// Dead-letters this delivery (its own payload and headers) with `reason`.
-    pub(crate) async fn dead_letter(self, reason: &RejectReason) -> Result<(), AckError>
+    ///
+    /// # Errors
+    /// The acker's [`AckError`]; the delivery then stays in its source.
+    pub async fn dead_letter(self, reason: &RejectReason) -> Result<(), AckError>
     where
         A: Acker,
     {
@@ -87,17 +91,18 @@ pub enum AckReason {
     Duplicate,
 }
 
-/// Permission to ack one delivery. Only `idem-core` can create one: the [`Gate`] mints it
-/// after a commit succeeded, or after a claim answered `Duplicate`. That makes "ack before
-/// commit" a compile error rather than a code-review finding:
+/// Permission to ack one delivery. Outside this crate a proof cannot be made from parts:
+/// it comes from a commit that succeeded ([`commit`] returns the [`CommitReceipt`] that
+/// [`AckProof::committed`] needs) or from a claim that answered
+/// [`ClaimOutcome::Duplicate`] ([`AckProof::duplicate`]). An engine that acks therefore
+/// acks after a commit or a duplicate claim, and "ack before commit" is a compile error
+/// rather than a code-review finding:
 ///
 /// ```compile_fail
 /// use idem_core::AckProof;
-/// // There is no public constructor: outside idem-core a proof cannot be made.
+/// // There is no public constructor: a proof cannot be made from its parts.
 /// let proof = AckProof { key: todo!(), reason: idem_core::AckReason::Committed };
 /// ```
-///
-/// [`Gate`]: crate::Gate
 #[derive(Debug)]
 pub struct AckProof {
     key: IdempotencyKey,
@@ -105,7 +110,8 @@ pub struct AckProof {
 }
 
 impl AckProof {
-    pub(crate) fn committed(receipt: &CommitReceipt, key: IdempotencyKey) -> Self {
+    /// The delivery of `key` was committed by the transaction whose commit gave `receipt`.
+    pub fn committed(receipt: &CommitReceipt, key: IdempotencyKey) -> Self {
         let _ = receipt;
         Self {
             key,
@@ -113,11 +119,24 @@ impl AckProof {
         }
     }
 
-    pub(crate) fn duplicate(key: IdempotencyKey) -> Self {
+    /// The delivery of `key` needed no write of its own in the transaction whose commit
+    /// gave `receipt`: its claim there answered `Duplicate`, or another copy of it in the
+    /// same transaction (a batch) was the one processed.
+    pub fn duplicate_within(receipt: &CommitReceipt, key: IdempotencyKey) -> Self {
+        let _ = receipt;
         Self {
             key,
             reason: AckReason::Duplicate,
         }
+    }
+
+    /// The claim of `key` answered `claim`: a proof when that is
+    /// [`ClaimOutcome::Duplicate`] (the key was committed before), `None` otherwise.
+    pub fn duplicate(key: IdempotencyKey, claim: ClaimOutcome) -> Option<Self> {
+        (claim == ClaimOutcome::Duplicate).then_some(Self {
+            key,
+            reason: AckReason::Duplicate,
+        })
     }
 
     /// The key this proof covers.
@@ -131,15 +150,20 @@ impl AckProof {
     }
 }
 
-/// Evidence that a claim transaction committed. Private to the crate; proofs are minted
-/// from it.
+/// Evidence that a claim transaction committed: only [`commit`] makes one, and
+/// [`AckProof`]s for the transaction's deliveries are minted from it.
 #[derive(Debug)]
-pub(crate) struct CommitReceipt(());
+pub struct CommitReceipt(());
 
-impl CommitReceipt {
-    pub(crate) fn new() -> Self {
-        Self(())
-    }
+/// Commits `tx` and, when the commit succeeded, returns the receipt that acks of its
+/// deliveries need ([`AckProof::committed`]).
+///
+/// # Errors
+/// The commit's [`StoreError`]. The outcome of a failed commit may be unknown: its
+/// deliveries must not be acked (a redelivery finds out through its claim).
+pub async fn commit<T: ClaimTx>(tx: T) -> Result<CommitReceipt, StoreError> {
+    tx.commit().await?;
+    Ok(CommitReceipt(()))
 }
 
 /// Settles a delivery with its broker.
@@ -188,8 +212,8 @@ pub trait Acker: Send + 'static {
     /// settles with `defer`) raises the broker's count. The default is `false`.
     ///
     /// Only for such deliveries can the gate check the attempt *before* the handler
-    /// ([`GateConfig::check_attempts_before_handler`](crate::GateConfig::check_attempts_before_handler)):
-    /// a delivery past [`GateConfig::max_attempts`](crate::GateConfig::max_attempts) that
+    /// (`GateConfig::check_attempts_before_handler`):
+    /// a delivery past `GateConfig::max_attempts` that
     /// claims its key is rolled back and dead-lettered unrun, since its earlier runs
     /// never settled (it killed the process each time).
     fn attempt_counts_runs(&self) -> bool {

@@ -383,7 +383,7 @@ pub struct RetentionStatus {
 
 /// How many deliveries of one UTC day ended with one outcome (and, for a dead letter, one
 /// reason code): a row of a store's outcome tally (`idem_outcome_counts`), written by
-/// [`OutcomeTally`](crate::tally::OutcomeTally) flushes and read back by `audit_stats`.
+/// `OutcomeTally` flushes and read back by `audit_stats`.
 ///
 /// These are operational counts, not evidence: see [`crate::tally`] for what they are
 /// exact about and what they are not.

@@ -30,7 +30,7 @@ pub struct ClaimMeta {
     /// Whether the claim records the identity (subject + submission timestamp) and checks
     /// it for conflicts. True by default; it has an effect only with a
     /// [`submission_timestamp`](ClaimMeta::submission_timestamp). The gate's
-    /// [`ConflictPolicy::Process`](crate::gate::ConflictPolicy::Process) re-claims a
+    /// `ConflictPolicy::Process` re-claims a
     /// conflicting submission with it cleared ([`ClaimMeta::without_identity`]): the
     /// claim is then recorded like a reference consumer's (identity columns left NULL),
     /// while a partitioned store still files it by its timestamp.
@@ -150,7 +150,7 @@ pub enum ClaimOutcome {
     /// The key is new, but its identity ([`ClaimMeta::identity`]: the same subject and
     /// submission timestamp) is already claimed under another key, `existing`: the same
     /// submission sent again with a different payload. Nothing was claimed; the gate
-    /// applies the pipeline's [`ConflictPolicy`](crate::gate::ConflictPolicy).
+    /// applies the pipeline's `ConflictPolicy`.
     Conflict {
         /// The key that claimed the identity first.
         existing: IdempotencyKey,
@@ -229,7 +229,7 @@ pub trait ClaimStore: Send + Sync {
     /// Keeps the durable count of a key's *reruns*: the runs of its handler on a
     /// delivery that came again because no earlier delivery settled (the process that
     /// held it died, or its attempt failed). The gate records each rerun before it runs
-    /// the handler ([`GateConfig::check_attempts_before_handler`]), so a message that
+    /// the handler (`GateConfig::check_attempts_before_handler`), so a message that
     /// kills its process every time it runs (an OOM kill, an abort in a native library)
     /// is dead-lettered unrun once its runs reach the limit, while a message that only
     /// sat in the dying process's buffer is not charged for a run it never had.
@@ -253,7 +253,6 @@ pub trait ClaimStore: Send + Sync {
     /// [`StoreError`] from the store (the gate then runs the handler without the check,
     /// rather than hold the delivery).
     ///
-    /// [`GateConfig::check_attempts_before_handler`]: crate::GateConfig::check_attempts_before_handler
     async fn note_run(
         &self,
         key: &IdempotencyKey,

@@ -3,7 +3,7 @@
 //! the relay publishes, so one trace spans the consumer, the relay and the next consumer.
 //!
 //! How it travels:
-//! 1. the [`Gate`](crate::Gate) reads the delivery's `traceparent` header
+//! 1. the `Gate` reads the delivery's `traceparent` header
 //!    ([`TraceParent::from_headers`]); a malformed or repeated one is ignored (never an
 //!    error: the delivery is processed untraced);
 //! 2. it opens the delivery's span with `trace_id`, `parent_id` (the upstream span) and
@@ -266,12 +266,13 @@ impl FromStr for TraceParent {
     }
 }
 
-/// The trace contexts of the deliveries whose handler is running on this thread.
-type Scope = Arc<ScopeOf>;
+/// The trace contexts of the deliveries whose handler is running: what an engine sets
+/// around a handler's future ([`scoped`]) so that [`current`] finds them.
+pub type Scope = Arc<ScopeOf>;
 
 /// See [`Scope`].
 #[derive(Debug)]
-pub(crate) struct ScopeOf {
+pub struct ScopeOf {
     /// Each traced submission's key and its delivery's context.
     entries: Vec<(IdempotencyKey, TraceParent)>,
     /// One delivery is handled: its context is every event's, whatever the event's key.
@@ -321,8 +322,8 @@ pub fn current(key: &IdempotencyKey) -> Option<TraceParent> {
 }
 
 /// Runs `fut` with `scope` as the [`current`] trace contexts on every poll; without a
-/// scope it runs `fut` as it is.
-pub(crate) async fn scoped<F: Future>(scope: Option<Scope>, fut: F) -> F::Output {
+/// scope it runs `fut` as it is. An engine wraps each handler's future in it.
+pub async fn scoped<F: Future>(scope: Option<Scope>, fut: F) -> F::Output {
     let Some(scope) = scope else {
         return fut.await;
     };
@@ -335,7 +336,7 @@ pub(crate) async fn scoped<F: Future>(scope: Option<Scope>, fut: F) -> F::Output
 }
 
 /// The scope of one delivery's handler: its context applies to every event.
-pub(crate) fn single(key: IdempotencyKey, trace: Option<TraceParent>) -> Option<Scope> {
+pub fn single(key: IdempotencyKey, trace: Option<TraceParent>) -> Option<Scope> {
     trace.map(|t| {
         Arc::new(ScopeOf {
             entries: vec![(key, t)],
@@ -346,9 +347,7 @@ pub(crate) fn single(key: IdempotencyKey, trace: Option<TraceParent>) -> Option<
 
 /// The scope of a batch's handler: each event gets the context of its own key's delivery
 /// (none for a key not in `entries`). `None` when `entries` is empty.
-pub(crate) fn batch(
-    entries: impl IntoIterator<Item = (IdempotencyKey, TraceParent)>,
-) -> Option<Scope> {
+pub fn batch(entries: impl IntoIterator<Item = (IdempotencyKey, TraceParent)>) -> Option<Scope> {
     let entries: Vec<_> = entries.into_iter().collect();
     (!entries.is_empty()).then(|| {
         Arc::new(ScopeOf {

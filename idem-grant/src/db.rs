@@ -1,7 +1,7 @@
 //! The grant tables and their read-back, per store.
 
 use async_trait::async_trait;
-use idem_core::{IdempotencyKey, OutboxBacklog, StoreError};
+use idem_engine::{IdempotencyKey, OutboxBacklog, StoreError};
 
 use crate::handler::GrantHandler;
 
@@ -40,7 +40,7 @@ pub trait GrantDb: Send + Sync {
     async fn outbox_rows(&self) -> Result<u64, StoreError>;
 
     /// The outbox's unpublished events and the age of the oldest (as
-    /// [`OutboxSource::backlog`](idem_core::OutboxSource::backlog) reports them).
+    /// [`OutboxSource::backlog`](idem_engine::OutboxSource::backlog) reports them).
     async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError>;
 
     /// Checks, changing nothing, that the tables a consumer writes (`processed_messages`,
@@ -136,9 +136,9 @@ mod sqlite {
     use super::*;
     use crate::handler::GrantBook;
     use crate::submission::Grant;
-    use idem_core::ident::Ident;
-    use idem_core::sql;
-    use idem_core::sql::SqlText;
+    use idem_engine::ident::Ident;
+    use idem_engine::sql;
+    use idem_engine::sql::SqlText;
     use idem_store_sqlite::sql::statement;
     use idem_store_sqlite::{SqliteStore, SqliteTx};
 
@@ -174,7 +174,7 @@ mod sqlite {
             &mut self,
             table: &SqlText,
             items: &[(&Grant, &IdempotencyKey)],
-            events: &[idem_core::OutboxEvent],
+            events: &[idem_engine::OutboxEvent],
         ) -> Result<(), StoreError> {
             // One multi-row INSERT per chunk (3 bound variables a row, far below SQLite's limit).
             for chunk in items.chunks(1000) {
@@ -323,7 +323,7 @@ mod memory {
     impl GrantBook for MemoryTx {
         async fn record_disbursement(
             &mut self,
-            table: &idem_core::sql::SqlText,
+            table: &idem_engine::sql::SqlText,
             grant: &Grant,
             key: &IdempotencyKey,
         ) -> Result<(), StoreError> {
@@ -366,7 +366,7 @@ mod memory {
         }
 
         async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
-            use idem_core::OutboxSource as _;
+            use idem_engine::OutboxSource as _;
             idem_sim::MemoryOutbox::new(self.clone(), std::time::Duration::ZERO)
                 .backlog()
                 .await
@@ -387,10 +387,10 @@ mod postgres {
     use super::*;
     use crate::handler::GrantBook;
     use crate::submission::Grant;
-    use idem_core::ident::Ident;
-    use idem_core::sql;
-    use idem_core::sql::SqlText;
-    use idem_core::OutboxEvent;
+    use idem_engine::ident::Ident;
+    use idem_engine::sql;
+    use idem_engine::sql::SqlText;
+    use idem_engine::OutboxEvent;
     use idem_store_postgres::error::map_sqlx;
     use idem_store_postgres::sql::statement;
     use idem_store_postgres::{PgColumn, PgRows, PgStore, PgTx};

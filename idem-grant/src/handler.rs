@@ -1,8 +1,8 @@
 //! The disbursement handler.
 
 use async_trait::async_trait;
-use idem_core::sql::SqlText;
-use idem_core::{
+use idem_engine::sql::SqlText;
+use idem_engine::{
     sql, ClaimMeta, ClaimTx, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent,
     OutboxWriter, RejectReason, StoreError, Submission,
 };
@@ -78,24 +78,24 @@ impl GrantHandler {
     }
 
     /// Writes to `table`, in `schema` when given (Postgres), instead: both are checked
-    /// as plain SQL identifiers ([`idem_core::ident`]) and quoted, so no name from
+    /// as plain SQL identifiers ([`idem_engine::ident`]) and quoted, so no name from
     /// configuration goes into SQL raw.
     ///
     /// ```
     /// let h = idem_grant::GrantHandler::new().with_table(Some("grants"), "disbursements")?;
     /// assert!(idem_grant::GrantHandler::new().with_table(None, "x; DROP TABLE y").is_err());
-    /// # Ok::<(), idem_core::ident::InvalidIdent>(())
+    /// # Ok::<(), idem_engine::ident::InvalidIdent>(())
     /// ```
     ///
     /// # Errors
-    /// [`InvalidIdent`](idem_core::ident::InvalidIdent) for a name that is not a plain
+    /// [`InvalidIdent`](idem_engine::ident::InvalidIdent) for a name that is not a plain
     /// identifier.
     pub fn with_table(
         mut self,
         schema: Option<&str>,
         table: &str,
-    ) -> Result<Self, idem_core::ident::InvalidIdent> {
-        use idem_core::ident::Ident;
+    ) -> Result<Self, idem_engine::ident::InvalidIdent> {
+        use idem_engine::ident::Ident;
         let table = Ident::new(table)?;
         self.table = match schema {
             Some(schema) => {
@@ -176,10 +176,10 @@ impl<T: GrantBook> Handler<T> for GrantHandler {
 }
 
 #[async_trait]
-impl<T, F> GrantBook for idem_core::FilteredTx<T, F>
+impl<T, F> GrantBook for idem_engine::FilteredTx<T, F>
 where
     T: GrantBook,
-    F: idem_core::DoneFilter + 'static,
+    F: idem_engine::DoneFilter + 'static,
 {
     async fn record_disbursement(
         &mut self,

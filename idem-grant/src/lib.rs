@@ -37,7 +37,7 @@ pub use submission::{
     MAX_TIMESTAMP_BYTES,
 };
 
-pub use idem_core::{IdempotencyKey, RejectReason};
+pub use idem_engine::{IdempotencyKey, RejectReason};
 
 // The README's example, run as a doctest.
 #[cfg(doctest)]

@@ -1,7 +1,7 @@
 //! The submission wire format.
 
 use crate::canonical::{canonical_json, KeyDerivation};
-use idem_core::{IdempotencyKey, RejectReason, Submission};
+use idem_engine::{IdempotencyKey, RejectReason, Submission};
 use serde_json::Value;
 
 /// The default body size limit: 1 MiB.

@@ -6,7 +6,7 @@
 
 #![cfg(feature = "memory")]
 
-use idem_core::{Gate, Outcome};
+use idem_engine::{Gate, Outcome};
 use idem_grant::{
     GrantDb, GrantHandler, DEFAULT_MAX_BODY, MAX_AWARD_ID_BYTES, MAX_TIMESTAMP_BYTES,
 };

@@ -8,7 +8,7 @@ use std::io::{Read as _, Write as _};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use idem_core::{
+use idem_engine::{
     Gate, GateConfig, Handler, HandlerError, Headers, IdempotencyKey, RejectReason, Submission,
 };
 use idem_runtime::metrics::{serve, Connected, ConsumeMetrics, Endpoint, Registry, SourceBacklog};

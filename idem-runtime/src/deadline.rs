@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use idem_core::{Gate, GateConfig};
+//! use idem_engine::{Gate, GateConfig};
 //! use idem_runtime::Deadline;
 //! use idem_testkit::{EffectHandlerFor, MemoryStore};
 //!
@@ -29,12 +29,14 @@
 //! # let _ = gate;
 //! ```
 //!
-//! [`GateConfig::max_attempts`]: idem_core::GateConfig::max_attempts
+//! [`GateConfig::max_attempts`]: idem_engine::GateConfig::max_attempts
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{ClaimMeta, Handler, HandlerError, Headers, RejectReason, StoreError, Submission};
+use idem_engine::{
+    ClaimMeta, Handler, HandlerError, Headers, RejectReason, StoreError, Submission,
+};
 
 /// A [`Handler`] whose [`handle`](Handler::handle) and
 /// [`handle_batch`](Handler::handle_batch) must return within `limit`; see the

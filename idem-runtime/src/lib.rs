@@ -4,8 +4,8 @@
 //! that `idem-core` stays pure and a downstream team gets everything `idem` does:
 //!
 //! - [`relay_options`]: core's [`RelayOptions`] with tokio's timer, so a
-//!   [`Relay`](idem_core::Relay) backs off, exits when idle and gives up on time;
-//! - [`ReconnectingPublisher`]: a [`Publisher`](idem_core::Publisher) that connects on first
+//!   [`Relay`](idem_engine::Relay) backs off, exits when idle and gives up on time;
+//! - [`ReconnectingPublisher`]: a [`Publisher`](idem_engine::Publisher) that connects on first
 //!   use and again after any failure (a broker restart closes the connection);
 //! - [`retry`]: a connection attempt retried with backoff until a deadline, stopping at
 //!   once on a mistake no retry can fix ([`Attempt::Final`]);
@@ -26,7 +26,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use idem_core::{ClaimMeta, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter, Relay};
+//! use idem_engine::{ClaimMeta, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter, Relay};
 //! use idem_testkit::{MemoryOutbox, MemoryStore, SimBroker};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -66,7 +66,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt as _;
-pub use idem_core::outbox::{Backoff, RelayOptions, Sleep};
+pub use idem_engine::outbox::{Backoff, RelayOptions, Sleep};
 
 pub use deadline::{Deadline, DeadlineExceeded};
 pub use publisher::ReconnectingPublisher;

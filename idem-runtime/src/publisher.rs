@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use idem_core::{OutboxEvent, PublishError, Publisher};
+use idem_engine::{OutboxEvent, PublishError, Publisher};
 use tokio::sync::Mutex;
 
 /// How a [`ReconnectingPublisher`] connects.
@@ -50,7 +50,7 @@ impl<P: Publisher + 'static> ReconnectingPublisher<P> {
     }
 }
 
-#[idem_core::async_trait]
+#[idem_engine::async_trait]
 impl<P: Publisher + 'static> Publisher for ReconnectingPublisher<P> {
     async fn publish(&self, events: &[OutboxEvent]) -> Result<(), PublishError> {
         let publisher = self.get().await?;

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use backon::Retryable as _;
-use idem_core::outbox::Backoff;
+use idem_engine::outbox::Backoff;
 
 /// A failed attempt: worth another try, or not.
 #[derive(Debug)]

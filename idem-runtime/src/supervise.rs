@@ -27,8 +27,8 @@ use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt as _, Stream};
-use idem_core::outbox::Backoff;
-use idem_core::{
+use idem_engine::outbox::Backoff;
+use idem_engine::{
     consumer, Acker, BoxError, ClaimStore, ConsumerConfig, ConsumerStats, Delivery, Error, Gate,
     Handler, Outcome, OutcomeKind,
 };
@@ -200,7 +200,7 @@ pub enum SuperviseError<E: std::error::Error + 'static> {
 /// ([`SupervisorConfig::exit_when_idle`]) waits for them.
 #[derive(Debug, Default)]
 struct Awaited {
-    keys: Mutex<std::collections::HashMap<idem_core::IdempotencyKey, Instant>>,
+    keys: Mutex<std::collections::HashMap<idem_engine::IdempotencyKey, Instant>>,
     not_drained: Mutex<Option<usize>>,
     /// What the source held when the drain gave up on it ([`SourceCheck`]): how many
     /// (`None`: no answer) and the broker's error.
@@ -224,7 +224,7 @@ impl Awaited {
         let comes_back = match o {
             Outcome::Failed { error, .. } => {
                 !matches!(error, Error::Store(e) if e.is_fenced())
-                    && !error.class().eq(&idem_core::ErrorClass::Config)
+                    && !error.class().eq(&idem_engine::ErrorClass::Config)
             }
             Outcome::Deferred { .. } => true,
             _ => false,
@@ -376,7 +376,7 @@ impl Streak {
 
     /// Whether the failures have lasted `timeout` with no sign that the store works: no
     /// delivery settled, and no probe of the store committed (`proven`, the gate's
-    /// [`store_proven`](idem_core::Gate::store_proven)) since they began. A message that
+    /// [`store_proven`](idem_engine::Gate::store_proven)) since they began. A message that
     /// fails alone while the store's probes commit is the gate's to judge, not a failing
     /// store. Records the give-up.
     fn expired(&self, timeout: Duration, proven: Option<Instant>) -> bool {
@@ -425,7 +425,7 @@ struct Watched<St, P> {
     streak: Arc<Streak>,
     timeout: Duration,
     backoff: Backoff,
-    /// The gate's [`store_proven`](idem_core::Gate::store_proven).
+    /// The gate's [`store_proven`](idem_engine::Gate::store_proven).
     proven: P,
     ended: Arc<AtomicBool>,
     done: bool,

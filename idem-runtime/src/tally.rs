@@ -7,10 +7,10 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! use std::sync::Arc;
-//! use idem_core::{GateObserver, OutcomeCountStore};
+//! use idem_engine::{GateObserver, OutcomeCountStore};
 //! use idem_runtime::tally::with_outcome_tally;
 //!
-//! # let metrics: Arc<dyn GateObserver> = Arc::new(idem_core::OutcomeTally::new());
+//! # let metrics: Arc<dyn GateObserver> = Arc::new(idem_engine::OutcomeTally::new());
 //! // A store that keeps no tally (None): the observer is the metrics alone.
 //! let (observer, flusher) = with_outcome_tally(metrics, None::<Arc<dyn OutcomeCountStore>>);
 //! assert!(flusher.is_none());
@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{FanOut, GateObserver, OutcomeCountStore, OutcomeTally};
+use idem_engine::{FanOut, GateObserver, OutcomeCountStore, OutcomeTally};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -55,7 +55,7 @@ async fn flush_logged(
 ) -> bool {
     let flushed = match tokio::time::timeout(timeout, tally.flush(sink)).await {
         Ok(r) => r,
-        Err(_) => Err(idem_core::StoreError::other(
+        Err(_) => Err(idem_engine::StoreError::other(
             format!("no answer within {timeout:?}"),
             true,
         )),

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{
+use idem_engine::{
     ClaimMeta, Gate, GateConfig, Handler, HandlerError, Headers, RejectReason, Submission,
 };
 use idem_runtime::Deadline;
@@ -17,7 +17,7 @@ use idem_testkit::{encode_submission, EffectHandlerFor, EffectInput, MemoryStore
 struct Hangs(EffectHandlerFor<MemoryStore>);
 
 #[async_trait]
-impl Handler<<MemoryStore as idem_core::ClaimStore>::Tx> for Hangs {
+impl Handler<<MemoryStore as idem_engine::ClaimStore>::Tx> for Hangs {
     type Input = EffectInput;
 
     fn identify(
@@ -34,7 +34,7 @@ impl Handler<<MemoryStore as idem_core::ClaimStore>::Tx> for Hangs {
 
     async fn handle(
         &self,
-        tx: &mut <MemoryStore as idem_core::ClaimStore>::Tx,
+        tx: &mut <MemoryStore as idem_engine::ClaimStore>::Tx,
         sub: &Submission<EffectInput>,
     ) -> Result<(), HandlerError> {
         if sub.subject.starts_with("HANG") {
@@ -76,7 +76,7 @@ async fn a_handler_past_its_deadline_fails_the_attempt_and_is_dead_lettered_afte
     );
     let dead = broker.dead_letters();
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].1.code, idem_core::gate::ATTEMPTS_EXHAUSTED);
+    assert_eq!(dead[0].1.code, idem_engine::gate::ATTEMPTS_EXHAUSTED);
     assert!(
         dead[0].1.detail.contains("deadline"),
         "the reason names the deadline: {}",

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt as _;
-use idem_core::outbox::OutboxBacklog;
-use idem_core::StoreError;
+use idem_engine::outbox::OutboxBacklog;
+use idem_engine::StoreError;
 use idem_runtime::metrics::{
     serve, BacklogProbe, Connected, ConsumeMetrics, Endpoint, ReadyCheck, Registry,
 };

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::outbox::{Backoff, RelayObserver};
-use idem_core::{
+use idem_engine::outbox::{Backoff, RelayObserver};
+use idem_engine::{
     async_trait, Error, IdempotencyKey, OutboxBacklog, OutboxBatch, OutboxEvent, OutboxSource,
     PublishError, Publisher, Relay, StoreError,
 };
@@ -172,7 +172,7 @@ impl RelayObserver for Seen {
     }
 }
 
-fn fast() -> idem_core::RelayOptions {
+fn fast() -> idem_engine::RelayOptions {
     idem_runtime::relay_options()
         .backoff(Backoff::new(
             Duration::from_millis(1),

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::{FutureExt as _, Stream, StreamExt as _};
-use idem_core::{ConsumerConfig, Delivery, Gate};
+use idem_engine::{ConsumerConfig, Delivery, Gate};
 use idem_runtime::supervise::{supervise, SourceCheck, SuperviseError, SupervisorConfig};
 use idem_runtime::Attempt;
 use idem_testkit::harness::{encode_submission, EffectHandlerFor};
@@ -59,23 +59,23 @@ async fn a_closed_stream_is_reconnected_and_counts_survive() {
 #[derive(Debug, Clone, Default)]
 struct Down;
 
-#[idem_core::async_trait]
-impl idem_core::ClaimStore for Down {
-    type Tx = <MemoryStore as idem_core::ClaimStore>::Tx;
+#[idem_engine::async_trait]
+impl idem_engine::ClaimStore for Down {
+    type Tx = <MemoryStore as idem_engine::ClaimStore>::Tx;
 
-    async fn begin(&self) -> Result<Self::Tx, idem_core::StoreError> {
+    async fn begin(&self) -> Result<Self::Tx, idem_engine::StoreError> {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        Err(idem_core::StoreError::Unavailable {
+        Err(idem_engine::StoreError::Unavailable {
             message: "connection refused".into(),
             source: None,
         })
     }
 
-    fn capabilities(&self) -> idem_core::Capabilities {
-        idem_core::Capabilities::TRANSACTIONAL
+    fn capabilities(&self) -> idem_engine::Capabilities {
+        idem_engine::Capabilities::TRANSACTIONAL
     }
 
-    async fn probe(&self) -> Result<(), idem_core::StoreError> {
+    async fn probe(&self) -> Result<(), idem_engine::StoreError> {
         self.begin().await.map(|_| ())
     }
 }
@@ -136,28 +136,28 @@ struct FailsOnce {
     slow: Duration,
 }
 
-#[idem_core::async_trait]
-impl idem_core::Handler<<MemoryStore as idem_core::ClaimStore>::Tx> for FailsOnce {
+#[idem_engine::async_trait]
+impl idem_engine::Handler<<MemoryStore as idem_engine::ClaimStore>::Tx> for FailsOnce {
     type Input = idem_testkit::EffectInput;
 
     fn identify(
         &self,
         payload: &[u8],
-        headers: &idem_core::Headers,
-    ) -> Result<idem_core::Submission<Self::Input>, idem_core::RejectReason> {
+        headers: &idem_engine::Headers,
+    ) -> Result<idem_engine::Submission<Self::Input>, idem_engine::RejectReason> {
         self.inner.identify(payload, headers)
     }
 
     async fn handle(
         &self,
-        tx: &mut <MemoryStore as idem_core::ClaimStore>::Tx,
-        sub: &idem_core::Submission<Self::Input>,
-    ) -> Result<(), idem_core::HandlerError> {
+        tx: &mut <MemoryStore as idem_engine::ClaimStore>::Tx,
+        sub: &idem_engine::Submission<Self::Input>,
+    ) -> Result<(), idem_engine::HandlerError> {
         if sub.subject.starts_with("ONCE")
             && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst)
         {
             tokio::time::sleep(self.slow).await;
-            return Err(idem_core::HandlerError::Transient("once".into()));
+            return Err(idem_engine::HandlerError::Transient("once".into()));
         }
         self.inner.handle(tx, sub).await
     }
@@ -328,7 +328,7 @@ async fn an_idle_run_whose_source_stays_full_is_not_drained() {
     let gate = Gate::with_config(
         MemoryStore::new(),
         EffectHandlerFor::<MemoryStore>::new(),
-        idem_core::GateConfig::default().with_retry(idem_core::gate::RetryPolicy::fixed(
+        idem_engine::GateConfig::default().with_retry(idem_engine::gate::RetryPolicy::fixed(
             Duration::from_millis(400),
         )),
     );

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{
+use idem_engine::{
     AckError, AckProof, Acker, Delivery, Headers, IdempotencyKey, OutboxEvent, PublishError,
     Publisher, RejectReason,
 };

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{
+use idem_engine::{
     AckError, AckProof, Acker, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, Handler,
     HandlerError, Headers, IdempotencyKey, OutboxEvent, OutboxWriter, RejectReason, StoreError,
     Submission,
@@ -301,7 +301,7 @@ impl<S: ClaimStore> ClaimStore for FaultyStore<S> {
     async fn note_run(
         &self,
         key: &IdempotencyKey,
-        note: idem_core::RunNote,
+        note: idem_engine::RunNote,
     ) -> Result<Option<u32>, StoreError> {
         self.inner.note_run(key, note).await
     }
@@ -351,7 +351,7 @@ impl<T: ClaimTx> ClaimTx for FaultyTx<T> {
 
     async fn advance_positions(
         &mut self,
-        moves: &[idem_core::PositionMove],
+        moves: &[idem_engine::PositionMove],
     ) -> Result<(), StoreError> {
         self.inner.advance_positions(moves).await
     }
@@ -526,7 +526,7 @@ impl<A: Acker> Acker for FaultyAcker<A> {
         self.inner.attempt_counts_runs()
     }
 
-    fn position(&self) -> Option<idem_core::PositionMove> {
+    fn position(&self) -> Option<idem_engine::PositionMove> {
         self.inner.position()
     }
 

@@ -1,7 +1,7 @@
 //! What a store provides so the conformance suite and the property tests can run on it.
 
 use async_trait::async_trait;
-use idem_core::{
+use idem_engine::{
     ClaimMeta, ClaimStore, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent,
     RejectReason, StoreError, Submission,
 };
@@ -68,7 +68,7 @@ impl TestStore for MemoryStore {
     }
 
     async fn enqueue(tx: &mut MemoryTx, event: &OutboxEvent) -> Result<(), StoreError> {
-        idem_core::OutboxWriter::enqueue(tx, event).await
+        idem_engine::OutboxWriter::enqueue(tx, event).await
     }
 
     async fn enqueue_refused(tx: &mut MemoryTx, _key: &IdempotencyKey) -> Result<(), StoreError> {
@@ -112,7 +112,7 @@ pub struct EffectInput {
     /// Whether to make the outbox insert fail (the store refuses it).
     pub refuse_outbox: bool,
     /// The submission timestamp, as written (passed to the claim as
-    /// [`ClaimMeta::submission_timestamp`](idem_core::ClaimMeta)).
+    /// [`ClaimMeta::submission_timestamp`](idem_engine::ClaimMeta)).
     pub timestamp: String,
 }
 
@@ -222,10 +222,10 @@ impl<S> Clone for EffectHandlerFor<S> {
 }
 
 #[async_trait]
-impl<S, F> TestStore for idem_core::Filtered<S, F>
+impl<S, F> TestStore for idem_engine::Filtered<S, F>
 where
     S: TestStore,
-    F: idem_core::DoneFilter + 'static,
+    F: idem_engine::DoneFilter + 'static,
 {
     async fn write_effect(
         tx: &mut Self::Tx,

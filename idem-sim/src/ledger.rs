@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use idem_core::IdempotencyKey;
+use idem_engine::IdempotencyKey;
 
 use crate::harness::Effect;
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use idem_core::{
+use idem_engine::{
     Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent,
     OutboxWriter, RunNote, StoreError,
 };
@@ -79,7 +79,7 @@ impl Shared {
 /// ```
 /// # tokio_test();
 /// # fn tokio_test() { tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+/// use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 /// use idem_sim::MemoryStore;
 ///
 /// let store = MemoryStore::new();
@@ -496,7 +496,7 @@ impl Drop for MemoryOutboxBatch {
 }
 
 #[async_trait]
-impl idem_core::OutboxBatch for MemoryOutboxBatch {
+impl idem_engine::OutboxBatch for MemoryOutboxBatch {
     fn events(&self) -> &[OutboxEvent] {
         &self.events
     }
@@ -513,7 +513,7 @@ impl idem_core::OutboxBatch for MemoryOutboxBatch {
 }
 
 #[async_trait]
-impl idem_core::OutboxSource for MemoryOutbox {
+impl idem_engine::OutboxSource for MemoryOutbox {
     type Batch = MemoryOutboxBatch;
 
     async fn lease(&self, max: usize) -> Result<MemoryOutboxBatch, StoreError> {
@@ -555,11 +555,11 @@ impl idem_core::OutboxSource for MemoryOutbox {
         Ok(())
     }
 
-    async fn backlog(&self) -> Result<idem_core::OutboxBacklog, StoreError> {
+    async fn backlog(&self) -> Result<idem_engine::OutboxBacklog, StoreError> {
         let st = self.store.shared.lock();
         let mut unpublished = st.outbox.iter().filter(|row| !row.2);
         let oldest = unpublished.next().map(|row| row.3.elapsed());
-        Ok(idem_core::OutboxBacklog {
+        Ok(idem_engine::OutboxBacklog {
             pending: u64::from(oldest.is_some()) + unpublished.count() as u64,
             oldest_age: oldest,
         })

@@ -44,7 +44,7 @@ use std::fmt::Display;
 use std::future::Future;
 use std::sync::Arc;
 
-use idem_core::{
+use idem_engine::{
     ClaimStore, ConflictPolicy, Delivery, Gate, GateConfig, Handler, Headers, IdempotencyKey,
     Outcome, OutcomeKind,
 };
@@ -289,7 +289,7 @@ pub enum Expect {
         amount: i64,
     },
     /// Dead-lettered, with no effect: input the handler refuses, in `identify` (no
-    /// identity) or in `handle` ([`HandlerError::Reject`](idem_core::HandlerError)).
+    /// identity) or in `handle` ([`HandlerError::Reject`](idem_engine::HandlerError)).
     DeadLetter,
 }
 
@@ -322,7 +322,7 @@ impl Message {
 }
 
 /// Which effects must be one: those of one identity (subject + submission timestamp,
-/// [`ClaimMeta::identity`](idem_core::ClaimMeta::identity)), or of one key when the
+/// [`ClaimMeta::identity`](idem_engine::ClaimMeta::identity)), or of one key when the
 /// handler records no identity.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Group {

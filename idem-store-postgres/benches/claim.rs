@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use idem_core::{ClaimMeta, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter};
+use idem_engine::{ClaimMeta, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter};
 use idem_store_postgres::{PgConfig, PgStore};
 
 fn url() -> String {

@@ -21,7 +21,7 @@ use crate::error::map_sqlx;
 use crate::sql::statement;
 use crate::store::PgStore;
 
-/// Where an [`idem_core::Relay`] finds a [`PgStore`]'s unpublished outbox rows.
+/// Where an `idem_engine::Relay` finds a [`PgStore`]'s unpublished outbox rows.
 ///
 /// # Contract
 /// - [`lease`](OutboxSource::lease) opens a transaction and locks up to `max` of the
@@ -57,7 +57,7 @@ use crate::store::PgStore;
 /// ```no_run
 /// # async fn demo(store: idem_store_postgres::PgStore, publisher: idem_testkit::SimBroker) -> Result<(), idem_core::Error> {
 /// use std::time::Duration;
-/// use idem_core::Relay;
+/// use idem_engine::Relay;
 /// use idem_store_postgres::PgOutboxSource;
 ///
 /// let relay = Relay::new(PgOutboxSource::new(store, Duration::from_secs(1)), publisher, 100);

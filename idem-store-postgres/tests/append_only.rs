@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 use idem_store_postgres::{error::sqlstate, PgStore, PurgeOptions, APPEND_ONLY_SQLSTATE};
 
 async fn claim(store: &PgStore, award: &str) -> IdempotencyKey {

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError};
 
 fn key(n: &str) -> IdempotencyKey {
     IdempotencyKey::derive(n, "2026-07-01T09:00:00Z", n.as_bytes()).expect("key")

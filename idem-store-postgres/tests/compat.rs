@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{
+use idem_engine::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxBatch, OutboxEvent,
     OutboxSource, OutboxWriter,
 };
@@ -174,7 +174,7 @@ async fn invalid_schema_names_are_refused() {
     let err = PgStore::connect(&common::url(), c)
         .await
         .expect_err("invalid schema");
-    assert!(matches!(err, idem_core::StoreError::Config(_)), "{err:?}");
+    assert!(matches!(err, idem_engine::StoreError::Config(_)), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 
 const TS: &str = "2026-07-01T09:00:00Z";
 
@@ -210,7 +210,7 @@ async fn concurrent_batches_of_crossing_conflicts_never_deadlock() {
             let mut tx = store.begin().await?;
             let out = tx.claim_batch(&items).await?;
             tx.commit().await?;
-            Ok::<_, idem_core::StoreError>(out)
+            Ok::<_, idem_engine::StoreError>(out)
         })
     };
     let count =
@@ -242,7 +242,7 @@ async fn committed_while_it_waits<T: Send + 'static>(
     store: &idem_store_postgres::PgStore,
     key: &IdempotencyKey,
     held: &ClaimMeta,
-    waiter: impl std::future::Future<Output = Result<T, idem_core::StoreError>> + Send + 'static,
+    waiter: impl std::future::Future<Output = Result<T, idem_engine::StoreError>> + Send + 'static,
 ) -> T {
     let mut first = store.begin().await.expect("begin");
     assert_eq!(
@@ -280,7 +280,7 @@ async fn a_batch_refused_by_a_claim_committed_while_it_waited_is_classified(
             let conflict = other.claim_batch(&[(b, meta("W-1"))]).await?;
             other.rollback().await?;
             tx.commit().await?;
-            Ok::<_, idem_core::StoreError>((out, conflict))
+            Ok::<_, idem_engine::StoreError>((out, conflict))
         }
     };
     let (out, conflict) = committed_while_it_waits(&store, &a, &meta("W-1"), waiter).await;
@@ -306,7 +306,7 @@ async fn a_claim_refused_by_a_claim_committed_while_it_waited_is_classified(
             let mut tx = store.begin().await?;
             let out = tx.claim(&a, &meta("S-1")).await?;
             tx.rollback().await?;
-            Ok::<_, idem_core::StoreError>(out)
+            Ok::<_, idem_engine::StoreError>(out)
         }
     };
     assert_eq!(
@@ -346,7 +346,7 @@ async fn a_key_committed_while_the_batch_waited_is_a_duplicate_before_an_older_c
             let mut tx = store.begin().await?;
             let out = tx.claim_batch(&[(b, meta("V-1"))]).await?;
             tx.rollback().await?;
-            Ok::<_, idem_core::StoreError>(out)
+            Ok::<_, idem_engine::StoreError>(out)
         }
     };
     let held = meta("V-1").without_identity();

@@ -9,9 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::ident::Ident;
-use idem_core::sql::SqlText;
-use idem_core::{
+use idem_engine::ident::Ident;
+use idem_engine::sql::SqlText;
+use idem_engine::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter,
 };
 use idem_store_postgres::distributed::DISTRIBUTED_TABLES;

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError};
 use idem_store_postgres::error::map_sqlx;
 use idem_store_postgres::{PgConfig, PgError, PurgeOptions, DEFAULT_RETENTION_FLOOR};
 

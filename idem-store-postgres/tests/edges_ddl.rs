@@ -8,9 +8,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use idem_core::record::OutcomeCount;
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
-use idem_core::{GateObserver, Outcome, OutcomeTally, RejectReason};
+use idem_engine::record::OutcomeCount;
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+use idem_engine::{GateObserver, Outcome, OutcomeTally, RejectReason};
 use idem_store_postgres::APPEND_ONLY_SQLSTATE;
 use idem_store_postgres::{error::sqlstate, PartitionMonth, PgStore, PurgeOptions};
 use sqlx::{Connection, PgConnection};
@@ -311,7 +311,7 @@ fn rejected() -> Outcome {
 }
 
 async fn not_json_today(store: &PgStore) -> u64 {
-    let today = idem_core::record::Timestamp::now().day();
+    let today = idem_engine::record::Timestamp::now().day();
     let counts: Vec<OutcomeCount> = store
         .outcome_counts(&today, "infinity")
         .await
@@ -375,11 +375,11 @@ async fn a_flush_dropped_while_it_waited_is_not_counted_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_flush_applied_twice_adds_once() {
-    use idem_core::tally::FlushId;
-    use idem_core::OutcomeCountStore;
+    use idem_engine::tally::FlushId;
+    use idem_engine::OutcomeCountStore;
     let store = common::fresh_pg().await;
     let sink: &dyn OutcomeCountStore = &store;
-    let today = idem_core::record::Timestamp::now().day();
+    let today = idem_engine::record::Timestamp::now().day();
     let counts = [OutcomeCount::new(today, "rejected", "not_json", 2)];
     let id = FlushId::new("c".repeat(32), 1);
     sink.add_outcome_counts(&id, &counts).await.expect("flush");

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use idem_core::{
+use idem_engine::{
     ClaimMeta, ClaimStore, ClaimTx, EventId, IdempotencyKey, OutboxBatch, OutboxEvent,
     OutboxSource, OutboxWriter,
 };

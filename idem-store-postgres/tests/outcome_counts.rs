@@ -8,8 +8,8 @@ mod common;
 
 use std::sync::Arc;
 
-use idem_core::record::{BusinessTable, OutcomeCount, Timestamp};
-use idem_core::{IdempotencyKey, Outcome, OutcomeCountStore, OutcomeTally, RejectReason};
+use idem_engine::record::{BusinessTable, OutcomeCount, Timestamp};
+use idem_engine::{IdempotencyKey, Outcome, OutcomeCountStore, OutcomeTally, RejectReason};
 use idem_store_postgres::{PgConfig, PgStore};
 
 fn c(day: &str, outcome: &str, reason: &str, n: u64) -> OutcomeCount {

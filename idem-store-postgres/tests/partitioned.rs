@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 use idem_store_postgres::{PartitionMonth, PgError, PgLayout, PgStore, PurgeOptions};
 
 const DAY: u64 = 86_400;

@@ -8,8 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::mutant::{self, Mutant};
-use idem_core::{ClaimMeta, ClaimStore, ClaimTx, IdempotencyKey, PositionStore, StoreError};
+use idem_engine::mutant::{self, Mutant};
+use idem_engine::{ClaimMeta, ClaimStore, ClaimTx, IdempotencyKey, PositionStore, StoreError};
 use idem_testkit::positions::{self as scenario, at, commit_claims, stored, SOURCE};
 
 fn key(n: i64) -> IdempotencyKey {
@@ -148,7 +148,7 @@ async fn an_offset_that_stays_undone_does_not_grow_what_each_transaction_writes(
     let epoch = scenario::while_an_offset_stays_undone(&pg).await;
     let (largest, rows) = held(&pg).await;
     assert!(
-        largest <= idem_core::position::HELD,
+        largest <= idem_engine::position::HELD,
         "a slot holds {largest} offsets"
     );
     assert!(rows > 1_000, "{rows} offset rows");

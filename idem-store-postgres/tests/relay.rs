@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{
+use idem_engine::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, EventId, IdempotencyKey, OutboxBatch,
     OutboxEvent, OutboxSource, OutboxWriter, PublishError, Publisher, Relay,
 };
@@ -260,13 +260,9 @@ async fn a_crash_after_publishing_republishes_the_same_event_ids() {
     assert_eq!(first, expected);
     // The headers carry the id too, so the next consumer can dedup.
     let republished = &broker.published_events()[5];
-    assert!(
-        republished
-            .headers()
-            .iter()
-            .any(|(k, v)| k == idem_core::outbox::EVENT_ID_HEADER
-                && *v == evs[0].event_id.to_string())
-    );
+    assert!(republished.headers().iter().any(
+        |(k, v)| k == idem_engine::outbox::EVENT_ID_HEADER && *v == evs[0].event_id.to_string()
+    ));
     // Marked now: the next run publishes nothing.
     assert_eq!(relay.run_once().await.expect("relay"), 0);
     common::drop_schema(&store).await;
@@ -388,7 +384,7 @@ async fn the_partitioned_outbox_carries_the_traceparent() {
 /// their trace, one by one and in bulk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outbox_without_the_trace_column_is_upgraded_in_place() {
-    use idem_core::TraceParent;
+    use idem_engine::TraceParent;
 
     const T: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let tp: TraceParent = T.parse().expect("valid");

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{
+use idem_engine::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxSource,
     OutboxWriter, PublishError, Publisher, Relay, RelayOptions,
 };

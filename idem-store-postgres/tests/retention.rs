@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{ClaimMeta, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter};
+use idem_engine::{ClaimMeta, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter};
 use idem_store_postgres::{PgError, PgStore, PurgeOptions, PurgeTable};
 
 const DAY: u64 = 86_400;
@@ -129,14 +129,14 @@ async fn purge_deletes_old_records_and_published_events_in_batches() {
         tx.claim(&key(15), &ClaimMeta::new("R-15"))
             .await
             .expect("claim"),
-        idem_core::ClaimOutcome::Duplicate
+        idem_engine::ClaimOutcome::Duplicate
     );
     // A purged key can be claimed again (the accepted cost of retention).
     assert_eq!(
         tx.claim(&key(0), &ClaimMeta::new("R-0"))
             .await
             .expect("claim"),
-        idem_core::ClaimOutcome::Claimed
+        idem_engine::ClaimOutcome::Claimed
     );
     tx.rollback().await.expect("rollback");
     common::drop_schema(&store).await;
@@ -220,13 +220,13 @@ async fn an_event_still_in_the_relay_queue_is_not_purged() {
 }
 
 /// The retention floor's cutoff as the audit report computes it
-/// ([`RetentionFloor::cutoff`](idem_core::retention::RetentionFloor::cutoff)) is the
+/// ([`RetentionFloor::cutoff`](idem_engine::retention::RetentionFloor::cutoff)) is the
 /// server's `t - make_interval(years => N)`, the one a purge checks, to the microsecond:
 /// leap days counted, a 29 February going back to the 28th.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_floors_cutoff_is_the_servers_calendar_years() {
-    use idem_core::record::Timestamp;
-    use idem_core::retention::RetentionFloor;
+    use idem_engine::record::Timestamp;
+    use idem_engine::retention::RetentionFloor;
     let store = common::fresh_pg().await;
     for (at, years) in [
         ("2028-03-01T12:00:00.123456Z", 3),

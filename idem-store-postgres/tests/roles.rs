@@ -4,7 +4,7 @@
 
 mod common;
 
-use idem_core::{
+use idem_engine::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxBatch, OutboxEvent,
     OutboxSource, OutboxWriter, RunNote,
 };
@@ -165,7 +165,7 @@ async fn check(owner: &PgStore, schema: &str, consumer: &str, relay: &str, audit
     // The outcome tally: the consumer adds to it (twice: insert, then update), and
     // cannot delete it.
     for _ in 0..2 {
-        c.add_outcome_counts(&[idem_core::record::OutcomeCount::new(
+        c.add_outcome_counts(&[idem_engine::record::OutcomeCount::new(
             "2026-07-01",
             "duplicate",
             "",

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{
+use idem_engine::{
     ClaimStore, ClaimTx, IdempotencyKey, OutboxBatch, OutboxEvent, OutboxSource, StoreError,
 };
 use idem_store_postgres::{PgColumn, PgOutboxSource, PgRows, PgStore};
@@ -27,7 +27,7 @@ fn event(n: usize) -> OutboxEvent {
 
 /// Effects rows for `ns`: key, subject, amount = n.
 fn rows<'a>(store: &PgStore, ns: &[usize], subjects: &'a [String]) -> PgRows<'a> {
-    let table = idem_core::sql!("{schema}.effects", schema = store.schema_ident());
+    let table = idem_engine::sql!("{schema}.effects", schema = store.schema_ident());
     PgRows::new(table)
         .column(
             "key",
@@ -121,7 +121,7 @@ async fn columns_of_different_lengths_are_refused_before_anything_is_sent() {
         .await
         .expect_err("uneven columns");
     assert!(matches!(err, StoreError::Rejected { .. }), "{err:?}");
-    let none = PgRows::new(idem_core::sql!(
+    let none = PgRows::new(idem_engine::sql!(
         "{schema}.effects",
         schema = store.schema_ident()
     ));

@@ -7,7 +7,7 @@
 
 mod common;
 
-use idem_core::{Gate, GateConfig};
+use idem_engine::{Gate, GateConfig};
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_testkit::{encode_submission, EffectHandlerFor, SimBroker};
 
@@ -59,8 +59,8 @@ fn gate(
 
 async fn rounds<S, H>(gate: &Gate<S, H>, broker: &SimBroker, n: usize)
 where
-    S: idem_core::ClaimStore,
-    H: idem_core::Handler<S::Tx>,
+    S: idem_engine::ClaimStore,
+    H: idem_engine::Handler<S::Tx>,
 {
     for _ in 0..n {
         if broker.is_settled() {
@@ -91,7 +91,7 @@ async fn a_statement_timeout_on_one_message_dead_letters_it_after_max_attempts()
     assert_eq!(dead.len(), 1, "only the slow message is dead-lettered");
     let (msg, reason) = &dead[0];
     assert_eq!(msg.payload, encode_submission("SLOW-1", ts, 1));
-    assert_eq!(reason.code, idem_core::gate::ATTEMPTS_EXHAUSTED);
+    assert_eq!(reason.code, idem_engine::gate::ATTEMPTS_EXHAUSTED);
     assert!(
         reason.detail.contains("3 attempts"),
         "the reason says how many attempts: {reason}"
@@ -157,7 +157,7 @@ async fn a_write_that_always_times_out_after_three_good_ones_is_dead_lettered() 
     let dead = broker.dead_letters();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].0.payload, encode_submission("SLOW-1", ts, 9));
-    assert_eq!(dead[0].1.code, idem_core::gate::ATTEMPTS_EXHAUSTED);
+    assert_eq!(dead[0].1.code, idem_engine::gate::ATTEMPTS_EXHAUSTED);
     assert!(
         dead[0].1.detail.contains("SQLSTATE 57014"),
         "the reason names the SQLSTATE: {}",
@@ -210,7 +210,7 @@ async fn a_handler_past_its_deadline_leaves_no_statement_running_on_the_server()
     let started = std::time::Instant::now();
     let outcome = gate.process(broker.receive().expect("delivery")).await;
     let took = started.elapsed();
-    assert_eq!(outcome.kind(), idem_core::OutcomeKind::Failed);
+    assert_eq!(outcome.kind(), idem_engine::OutcomeKind::Failed);
     assert!(
         took < std::time::Duration::from_secs(5),
         "the attempt and its rollback took {took:?}"
@@ -291,7 +291,7 @@ async fn a_read_only_store_charges_no_message() {
     )
     .await
     .expect("connect");
-    use idem_core::ClaimStore as _;
+    use idem_engine::ClaimStore as _;
     assert!(
         store.probe().await.is_err(),
         "a read-only node commits no transaction id"
@@ -316,7 +316,7 @@ async fn a_read_only_store_charges_no_message() {
 /// claim was never committed.
 mod lent {
     use super::common;
-    use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError};
+    use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, StoreError};
 
     async fn claimed(store: &idem_store_postgres::PgStore, n: &str) -> idem_store_postgres::PgTx {
         let key = IdempotencyKey::derive(n, "2026-07-01T09:00:00Z", n.as_bytes()).expect("key");
@@ -484,7 +484,7 @@ impl Hop {
 /// after all) — never stuck.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_network_path_fails_the_commit_within_the_reply_timeout() {
-    use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore as _, ClaimTx as _, IdempotencyKey};
+    use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore as _, ClaimTx as _, IdempotencyKey};
     use std::time::{Duration, Instant};
     let base = common::fresh_pg().await;
     let hop = Hop::start().await;
@@ -513,7 +513,7 @@ async fn a_dead_network_path_fails_the_commit_within_the_reply_timeout() {
     let took = started.elapsed();
     let e = committed.expect_err("no answer is no commit");
     assert!(
-        e.is_retryable() && matches!(e, idem_core::StoreError::Unavailable { .. }),
+        e.is_retryable() && matches!(e, idem_engine::StoreError::Unavailable { .. }),
         "{e:?}"
     );
     assert!(

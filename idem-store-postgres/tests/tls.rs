@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_test_support::tls::{Pki, TlsServer};
 

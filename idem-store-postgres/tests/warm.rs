@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 use idem_store_postgres::PgTx;
 
 fn key(n: usize) -> IdempotencyKey {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use idem_core::{ClaimMeta, ClaimStore, ClaimTx, DoneFilter, IdempotencyKey};
+use idem_engine::{ClaimMeta, ClaimStore, ClaimTx, DoneFilter, IdempotencyKey};
 use idem_store_redis::{RedisConfig, RedisFilter, RedisLeaseStore};
 
 fn random_key() -> IdempotencyKey {

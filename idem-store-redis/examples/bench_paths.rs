@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use idem_core::{ClaimMeta, ClaimStore, ClaimTx, DoneFilter, IdempotencyKey};
+use idem_engine::{ClaimMeta, ClaimStore, ClaimTx, DoneFilter, IdempotencyKey};
 use idem_store_redis::{RedisConfig, RedisFilter, RedisLeaseStore};
 
 struct Args {

@@ -89,14 +89,14 @@ impl Scope {
 }
 
 /// A [`DoneFilter`] on Redis: put it in front of a durable store with
-/// [`idem_core::Filtered`]. Its marks are scoped (see the [module docs](self)).
+/// `idem_engine::Filtered`. Its marks are scoped (see the [module docs](self)).
 ///
 /// ```no_run
 /// # async fn demo<S: idem_core::ClaimStore>(durable_store: S, identity: std::sync::Arc<dyn idem_store_redis::StoreIdentitySource>) -> Result<(), idem_core::StoreError> {
 /// use idem_store_redis::{RedisConfig, RedisFilter};
 ///
 /// let filter = RedisFilter::connect_for_store(RedisConfig::new("redis://127.0.0.1:6379"), identity).await?;
-/// let store = idem_core::Filtered::new(durable_store, filter);
+/// let store = idem_engine::Filtered::new(durable_store, filter);
 /// // ... Gate::new(store, handler) ...; store.stats().hits() counts the filter's answers.
 /// # Ok(()) }
 /// ```
@@ -106,7 +106,7 @@ impl Scope {
 ///   an error or a timeout falls through to the durable claim (the wrapper treats an
 ///   error as "not seen"). Before the store's session is registered it is an error.
 /// - [`mark_done`](DoneFilter::mark_done) is one pipelined round trip of
-///   `SET {prefix}f:{scope}:{key} done PX {retention}`. [`idem_core::Filtered`] calls it only
+///   `SET {prefix}f:{scope}:{key} done PX {retention}`. `idem_engine::Filtered` calls it only
 ///   *after* the durable commit, so Redis never says "done" for a key whose work could
 ///   still be lost.
 /// - Redis losing marks (a restart, eviction, the end of the retention) only costs

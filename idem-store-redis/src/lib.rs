@@ -10,7 +10,7 @@
 //!   idempotent or finish within their lease. The [module docs](store) say exactly what
 //!   holds.
 //! - [`RedisFilter`]: a **front filter** in front of a durable, transactional store
-//!   (Postgres, SQLite), used as `idem_core::Filtered::new(durable_store, redis_filter)`.
+//!   (Postgres, SQLite), used as `idem_engine::Filtered::new(durable_store, redis_filter)`.
 //!   It answers `Duplicate` only for keys whose *durable commit already happened* (the
 //!   mark is written after the commit), so it can never lose a message; a miss, an error,
 //!   a timeout or a Redis outage falls through to the durable claim. Its marks are scoped

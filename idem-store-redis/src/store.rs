@@ -33,7 +33,7 @@
 //! - claim: `SET {prefix}l:{key} {token} NX PX {lease} GET` — set: `Claimed`; the value
 //!   already there is the done-mark: `Duplicate`; it is this transaction's own token:
 //!   `Duplicate` (a key claimed twice in one transaction); anything else is another
-//!   worker's live lease: `InProgress` (the [`Gate`](idem_core::Gate) defers the delivery
+//!   worker's live lease: `InProgress` (the `idem_engine::Gate` defers the delivery
 //!   with a delayed nack, never acks it);
 //! - commit: a Lua compare-and-set turns each of our leases into the done-mark, kept for
 //!   the retention period (`scripts/commit.lua`);

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::{key, lease_store_with, quiet_crashes, FilteredMem};
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter};
 use idem_store_redis::{ClientKind, KeyState, RedisConfig, RedisFilter, RedisLeaseStore};
 use idem_testkit::sim::{check_exactly_once, Case};
 use idem_testkit::CrashPoint;
@@ -67,7 +67,7 @@ fn keyslot_matches_the_cluster_spec() {
 }
 
 /// The key slots of a set of keys cover many slots, so a batch spans the three nodes.
-fn distinct_slots(store: &RedisLeaseStore, keys: &[idem_core::IdempotencyKey]) -> usize {
+fn distinct_slots(store: &RedisLeaseStore, keys: &[idem_engine::IdempotencyKey]) -> usize {
     let slots: HashSet<u16> = keys
         .iter()
         .map(|k| keyslot(store.redis_key(k).as_bytes()))

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{config, key, quiet_crashes, FilteredMem, NaiveFiltered};
-use idem_core::{async_trait, StoreError};
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter, Gate, OutcomeKind};
+use idem_engine::{async_trait, StoreError};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter, Gate, OutcomeKind};
 use idem_store_redis::{
     ClientKind, IdentitySession, RedisConfig, RedisFilter, StoreIdentitySource,
 };

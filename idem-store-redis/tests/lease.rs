@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{config, key, lease_store_with, quiet_crashes, LeaseTestStore};
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, Gate, OutcomeKind, StoreError};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, Gate, OutcomeKind, StoreError};
 use idem_store_redis::{ClientKind, KeyState, RedisConfig, RedisLeaseStore};
 use idem_testkit::{
     encode_submission, CrashPoint, EffectHandler, EffectHandlerFor, FaultPlan, FaultyHandler,
@@ -353,7 +353,7 @@ per_client!(
 async fn built_from_the_application_s_own_client(
     client: impl Fn(&str) -> idem_store_redis::RedisClient,
 ) {
-    use idem_core::DoneFilter as _;
+    use idem_engine::DoneFilter as _;
     let url = common::redis_url();
     let settings = config(ClientKind::RedisRs, "own-client");
     let store = RedisLeaseStore::from_client(client(&url), settings.clone())

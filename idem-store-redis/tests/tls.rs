@@ -12,7 +12,7 @@ mod common;
 use std::time::Duration;
 
 use common::{fresh_prefix, key};
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter};
 use idem_store_redis::{ClientKind, RedisConfig, RedisFilter, RedisLeaseStore};
 use idem_test_support::tls::{Pki, TlsServer};
 

@@ -25,7 +25,7 @@ use sqlx::{Row as _, SqlitePool};
 use crate::error::map;
 use crate::store::SqliteStore;
 
-/// Unpublished outbox rows of a [`SqliteStore`], for [`idem_core::Relay`].
+/// Unpublished outbox rows of a [`SqliteStore`], for `idem_engine::Relay`.
 #[derive(Debug, Clone)]
 pub struct SqliteOutboxSource {
     store: SqliteStore,

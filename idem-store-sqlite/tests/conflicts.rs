@@ -2,7 +2,7 @@
 //! by another program's consumer with only the reference columns is given the identity
 //! column by `migrate`, then detects conflicts; migrating twice is harmless.
 
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 const TS: &str = "2026-07-01T09:00:00Z";

@@ -2,7 +2,7 @@
 //! (read back from SQLite), and the store's identity is created once by `migrate`,
 //! kept, copied with the file, and rotated on demand.
 
-use idem_core::StoreError;
+use idem_engine::StoreError;
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 async fn open(path: &std::path::Path) -> SqliteStore {

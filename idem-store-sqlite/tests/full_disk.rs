@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use idem_core::{Gate, GateConfig};
+use idem_engine::{Gate, GateConfig};
 use idem_testkit::{encode_submission, EffectHandlerFor, SimBroker, TestStore as _};
 
 /// A tmpfs of `size` mounted on `dir`, unmounted when dropped.
@@ -52,8 +52,8 @@ fn fill(path: &Path) {
 /// Receives and processes every ready delivery once; returns how many it processed.
 async fn round<S, H>(gate: &Gate<S, H>, broker: &SimBroker) -> usize
 where
-    S: idem_core::ClaimStore,
-    H: idem_core::Handler<S::Tx>,
+    S: idem_engine::ClaimStore,
+    H: idem_engine::Handler<S::Tx>,
 {
     let ready = broker.receive_many(1000);
     let n = ready.len();

@@ -7,8 +7,8 @@ mod common;
 
 use std::sync::Arc;
 
-use idem_core::record::{OutcomeCount, Timestamp};
-use idem_core::{IdempotencyKey, Outcome, OutcomeCountStore, OutcomeTally, RejectReason};
+use idem_engine::record::{OutcomeCount, Timestamp};
+use idem_engine::{IdempotencyKey, Outcome, OutcomeCountStore, OutcomeTally, RejectReason};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
 fn c(day: &str, outcome: &str, reason: &str, n: u64) -> OutcomeCount {

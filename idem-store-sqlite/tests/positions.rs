@@ -3,7 +3,7 @@
 
 mod common;
 
-use idem_core::mutant::{self, Mutant};
+use idem_engine::mutant::{self, Mutant};
 use idem_testkit::positions as scenario;
 
 #[tokio::test]
@@ -64,7 +64,7 @@ async fn an_offset_that_stays_undone_does_not_grow_what_each_transaction_writes(
     let epoch = scenario::while_an_offset_stays_undone(&db.store).await;
     let (largest, rows) = held(&db.store).await;
     assert!(
-        largest <= i64::try_from(idem_core::position::HELD).unwrap(),
+        largest <= i64::try_from(idem_engine::position::HELD).unwrap(),
         "the row holds {largest} offsets"
     );
     assert!(rows > 1_000, "{rows} offset rows");

@@ -6,8 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::OutboxWriter;
-use idem_core::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent};
+use idem_engine::OutboxWriter;
+use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent};
 use idem_store_sqlite::{PurgeOptions, PurgeTable, RetentionFloor, SqliteError, SqliteStore};
 
 const DAY: u64 = 86_400;

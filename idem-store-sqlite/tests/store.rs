@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{
+use idem_engine::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxEvent, OutboxWriter, Relay,
 };
 use idem_store_sqlite::SqliteOutboxSource;
@@ -51,7 +51,7 @@ async fn relay_publishes_committed_events_once_and_marks_them() {
     assert_eq!(published.len(), 4);
     let want: Vec<_> = keys
         .iter()
-        .map(|k| idem_core::EventId::derive(k, "disbursement.recorded"))
+        .map(|k| idem_engine::EventId::derive(k, "disbursement.recorded"))
         .collect();
     assert_eq!(
         published.iter().map(|e| e.event_id).collect::<Vec<_>>(),
@@ -76,7 +76,7 @@ async fn a_released_batch_is_published_again_with_the_same_ids() {
         .unwrap();
     tx.commit().await.unwrap();
     let source = SqliteOutboxSource::new(t.store.clone(), Duration::from_millis(10));
-    use idem_core::{OutboxBatch, OutboxSource};
+    use idem_engine::{OutboxBatch, OutboxSource};
     // "Publish", then crash before marking: the batch is dropped unmarked.
     let first = source.lease(10).await.unwrap();
     let first_ids: Vec<_> = first.events().iter().map(|e| e.event_id).collect();

@@ -3,9 +3,9 @@
 
 mod common;
 
-use idem_core::record::OutcomeCount;
-use idem_core::tally::FlushId;
-use idem_core::OutcomeCountStore;
+use idem_engine::record::OutcomeCount;
+use idem_engine::tally::FlushId;
+use idem_engine::OutcomeCountStore;
 
 #[tokio::test]
 async fn the_same_flush_applied_twice_adds_once() {

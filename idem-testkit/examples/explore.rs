@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use idem_core::ConflictPolicy;
+use idem_engine::ConflictPolicy;
 use idem_testkit::explore::{explore, replay, Config, Mode, Mutant, Report};
 
 /// Explores the real `Gate` exhaustively within small bounds: every interleaving, crash

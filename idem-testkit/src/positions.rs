@@ -1,4 +1,4 @@
-//! The position store's conformance scenarios ([`idem_core::position`]), run by every
+//! The position store's conformance scenarios ([`idem_engine::position`]), run by every
 //! store that keeps log positions (`idem-store-postgres` and `idem-store-sqlite` call
 //! each on a fresh store): a take raises the epoch and returns what is stored;
 //! transactions finishing out of order move the position over every offset done and
@@ -10,8 +10,8 @@
 
 use std::sync::Arc;
 
-use idem_core::position::advance;
-use idem_core::{
+use idem_engine::position::advance;
+use idem_engine::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, PositionMove, PositionStore,
     StoreError,
 };
@@ -266,7 +266,7 @@ pub const DONE_PAST_IT: i64 = 1_600;
 /// settled prefix held at 0: the stored position keeps every one of them, before and
 /// after another member takes the partition. Returns the new member's epoch, for
 /// [`once_it_is_done`]. A store then checks what its rows hold: a bounded array
-/// ([`idem_core::position::HELD`]), however many are done.
+/// ([`idem_engine::position::HELD`]), however many are done.
 pub async fn while_an_offset_stays_undone<S>(store: &S) -> i64
 where
     S: ClaimStore + PositionStore,

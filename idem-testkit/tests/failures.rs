@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream;
-use idem_core::consumer::{self, ConsumerConfig, ConsumerStats};
-use idem_core::gate::{ATTEMPTS_EXHAUSTED, STORE_REJECTED};
-use idem_core::{
+use idem_engine::consumer::{self, ConsumerConfig, ConsumerStats};
+use idem_engine::gate::{ATTEMPTS_EXHAUSTED, STORE_REJECTED};
+use idem_engine::{
     async_trait, AckError, AckProof, Acker, Delivery, ErrorClass, Gate, GateConfig, Handler,
     HandlerError, Headers, OutcomeKind, RejectReason, StoreError, Submission,
 };
@@ -43,8 +43,8 @@ impl Handler<MemoryTx> for Scripted {
         EffectHandler::parse(payload)
     }
 
-    fn claim_meta(&self, sub: &Submission<EffectInput>) -> idem_core::ClaimMeta {
-        idem_core::ClaimMeta::new(sub.subject.clone())
+    fn claim_meta(&self, sub: &Submission<EffectInput>) -> idem_engine::ClaimMeta {
+        idem_engine::ClaimMeta::new(sub.subject.clone())
             .with_submission_timestamp(sub.input.timestamp.clone())
     }
 
@@ -163,7 +163,7 @@ fn exhausted(broker: &SimBroker) -> String {
 async fn consume_ready(
     gate: &Gate<MemoryStore, Scripted>,
     broker: &SimBroker,
-) -> Result<ConsumerStats, idem_core::Error> {
+) -> Result<ConsumerStats, idem_engine::Error> {
     let ready = broker.receive_many(usize::MAX);
     consumer::run(
         gate,

@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use idem_core::{async_trait, DoneFilter, Filtered, Gate, IdempotencyKey, OutcomeKind, StoreError};
+use idem_engine::{
+    async_trait, DoneFilter, Filtered, Gate, IdempotencyKey, OutcomeKind, StoreError,
+};
 use idem_testkit::{encode_submission, EffectHandlerFor, MemoryStore, SimBroker, TestStore};
 
 /// A filter whose every call fails, counting the calls.

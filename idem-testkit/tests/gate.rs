@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{
+use idem_engine::{
     async_trait, ClaimMeta, ClaimStore, ClaimTx, Gate, GateObserver, Handler, HandlerError,
     Headers, Outcome, OutcomeKind, RejectReason, Stage, Submission,
 };

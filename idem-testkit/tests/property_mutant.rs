@@ -4,7 +4,7 @@
 //! acked submission with no effect, and `check_exactly_once` reports it. (Its own test
 //! binary: the mutant switch is process-wide.)
 
-use idem_core::mutant::{self, Mutant};
+use idem_engine::mutant::{self, Mutant};
 use idem_testkit::sim::{check_exactly_once, Case};
 use idem_testkit::{CrashPoint, MemoryStore};
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use idem_core::{Gate, IdempotencyKey, OutcomeKind, TraceParent};
+use idem_engine::{Gate, IdempotencyKey, OutcomeKind, TraceParent};
 use idem_testkit::{encode_submission, EffectHandler, EffectHandlerFor, MemoryStore, SimBroker};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};

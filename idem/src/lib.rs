@@ -6,8 +6,9 @@
 //! business write + an [`OutboxEvent`] in one transaction, the ack only after the commit,
 //! and a [`Relay`] that publishes the outbox at least once with deterministic event ids.
 //!
-//! Everything of `idem-core` is here at the root (the [`Gate`], the [`Handler`] you
-//! write, [`consumer::run`], the [`Relay`], the errors); each store, the brokers, the
+//! Everything of `idem-core` (the contract: keys, the store and acker traits, errors) and
+//! of `idem-engine` (the [`Gate`], the [`Handler`] you write, [`consumer::run`], the
+//! [`Relay`]) is here at the root; each store, the brokers, the
 //! runtime and the grant pipeline are a module behind a cargo feature:
 //!
 //! | feature | module | brings |
@@ -30,7 +31,7 @@
 //! cargo add idem --features postgres,rabbitmq
 //! ```
 //!
-//! The crates underneath (`idem-core`, `idem-store-sqlite`, `idem-store-postgres`,
+//! The crates underneath (`idem-core`, `idem-engine`, `idem-store-sqlite`, `idem-store-postgres`,
 //! `idem-store-redis`, `idem-broker`, `idem-runtime`, `idem-grant`) stay usable alone;
 //! this crate only re-exports them, so `idem::postgres::PgStore` *is*
 //! `idem_store_postgres::PgStore`. The test kit (`idem-testkit`: the in-memory store, the
@@ -117,7 +118,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[doc(inline)]
-pub use idem_core::*;
+pub use idem_engine::*;
 
 /// The embedded SQLite store ([`idem_store_sqlite`]).
 #[cfg(feature = "sqlite")]

@@ -6,14 +6,14 @@
 //!
 //! Run it with `cargo run -p grant-pipeline`.
 
-use idem_core::{consumer, ConsumerConfig, Gate};
+use idem_engine::{consumer, ConsumerConfig, Gate};
 use idem_grant::{GrantDb, GrantHandler};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 use idem_testkit::SimBroker;
 use source::stream_from_broker;
 
 mod source {
-    use idem_core::Delivery;
+    use idem_engine::Delivery;
     use idem_testkit::{SimAcker, SimBroker};
 
     /// The broker's ready deliveries as a stream that ends when none is left.

@@ -57,7 +57,7 @@ async fn within_confirm_timeout<T>(
             detail: format!(
                 "no publisher confirm within {} (confirm_timeout); the broker may be \
                  blocking the connection (a memory or disk alarm)",
-                humantime::format_duration(confirm_timeout)
+                crate::show_duration(confirm_timeout)
             ),
         }),
     }

@@ -457,7 +457,7 @@ impl RedisStreamsConsumer {
     /// let mut deliveries = RedisStreamsConsumer::from_client(client, &config).await?;
     /// while let Some(delivery) = deliveries.next().await {
     ///     let delivery = delivery?;
-    ///     // hand it to an `idem_core::Gate`, which acks only after the commit
+    ///     // hand it to an `idem_engine::Gate`, which acks only after the commit
     /// #   drop(delivery);
     /// }
     /// # Ok(()) }

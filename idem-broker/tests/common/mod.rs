@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use idem_broker::any::{pending_count, AnyAcker, AnyConsumer, AnyPublisher, BrokerUrl};
 use idem_broker::{until_idle, BrokerError};
-use idem_core::ident::Ident;
-use idem_core::{
+use idem_engine::ident::Ident;
+use idem_engine::{
     consumer, Capabilities, ClaimStore, ConsumerConfig, ConsumerStats, Delivery, Gate,
     IdempotencyKey, OutboxEvent, OutboxWriter, StoreError,
 };
@@ -284,7 +284,7 @@ impl ClaimStore for PgGrants {
     async fn note_run(
         &self,
         key: &IdempotencyKey,
-        note: idem_core::RunNote,
+        note: idem_engine::RunNote,
     ) -> Result<Option<u32>, StoreError> {
         self.0.note_run(key, note).await
     }
@@ -302,7 +302,7 @@ impl TestStore for PgGrants {
         subject: &str,
         amount: i64,
     ) -> Result<(), StoreError> {
-        let table = idem_core::sql!(
+        let table = idem_engine::sql!(
             "{schema}.{name}",
             schema = tx.schema_ident(),
             name = Ident::from_static(GRANT_TABLE)

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
 use idem_broker::kafka::KafkaConfig;
-use idem_core::Gate;
+use idem_engine::Gate;
 
 use super::{brokers, next_within, one_partition, publish_all, url_in};
 use crate::common;
@@ -30,7 +30,7 @@ async fn an_event_too_large_for_kafka_is_refused_for_good() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_whose_member_dies_counts_on_in_the_next_member() {
     use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
-    use idem_core::Acker as _;
+    use idem_engine::Acker as _;
     const N: u32 = 3;
     let config = one_partition(&common::fresh_name("attempts"));
     KafkaPublisher::connect_config(&config)
@@ -84,7 +84,7 @@ async fn take_n(
     consumer: &mut idem_broker::kafka::KafkaConsumer,
     n: usize,
     within: Duration,
-) -> Vec<idem_core::Delivery<idem_broker::kafka::KafkaAcker>> {
+) -> Vec<idem_engine::Delivery<idem_broker::kafka::KafkaAcker>> {
     let mut got = Vec::new();
     for _ in 0..n {
         got.push(
@@ -105,7 +105,7 @@ async fn take_n(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deferrals_that_fill_the_prefetch_stop_the_fetching() {
     use idem_broker::kafka::KafkaConsumer;
-    use idem_core::Acker as _;
+    use idem_engine::Acker as _;
     let config = one_partition(&common::fresh_name("defer-full")).with_prefetch(8);
     let bodies: Vec<Vec<u8>> = (0..20).map(|i| format!("m-{i:02}").into_bytes()).collect();
     publish_all(&config, &bodies).await;

@@ -22,7 +22,7 @@ use common::Broker;
 use idem_broker::any::{AnyConsumer, BrokerUrl};
 use idem_broker::kafka::KafkaConfig;
 use idem_broker::until_idle;
-use idem_core::{consumer, ConsumerConfig, Gate};
+use idem_engine::{consumer, ConsumerConfig, Gate};
 use idem_grant::GrantDb;
 use idem_store_postgres::PgStore;
 
@@ -124,7 +124,7 @@ async fn member(
     store: PgStore,
     delay: Duration,
     idle: Duration,
-) -> idem_core::ConsumerStats {
+) -> idem_engine::ConsumerStats {
     use futures::StreamExt as _;
     let deliveries = AnyConsumer::connect(&url, &name, 8)
         .await

@@ -223,7 +223,7 @@ fn assignment() -> String {
 /// out beside the new owner's processing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_member_that_lost_its_partition_does_not_dead_letter_its_delivery() {
-    use idem_core::{Acker as _, RejectReason};
+    use idem_engine::{Acker as _, RejectReason};
     let group = format!("idem-test-{:08x}", rand::random::<u32>());
     let url = BrokerUrl::parse(&format!("{}&assignment=range", url_in(&group, 1))).expect("url");
     let name = common::fresh_name("stale-dead-letter");

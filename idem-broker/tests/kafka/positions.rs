@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use idem_broker::any::{publish_raw, AnyConsumer, BrokerUrl};
 use idem_broker::kafka::KafkaConfig;
 use idem_broker::until_idle;
-use idem_core::{consumer, ConsumerConfig, Gate};
+use idem_engine::{consumer, ConsumerConfig, Gate};
 use idem_grant::GrantDb;
 use idem_store_postgres::PgStore;
 
@@ -28,8 +28,8 @@ async fn consume_positioned(
     store: &PgStore,
     (concurrency, batch): (usize, usize),
     idle: Duration,
-) -> idem_core::ConsumerStats {
-    let positions: Arc<dyn idem_core::PositionStore> = Arc::new(store.clone());
+) -> idem_engine::ConsumerStats {
+    let positions: Arc<dyn idem_engine::PositionStore> = Arc::new(store.clone());
     let deliveries = AnyConsumer::connect_with(url, name, 2 * concurrency * batch, Some(positions))
         .await
         .expect("connect consumer");
@@ -48,7 +48,7 @@ async fn consume_positioned(
 /// A member (child process, batches of 10, four at once) is killed with SIGKILL mid-run;
 /// a new member of the group then consumes the rest. Returns the disbursements made
 /// when it was killed and the new member's stats. Exactly once either way.
-async fn killed_and_succeeded(positions: bool) -> (usize, idem_core::ConsumerStats) {
+async fn killed_and_succeeded(positions: bool) -> (usize, idem_engine::ConsumerStats) {
     const N: usize = 400;
     let group = format!("idem-test-{:08x}", rand::random::<u32>());
     let name = common::fresh_name(if positions { "pos-kill" } else { "lwm-kill" });
@@ -107,9 +107,9 @@ async fn with_positions_stored_a_killed_members_successor_replays_nothing() {
 /// member's transactions committed (0 unless fencing is off).
 async fn stale_member_commits(held: usize) -> usize {
     use idem_broker::kafka::KafkaConsumer;
-    use idem_core::{Outcome, PositionStore as _};
+    use idem_engine::{Outcome, PositionStore as _};
     let store = common::fresh_pg().await;
-    let position_store: Arc<dyn idem_core::PositionStore> = Arc::new(store.clone());
+    let position_store: Arc<dyn idem_engine::PositionStore> = Arc::new(store.clone());
     let config = one_partition(&common::fresh_name("fenced"))
         .with_position_store(Arc::clone(&position_store));
     let (bodies, ledger) = common::submissions(&config.name, held);
@@ -131,7 +131,7 @@ async fn stale_member_commits(held: usize) -> usize {
         match gate.process(d).await {
             Outcome::Failed { error, settle, .. } => {
                 assert!(
-                    matches!(error, idem_core::Error::Store(ref e) if e.is_fenced()),
+                    matches!(error, idem_engine::Error::Store(ref e) if e.is_fenced()),
                     "{error}"
                 );
                 assert!(settle.is_ok());
@@ -166,9 +166,9 @@ async fn a_member_whose_partition_was_taken_commits_nothing_for_it() {
 /// member's transactions land, which the test above refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_fencing_a_stale_members_commits_land() {
-    idem_core::mutant::set(Some(idem_core::mutant::Mutant::UnfencedPositions));
+    idem_engine::mutant::set(Some(idem_engine::mutant::Mutant::UnfencedPositions));
     let landed = stale_member_commits(5).await;
-    idem_core::mutant::set(None);
+    idem_engine::mutant::set(None);
     assert_eq!(landed, 5, "the mutant should let every stale commit land");
 }
 
@@ -240,7 +240,7 @@ async fn three_members_two_killed_with_positions_stored_exactly_once() {
 
 /// A new member of `config`'s group, one delivery at a time into `store`, until idle
 /// for 8 s.
-async fn next_member(config: &KafkaConfig, store: &PgStore) -> idem_core::ConsumerStats {
+async fn next_member(config: &KafkaConfig, store: &PgStore) -> idem_engine::ConsumerStats {
     let next = idem_broker::kafka::KafkaConsumer::connect(config)
         .await
         .expect("connect the next member");
@@ -281,7 +281,7 @@ async fn successor_after_a_slow_first(positions: bool) -> (u64, u64) {
     assert_eq!(slow.acker.offset(), 0);
     for d in in_hand {
         let o = gate.process(d).await;
-        assert_eq!(o.kind(), idem_core::OutcomeKind::Processed, "{o:?}");
+        assert_eq!(o.kind(), idem_engine::OutcomeKind::Processed, "{o:?}");
     }
     // The member dies holding offset 0.
     drop(slow);
@@ -304,7 +304,7 @@ async fn with_positions_stored_a_successor_reads_again_only_what_is_not_done() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_position_past_the_end_of_the_log_stops_the_member() {
     use idem_broker::kafka::KafkaConsumer;
-    use idem_core::{ClaimStore as _, ClaimTx as _, PositionMove, PositionStore as _};
+    use idem_engine::{ClaimStore as _, ClaimTx as _, PositionMove, PositionStore as _};
     let store = common::fresh_pg().await;
     let config =
         one_partition(&common::fresh_name("past-end")).with_position_store(Arc::new(store.clone()));
@@ -363,11 +363,11 @@ async fn a_foreign_forward_commit_skips_nothing_with_positions_stored() {
         .expect("connect");
     for d in common::take(&mut first, 3).await {
         let o = gate.process(d).await;
-        assert_eq!(o.kind(), idem_core::OutcomeKind::Processed, "{o:?}");
+        assert_eq!(o.kind(), idem_engine::OutcomeKind::Processed, "{o:?}");
     }
     drop(first);
     let stored = |store: PgStore, source: String| async move {
-        use idem_core::PositionStore as _;
+        use idem_engine::PositionStore as _;
         store.positions(&source).await.expect("positions")[0].next
     };
     assert_eq!(
@@ -384,7 +384,7 @@ async fn a_foreign_forward_commit_skips_nothing_with_positions_stored() {
         let offset = d.acker.offset();
         assert!((3..8).contains(&offset), "offset {offset}");
         let o = foreign_gate.process(d).await;
-        assert_eq!(o.kind(), idem_core::OutcomeKind::Processed, "{o:?}");
+        assert_eq!(o.kind(), idem_engine::OutcomeKind::Processed, "{o:?}");
     }
     assert_eq!(
         common::wait_pending(
@@ -414,7 +414,7 @@ async fn a_foreign_forward_commit_skips_nothing_with_positions_stored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_fenced_by_a_late_take_takes_the_partition_again() {
     use idem_broker::kafka::KafkaConsumer;
-    use idem_core::PositionStore as _;
+    use idem_engine::PositionStore as _;
     const N: usize = 10;
     let store = common::fresh_pg().await;
     let config = one_partition(&common::fresh_name("late-take"))
@@ -426,7 +426,7 @@ async fn an_owner_fenced_by_a_late_take_takes_the_partition_again() {
     let mut owner = KafkaConsumer::connect(&config).await.expect("connect");
     for d in common::take(&mut owner, 3).await {
         let o = gate.process(d).await;
-        assert_eq!(o.kind(), idem_core::OutcomeKind::Processed, "{o:?}");
+        assert_eq!(o.kind(), idem_engine::OutcomeKind::Processed, "{o:?}");
     }
     // The late take of a member that lost the partition.
     let source = config.position_source();

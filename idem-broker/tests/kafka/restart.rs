@@ -124,7 +124,7 @@ async fn own_member(
     OwnTansu,
     KafkaConfig,
     idem_broker::kafka::KafkaConsumer,
-    idem_core::Delivery<idem_broker::kafka::KafkaAcker>,
+    idem_engine::Delivery<idem_broker::kafka::KafkaAcker>,
 ) {
     use idem_broker::kafka::{KafkaConsumer, KafkaPublisher};
     let tansu = OwnTansu::start();
@@ -157,7 +157,7 @@ async fn own_member(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_does_not_end_the_stream() {
     use idem_broker::kafka::KafkaPublisher;
-    use idem_core::Acker as _;
+    use idem_engine::Acker as _;
     // A session longer than the restart takes: a cluster silent for the whole session
     // ends the stream (`a_cluster_gone_for_good_ends_the_stream`).
     let (mut tansu, config, mut consumer, d) =
@@ -168,7 +168,7 @@ async fn a_broker_restart_does_not_end_the_stream() {
         .dead_letter(
             b"before",
             &Vec::new(),
-            &idem_core::RejectReason::new("test", "settled before the restart"),
+            &idem_engine::RejectReason::new("test", "settled before the restart"),
         )
         .await
         .expect("settle before the restart");

@@ -3,7 +3,7 @@
 //! page an auditor can read (see [`crate::report`]).
 //!
 //! Both read through the stores' own `export_audit` / `audit_stats` (Postgres and
-//! SQLite alike, one record type: `idem_core::record`); no SQL here.
+//! SQLite alike, one record type: `idem_engine::record`); no SQL here.
 //!
 //! # Format `idem-audit/1` (stable)
 //! One JSON object per line, one line per dedup record, in `claimed_at` order (ties by
@@ -23,9 +23,9 @@
 use std::io::Write;
 
 #[cfg(feature = "postgres")]
-use idem_core::ident::Ident;
-use idem_core::record::{BusinessTable, ClaimRecord, Timestamp};
-use idem_core::retention::{RetentionFloor, DEFAULT_RETENTION_FLOOR};
+use idem_engine::ident::Ident;
+use idem_engine::record::{BusinessTable, ClaimRecord, Timestamp};
+use idem_engine::retention::{RetentionFloor, DEFAULT_RETENTION_FLOOR};
 #[cfg(feature = "postgres")]
 use idem_store_postgres::{PgConfig, PgError, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
@@ -180,7 +180,7 @@ impl Window {
             PgError::InvalidTimestamp { .. } => CliError::usage(e.to_string()),
             other => CliError::failed(format!(
                 "{what} {}: {}",
-                idem_core::redact_url(&self.store),
+                idem_engine::redact_url(&self.store),
                 error_chain(&other)
             )),
         }
@@ -283,7 +283,7 @@ async fn report(args: ReportArgs) -> Result<(), CliError> {
         ),
     };
     let page = crate::report::render(&crate::report::Report {
-        store: idem_core::redact_url(&w.store).into_owned(),
+        store: idem_engine::redact_url(&w.store).into_owned(),
         schema: w.schema.clone(),
         store_kind: kind,
         since: Timestamp::parse_rfc3339(&w.since).unwrap_or(now),
@@ -364,7 +364,7 @@ impl<'a> AuditLine<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idem_core::record::OutboxRecord;
+    use idem_engine::record::OutboxRecord;
 
     fn line(r: &ClaimRecord) -> String {
         serde_json::to_string(&AuditLine::new(r)).unwrap()

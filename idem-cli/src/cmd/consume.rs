@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
-use idem_core::{
+use idem_engine::{
     ClaimStore, ClaimTx as _, ConflictPolicy, ConsumerConfig, Gate, GateConfig, Handler,
 };
 use idem_grant::{GrantDb, GrantHandler, KeyDerivation};
@@ -238,7 +238,7 @@ impl Consume {
         );
         let gate = Gate::with_config(store, handler, self.gate).with_observer(observer);
         let (m, shutdown) = (Arc::clone(&self.metrics), crate::cmd::shutdown_signal());
-        let observe = move |o: &idem_core::Outcome| m.metrics.record(o);
+        let observe = move |o: &idem_engine::Outcome| m.metrics.record(o);
         let run = supervise(&gate, Some(first), connect, self.config, shutdown, observe).await;
         if let Some(f) = flusher {
             f.finish().await;

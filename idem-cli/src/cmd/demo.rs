@@ -8,7 +8,7 @@ use std::time::Instant;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_core::{ClaimStore, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, Stage};
+use idem_engine::{ClaimStore, Gate, GateObserver, Handler, IdempotencyKey, OutcomeKind, Stage};
 use idem_grant::{parse_submission, GrantDb, GrantHandler, DEFAULT_MAX_BODY};
 use idem_sim::fault::{quiet_injected_crashes, CrashPoint, FaultPlan, FaultyHandler, FaultyStore};
 use idem_sim::sim::{drive_fed, SimConfig};
@@ -471,8 +471,8 @@ impl std::fmt::Display for Explanation<'_> {
         if let Some(award) = self.first_award {
             writeln!(f, "  idem inspect {store} --award-id {award}")?;
         }
-        let today = idem_core::record::Timestamp::now().start_of_day();
-        let tomorrow = idem_core::record::Timestamp::from_unix_micros(
+        let today = idem_engine::record::Timestamp::now().start_of_day();
+        let tomorrow = idem_engine::record::Timestamp::from_unix_micros(
             today.unix_micros().saturating_add(86_400_000_000),
         );
         writeln!(
@@ -730,7 +730,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
             .unwrap_or(4)
             .saturating_add(2),
     );
-    let shown = idem_core::redact_url(&url);
+    let shown = idem_engine::redact_url(&url);
     println!("store: {shown}");
     eprintln!(
         "idem demo: {} submissions, redeliveries {}, crash rate {}, poison rate {}, batch {}, concurrency {}, seed {seed}",

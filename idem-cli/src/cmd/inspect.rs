@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 #[cfg(feature = "postgres")]
-use idem_core::ident::Ident;
-use idem_core::record::ClaimRecord;
-use idem_core::IdempotencyKey;
+use idem_engine::ident::Ident;
+use idem_engine::record::ClaimRecord;
+use idem_engine::IdempotencyKey;
 #[cfg(feature = "postgres")]
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
@@ -61,7 +61,7 @@ pub(crate) struct Args {
 /// when one is given.
 async fn position_store(
     args: &Args,
-) -> Result<Option<std::sync::Arc<dyn idem_core::PositionStore>>, CliError> {
+) -> Result<Option<std::sync::Arc<dyn idem_engine::PositionStore>>, CliError> {
     match args.store.as_deref().map(StoreUrl::parse).transpose()? {
         #[cfg(feature = "postgres")]
         Some(StoreUrl::Postgres(url)) => {

@@ -5,7 +5,7 @@
 use std::io::Read as _;
 use std::path::PathBuf;
 
-use idem_core::IdempotencyKey;
+use idem_engine::IdempotencyKey;
 
 use crate::identity::IdentitySpec;
 use crate::CliError;

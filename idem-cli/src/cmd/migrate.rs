@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use idem_core::{ClaimStore, Handler};
+use idem_engine::{ClaimStore, Handler};
 use idem_grant::{GrantDb, GrantHandler};
 
 use crate::stores::{self, Extras, StoreSpec, StoreVisitor};
@@ -133,7 +133,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     if let stores::StoreUrl::Postgres(url) = &url {
         postgres::after(&spec, url, args.append_only).await?;
     }
-    println!("migrated: {}", idem_core::redact_url(&args.store));
+    println!("migrated: {}", idem_engine::redact_url(&args.store));
     Ok(())
 }
 

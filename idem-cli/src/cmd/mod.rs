@@ -18,7 +18,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use idem_broker::any::{AnyConsumer, AnyPublisher, BrokerKind, BrokerUrl};
 use idem_broker::BrokerError;
-use idem_core::{ClaimStore, Handler, PublishError};
+use idem_engine::{ClaimStore, Handler, PublishError};
 use idem_grant::{GrantDb, GrantHandler};
 use idem_runtime::metrics::{Connected, Watched};
 use idem_runtime::{Attempt, Backoff, GaveUp, ReconnectingPublisher};
@@ -124,7 +124,7 @@ pub(crate) fn init_logging(format: LogFormat, color: Color, quiet_injected_crash
 static SECRETS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
 /// Reads the secrets [`Masked`] hides, once, before logging starts: every argument and
-/// URL variable through [`idem_core::redact::secrets_in`], and the AWS secrets as they
+/// URL variable through [`idem_engine::redact::secrets_in`], and the AWS secrets as they
 /// are. Secrets shorter than four characters are not masked (masking them would garble
 /// every log line that holds those characters).
 pub(crate) fn collect_secrets() {
@@ -141,7 +141,7 @@ pub(crate) fn collect_secrets() {
     .iter()
     .filter_map(|v| std::env::var(v).ok());
     for text in args.chain(urls) {
-        found.extend(idem_core::redact::secrets_in(&text));
+        found.extend(idem_engine::redact::secrets_in(&text));
     }
     for v in ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"] {
         found.extend(std::env::var(v).ok());
@@ -167,7 +167,7 @@ impl<W: std::io::Write> std::io::Write for Masked<W> {
         if secrets.iter().any(|s| text.contains(s.as_str())) {
             let mut masked = text.into_owned();
             for s in secrets {
-                masked = masked.replace(s.as_str(), idem_core::redact::MASK);
+                masked = masked.replace(s.as_str(), idem_engine::redact::MASK);
             }
             self.0.write_all(masked.as_bytes())?;
         } else {
@@ -255,7 +255,7 @@ pub(crate) const BROKER_HELP: &str = "The broker URL: amqp:// (RabbitMQ), nats:/
 
 /// A positive duration (`--exit-when-idle`, `--reconnect-timeout`), in idem's one
 /// duration grammar ([`parse_duration`]): seconds as a number (`3`, `0.5`) or a
-/// `humantime` duration (`500ms`, `2m`, `1h 30m`).
+/// friendly duration (`500ms`, `2m`, `1h 30m`).
 pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
     match parse_duration(s) {
         Ok(d) if !d.is_zero() => Ok(d),
@@ -302,21 +302,16 @@ fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, 
     }
 }
 
-/// A duration of any length (retentions, windows, margins): idem's one grammar, shared
-/// with the broker URL parameters (`30s`, `15m`, `12h`, `90d`, `2w`, `3y` where a year is
-/// 365 days, `1y 6months` where a month is 30.44 days, or a bare number of seconds).
-pub(crate) use idem_broker::parse_duration;
+/// A fixed duration (windows, margins, timers): idem's one grammar, shared with the
+/// broker URL parameters (`30s`, `15m`, `12h`, `90d`, `2w`, or a bare number of seconds;
+/// a year has no fixed length and is refused here).
+pub(crate) use idem_engine::duration::parse_duration;
 
-/// A retention floor, as `idem purge` and `idem audit report` read it: `Ny` is N calendar
-/// years (leap days included, as the servers count them), anything else an exact duration.
-pub(crate) fn parse_floor(s: &str) -> Result<idem_core::retention::RetentionFloor, String> {
-    use idem_core::retention::RetentionFloor;
-    match s.trim().strip_suffix('y').map(str::parse::<u32>) {
-        Some(Ok(n)) => Ok(RetentionFloor::Years(n)),
-        _ => parse_duration(s)
-            .map(RetentionFloor::from)
-            .map_err(|e| e.to_string()),
-    }
+/// A retention floor or a purge age, as `idem purge` and `idem audit report` read it: `Ny`
+/// is N calendar years (leap days included, as the servers count them), anything else an
+/// exact duration.
+pub(crate) fn parse_floor(s: &str) -> Result<idem_engine::retention::RetentionFloor, String> {
+    idem_engine::duration::parse_age(s).map_err(|e| e.to_string())
 }
 
 /// A broker error as the command reports it: the caller's mistake exits 2, a failure 1.
@@ -401,7 +396,7 @@ pub(crate) enum Opened {
 
 impl Opened {
     /// Creates or updates idem's own tables (not a handler's).
-    async fn migrate(&self) -> Result<(), idem_core::StoreError> {
+    async fn migrate(&self) -> Result<(), idem_engine::StoreError> {
         match self {
             #[cfg(feature = "postgres")]
             Self::Pg(s) => s.migrate().await,
@@ -545,7 +540,7 @@ pub(crate) async fn connect_consumer(
     source: &str,
     config: &idem_runtime::supervise::SupervisorConfig,
     connected: &Connected,
-    positions: Option<Arc<dyn idem_core::PositionStore>>,
+    positions: Option<Arc<dyn idem_engine::PositionStore>>,
 ) -> Result<
     (
         Watched<AnyConsumer>,
@@ -626,7 +621,7 @@ pub(crate) fn supervise_error(
     use idem_runtime::supervise::SuperviseError;
     match e {
         SuperviseError::Connect(e) => gave_up(what, e),
-        SuperviseError::Consumer(idem_core::Error::Store(e)) => e.into(),
+        SuperviseError::Consumer(idem_engine::Error::Store(e)) => e.into(),
         e @ (SuperviseError::NotDrained { .. } | SuperviseError::SourceNotDrained { .. }) => {
             CliError::failed(format!("consuming {source}: {e} (--exit-when-idle)"))
         }

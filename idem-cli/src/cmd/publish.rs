@@ -116,8 +116,8 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         Vec::new()
     };
     for (name, value) in &args.headers {
-        if name.eq_ignore_ascii_case(idem_core::TRACEPARENT_HEADER)
-            && idem_core::TraceParent::parse(value).is_err()
+        if name.eq_ignore_ascii_case(idem_engine::TRACEPARENT_HEADER)
+            && idem_engine::TraceParent::parse(value).is_err()
         {
             eprintln!(
                 "idem: note: {value:?} is not a valid W3C traceparent; consumers will ignore it"

@@ -5,18 +5,21 @@
 use std::time::Duration;
 
 #[cfg(feature = "postgres")]
-use idem_core::retention::PurgeReport;
-use idem_core::retention::{PurgeOptions, PurgeProgress, RetentionFloor, DEFAULT_RETENTION_FLOOR};
+use idem_engine::retention::PurgeReport;
+use idem_engine::retention::{
+    PurgeOptions, PurgeProgress, RetentionFloor, DEFAULT_RETENTION_FLOOR,
+};
 #[cfg(feature = "postgres")]
 use idem_store_postgres::{PgConfig, PgStore};
 use idem_store_sqlite::{SqliteConfig, SqliteStore};
 
-/// A purge age: years count 366 days (a cutoff never younger than N calendar years).
+/// A purge age in idem's one grammar: `Ny` is N calendar years back from now (leap days
+/// included, as a retention floor counts them), anything else an exact duration.
 fn parse_age(s: &str) -> Result<Duration, String> {
-    match s.strip_suffix('y').map(str::parse::<u64>) {
-        Some(Ok(n)) => Ok(Duration::from_secs(n.saturating_mul(366 * 86_400))),
-        _ => parse_duration(s).map_err(|e| e.to_string()),
-    }
+    let age = parse_floor(s)?;
+    let now = idem_engine::record::Timestamp::now();
+    let micros = now.unix_micros() - age.cutoff(now).unix_micros();
+    Ok(Duration::from_micros(u64::try_from(micros).unwrap_or(0)))
 }
 
 use crate::cmd::{parse_duration, parse_floor};
@@ -33,8 +36,8 @@ pub(crate) struct Args {
     /// The Postgres schema.
     #[arg(long)]
     schema: Option<String>,
-    /// Delete what is older than this (30d, 3y, 1200d, …; here a year is 366 days, so
-    /// `3y` never reaches a record younger than three calendar years).
+    /// Delete what is older than this (30d, 3y, 1200d, …; a year is a calendar year, as
+    /// in --retention-floor).
     #[arg(long, value_parser = parse_age)]
     older_than: Duration,
     /// Only count what would be deleted.
@@ -89,7 +92,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         }
         StoreUrl::Memory => unreachable!("refused above"),
     };
-    let positions: &dyn idem_core::PositionStore = match &opened {
+    let positions: &dyn idem_engine::PositionStore = match &opened {
         #[cfg(feature = "postgres")]
         Opened::Pg(s) => s,
         Opened::Sqlite(s) => s,

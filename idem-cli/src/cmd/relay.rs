@@ -1,6 +1,6 @@
 //! `idem relay`: committed outbox events to a broker, at least once, each with its
 //! deterministic event id (so the next consumer dedups them). A thin call of
-//! [`idem_core::Relay::run`] with `idem-runtime`'s timer and reconnecting publisher: every
+//! [`idem_engine::Relay::run`] with `idem-runtime`'s timer and reconnecting publisher: every
 //! failed batch (store or broker down) is released and retried after a capped, jittered
 //! backoff on a new broker connection; failures lasting longer than `--reconnect-timeout`
 //! (default 60 s) are a one-line error and exit 1. An event the broker refuses for good 5
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_broker::any::BrokerUrl;
-use idem_core::{OutboxSource, Relay, RelayStats};
+use idem_engine::{OutboxSource, Relay, RelayStats};
 #[cfg(feature = "postgres")]
 use idem_store_postgres::PgOutboxSource;
 use idem_store_sqlite::SqliteOutboxSource;
@@ -81,7 +81,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
         .exit_when_idle(args.exit_when_idle)
         .give_up_after(Some(timeout))
         .in_flight(args.in_flight as usize)
-        .observer(Arc::clone(&counters) as Arc<dyn idem_core::RelayObserver>);
+        .observer(Arc::clone(&counters) as Arc<dyn idem_engine::RelayObserver>);
     let shutdown = crate::cmd::shutdown_signal();
     let started = Instant::now();
     let stats = match store {
@@ -126,13 +126,13 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
 
 /// Runs the relay; an error after `--reconnect-timeout` of failures is exit 1, a store
 /// configuration error exit 2.
-async fn drive<S: OutboxSource, P: idem_core::Publisher>(
+async fn drive<S: OutboxSource, P: idem_engine::Publisher>(
     relay: Relay<S, P>,
     shutdown: impl std::future::Future<Output = ()>,
     timeout: Duration,
 ) -> Result<RelayStats, CliError> {
     relay.run(shutdown).await.map_err(|e| match e {
-        idem_core::Error::Store(e @ idem_core::StoreError::Config(_)) => e.into(),
+        idem_engine::Error::Store(e @ idem_engine::StoreError::Config(_)) => e.into(),
         e => CliError::failed(format!(
             "relay: failing for {:.0} s (--reconnect-timeout): {}",
             timeout.as_secs_f64(),

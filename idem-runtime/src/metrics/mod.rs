@@ -1,7 +1,7 @@
 //! Prometheus metrics, liveness and readiness for a service that embeds idem (feature
 //! `metrics`): the same collectors `idem consume --metrics-addr` and `idem relay
-//! --metrics-addr` serve, for a team that runs the [`Gate`](idem_core::Gate) or the
-//! [`Relay`](idem_core::Relay) inside its own service.
+//! --metrics-addr` serve, for a team that runs the [`Gate`](idem_engine::Gate) or the
+//! [`Relay`](idem_engine::Relay) inside its own service.
 //!
 //! - [`ConsumeMetrics`]: deliveries by outcome (`idem_deliveries_total{outcome}`), failed
 //!   settlements, the gate's stage histograms (a [`GateObserver`]), commits whose ack then
@@ -23,10 +23,10 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use idem_core::{Gate, GateConfig};
+//! use idem_engine::{Gate, GateConfig};
 //! use idem_runtime::metrics::{serve, ConsumeMetrics, Connected, Endpoint, Registry};
 //! use idem_testkit::{MemoryStore, SimBroker};
-//! # use idem_core::{Handler, HandlerError, RejectReason, Submission, IdempotencyKey, Headers};
+//! # use idem_engine::{Handler, HandlerError, RejectReason, Submission, IdempotencyKey, Headers};
 //! # use idem_testkit::MemoryTx;
 //! # #[derive(Clone)] struct Noop;
 //! # #[async_trait::async_trait]
@@ -76,9 +76,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use idem_core::gate::ATTEMPTS_EXHAUSTED;
-use idem_core::outbox::{OutboxBacklog, OutboxSource};
-use idem_core::{FilterStats, GateObserver, Outcome, RelayObserver, Stage, StoreError};
+use idem_engine::gate::ATTEMPTS_EXHAUSTED;
+use idem_engine::outbox::{OutboxBacklog, OutboxSource};
+use idem_engine::{FilterStats, GateObserver, Outcome, RelayObserver, Stage, StoreError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -215,7 +215,7 @@ impl Collector for BacklogCollector {
 }
 
 /// The relay's counters: a [`RelayObserver`] (give it to
-/// [`RelayOptions::observer`](idem_core::RelayOptions::observer)) and their registration.
+/// [`RelayOptions::observer`](idem_engine::RelayOptions::observer)) and their registration.
 #[derive(Debug, Default)]
 pub struct RelayMetrics {
     /// Events published and marked.
@@ -240,7 +240,7 @@ impl RelayObserver for RelayMetrics {
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 
-    fn failed(&self, _error: &idem_core::Error, _retry_in: Duration) {
+    fn failed(&self, _error: &idem_engine::Error, _retry_in: Duration) {
         self.retries.inc();
     }
 
@@ -350,7 +350,7 @@ impl ConsumeMetrics {
     }
 
     /// The gate's observer feeding the stage histograms and the two counters of
-    /// [`StageMetrics`] ([`Gate::with_observer`](idem_core::Gate::with_observer)).
+    /// [`StageMetrics`] ([`Gate::with_observer`](idem_engine::Gate::with_observer)).
     pub fn stages(&self) -> Arc<dyn GateObserver> {
         Arc::clone(&self.stages) as Arc<dyn GateObserver>
     }

@@ -91,7 +91,7 @@ fn exposition_text_has_cumulative_buckets_sum_and_count() {
 #[tokio::test]
 async fn consume_metrics_count_outcomes_and_name_every_counter() {
     let m = ConsumeMetrics::default();
-    let key = idem_core::IdempotencyKey::derive("A", "t", b"{}").unwrap();
+    let key = idem_engine::IdempotencyKey::derive("A", "t", b"{}").unwrap();
     for _ in 0..3 {
         m.record(&Outcome::Processed {
             key,
@@ -100,7 +100,7 @@ async fn consume_metrics_count_outcomes_and_name_every_counter() {
     }
     m.record(&Outcome::Processed {
         key,
-        settle: Err(idem_core::AckError::new("connection lost", true, None)),
+        settle: Err(idem_engine::AckError::new("connection lost", true, None)),
     });
     let mut registry = Registry::default();
     m.register(&mut registry);
@@ -214,14 +214,14 @@ fn relay_metrics_keep_their_names() {
 #[test]
 fn a_failed_ack_after_commit_is_counted() {
     let m = StageMetrics::default();
-    let key = idem_core::IdempotencyKey::derive("A", "t", b"{}").unwrap();
+    let key = idem_engine::IdempotencyKey::derive("A", "t", b"{}").unwrap();
     m.outcome(&Outcome::Processed {
         key,
         settle: Ok(()),
     });
     m.outcome(&Outcome::Processed {
         key,
-        settle: Err(idem_core::AckError::new("connection lost", true, None)),
+        settle: Err(idem_engine::AckError::new("connection lost", true, None)),
     });
     assert!(stage_text(&m).contains("\nidem_ack_failures_after_commit_total 1\n"));
 }
@@ -230,7 +230,7 @@ fn a_failed_ack_after_commit_is_counted() {
 fn deliveries_dead_lettered_after_max_attempts_are_counted() {
     let m = StageMetrics::default();
     let reject = |code| Outcome::Rejected {
-        reason: idem_core::RejectReason::new(code, "x"),
+        reason: idem_engine::RejectReason::new(code, "x"),
         settle: Ok(()),
     };
     m.outcome(&reject(ATTEMPTS_EXHAUSTED));

@@ -6,7 +6,9 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use idem_core::{Capabilities, ClaimStore, IdempotencyKey, OutboxEvent, OutboxWriter, StoreError};
+use idem_engine::{
+    Capabilities, ClaimStore, IdempotencyKey, OutboxEvent, OutboxWriter, StoreError,
+};
 use idem_store_postgres::error::map_sqlx;
 use idem_store_postgres::{PartitionMonth, PgConfig, PgLayout, PgStore, PgTx};
 use idem_testkit::{Effect, TestStore};
@@ -170,7 +172,7 @@ impl ClaimStore for TestPg {
     async fn note_run(
         &self,
         key: &IdempotencyKey,
-        note: idem_core::RunNote,
+        note: idem_engine::RunNote,
     ) -> Result<Option<u32>, StoreError> {
         self.0.note_run(key, note).await
     }
@@ -255,12 +257,12 @@ impl TestStore for TestPg {
 pub async fn claim_one(
     store: &PgStore,
     k: &IdempotencyKey,
-    m: &idem_core::ClaimMeta,
-) -> idem_core::ClaimOutcome {
-    use idem_core::ClaimTx;
+    m: &idem_engine::ClaimMeta,
+) -> idem_engine::ClaimOutcome {
+    use idem_engine::ClaimTx;
     let mut tx = store.begin().await.expect("begin");
     let out = tx.claim(k, m).await.expect("claim");
-    if out == idem_core::ClaimOutcome::Claimed {
+    if out == idem_engine::ClaimOutcome::Claimed {
         tx.commit().await.expect("commit");
     } else {
         tx.rollback().await.expect("rollback");

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
-use idem_core::{
+use idem_engine::{
     async_trait, Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter, Filtered,
     FilteredTx, IdempotencyKey, OutboxEvent, StoreError,
 };
@@ -208,7 +208,7 @@ impl ClaimStore for FilteredMem {
     async fn note_run(
         &self,
         key: &IdempotencyKey,
-        note: idem_core::RunNote,
+        note: idem_engine::RunNote,
     ) -> Result<Option<u32>, StoreError> {
         self.0.note_run(key, note).await
     }

@@ -2,7 +2,9 @@
 #![allow(unreachable_pub, dead_code)] // shared by several test binaries
 
 use async_trait::async_trait;
-use idem_core::{Capabilities, ClaimStore, IdempotencyKey, OutboxEvent, OutboxWriter, StoreError};
+use idem_engine::{
+    Capabilities, ClaimStore, IdempotencyKey, OutboxEvent, OutboxWriter, StoreError,
+};
 use idem_store_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
 use idem_testkit::{Effect, TestStore};
 use sqlx::Row as _;
@@ -50,7 +52,7 @@ impl ClaimStore for TestSqlite {
     async fn note_run(
         &self,
         key: &IdempotencyKey,
-        note: idem_core::RunNote,
+        note: idem_engine::RunNote,
     ) -> Result<Option<u32>, StoreError> {
         self.store.note_run(key, note).await
     }

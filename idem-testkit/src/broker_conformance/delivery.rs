@@ -3,8 +3,10 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use idem_core::Acker;
-use idem_core::{consumer, ConsumerConfig, Delivery, Gate, GateConfig, OutcomeKind, RejectReason};
+use idem_engine::Acker;
+use idem_engine::{
+    consumer, ConsumerConfig, Delivery, Gate, GateConfig, OutcomeKind, RejectReason,
+};
 
 use super::helpers::{
     consume_all, drain, effects, fresh_name, plain_bodies, submissions, take, wait_pending,

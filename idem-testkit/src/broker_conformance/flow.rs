@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::Stream;
 use futures::StreamExt;
-use idem_core::{
+use idem_engine::{
     consumer, Acker, ConsumerConfig, Delivery, Gate, GateConfig, Handler, HandlerError, Headers,
     IdempotencyKey, OutboxEvent, OutcomeKind, Publisher, RejectReason, Submission,
 };

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::Stream;
 use futures::StreamExt;
-use idem_core::{
+use idem_engine::{
     consumer, AckError, AckProof, Acker, ConsumerConfig, ConsumerStats, Delivery, Gate, Handler,
     HandlerError, Headers, IdempotencyKey, RejectReason, Submission,
 };

@@ -44,7 +44,7 @@
 //! # impl BrokerUnderTest for MyBroker {
 //! #     type Acker = idem_testkit::SimAcker;
 //! #     type Error = std::io::Error;
-//! #     type Deliveries = futures::stream::Empty<Result<idem_core::Delivery<Self::Acker>, Self::Error>>;
+//! #     type Deliveries = futures::stream::Empty<Result<idem_engine::Delivery<Self::Acker>, Self::Error>>;
 //! #     type Publisher = idem_testkit::SimBroker;
 //! #     async fn consume(&self, _: &str, _: usize) -> Result<Self::Deliveries, Self::Error> { unimplemented!() }
 //! #     async fn publish_raw(&self, _: &str, _: &[Vec<u8>], _: &[(String, String)]) -> Result<(), Self::Error> { unimplemented!() }
@@ -82,7 +82,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::Stream;
-use idem_core::{Acker, Delivery, Publisher};
+use idem_engine::{Acker, Delivery, Publisher};
 
 mod delivery;
 mod flow;
@@ -108,7 +108,7 @@ pub use relay::{relay_delivers_each_event_once, traceparent_crosses_the_broker};
 #[cfg(doc)]
 use crate::harness::TestStore;
 #[cfg(doc)]
-use idem_core::outbox::EVENT_ID_HEADER;
+use idem_engine::outbox::EVENT_ID_HEADER;
 
 /// The header idem's adapters put a dead letter's reason in (`code: detail`), and the
 /// default of [`BrokerUnderTest::reason_header`].
@@ -222,7 +222,7 @@ pub trait BrokerUnderTest: Send + Sync {
 /// - `store:` an expression giving a fresh, isolated [`TestStore`](crate::TestStore) (it
 ///   may `.await`);
 /// - `outbox:` a function or closure from `&store` to the
-///   [`OutboxSource`](idem_core::OutboxSource) over its outbox;
+///   [`OutboxSource`](idem_engine::OutboxSource) over its outbox;
 /// - `lease:` (only for a broker that leases its deliveries) the lease the broker under
 ///   test is configured with; adds the slow-handler scenario.
 ///

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use idem_core::outbox::EVENT_ID_HEADER;
-use idem_core::{
+use idem_engine::outbox::EVENT_ID_HEADER;
+use idem_engine::{
     consumer, ConsumerConfig, Gate, Handler, HandlerError, Headers, IdempotencyKey, OutboxEvent,
     OutboxSource, PublishError, Publisher, RejectReason, Relay, Submission,
 };
@@ -16,7 +16,7 @@ use crate::harness::TestStore;
 use crate::memory::{MemoryStore, MemoryTx};
 
 #[cfg(doc)]
-use idem_core::Delivery;
+use idem_engine::Delivery;
 
 /// Downstream: dedups outbox events by their event id header.
 #[derive(Debug, Clone, Copy)]
@@ -154,7 +154,7 @@ where
     S: TestStore,
     O: OutboxSource,
 {
-    use idem_core::{OutboxBatch as _, TraceParent};
+    use idem_engine::{OutboxBatch as _, TraceParent};
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let sent: TraceParent = TP.parse().expect("valid");

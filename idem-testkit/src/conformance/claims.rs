@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use idem_core::ClaimTx;
-use idem_core::{ClaimOutcome, Delivery, Gate, IdempotencyKey, OutcomeKind};
+use idem_engine::ClaimTx;
+use idem_engine::{ClaimOutcome, Delivery, Gate, IdempotencyKey, OutcomeKind};
 
 use super::{key, meta};
 use crate::broker::SimBroker;

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use idem_core::ClaimTx;
-use idem_core::{
+use idem_engine::ClaimTx;
+use idem_engine::{
     ClaimMeta, ClaimOutcome, ConflictPolicy, Gate, GateConfig, IdempotencyKey, Outcome, OutcomeKind,
 };
 
@@ -240,7 +240,7 @@ pub async fn gate_conflict_policies<S: TestStore>(store: S) {
             "both conflicting deliveries dead-lettered"
         );
         for (_, reason) in &letters {
-            assert_eq!(reason.code, idem_core::gate::CONFLICT);
+            assert_eq!(reason.code, idem_engine::gate::CONFLICT);
             assert!(
                 reason.detail.contains(&first.to_hex()) && reason.detail.contains(&second.to_hex()),
                 "the reason names both keys: {reason}"
@@ -305,10 +305,10 @@ pub async fn first_delivered_wins_across_batches<S: TestStore>(store: S) {
             }
         }
     });
-    let run = idem_core::consumer::run(
+    let run = idem_engine::consumer::run(
         &gate,
         deliveries,
-        idem_core::ConsumerConfig::new(2, 2),
+        idem_engine::ConsumerConfig::new(2, 2),
         tokio::time::sleep(Duration::from_secs(30)),
         |_| {},
     );
@@ -335,7 +335,7 @@ pub async fn first_delivered_wins_across_batches<S: TestStore>(store: S) {
         dead,
         vec![(
             encode_submission("Z-first", TS, 2),
-            idem_core::gate::CONFLICT
+            idem_engine::gate::CONFLICT
         )],
         "only the later payload is dead-lettered, as the conflict"
     );

@@ -13,9 +13,9 @@
 //! skip themselves on stores whose [`Capabilities::transactional_writes`] is false (a
 //! lease store), and say so.
 //!
-//! [`Capabilities::transactional_writes`]: idem_core::Capabilities
+//! [`Capabilities::transactional_writes`]: idem_engine::Capabilities
 
-use idem_core::{ClaimMeta, IdempotencyKey};
+use idem_engine::{ClaimMeta, IdempotencyKey};
 
 use crate::harness::TestStore;
 

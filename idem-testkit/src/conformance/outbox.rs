@@ -2,28 +2,28 @@
 
 use std::time::Duration;
 
-use idem_core::ClaimTx;
-use idem_core::{ClaimOutcome, Gate, IdempotencyKey, OutcomeKind};
+use idem_engine::ClaimTx;
+use idem_engine::{ClaimOutcome, Gate, IdempotencyKey, OutcomeKind};
 
 use super::{key, meta};
 use crate::broker::SimBroker;
 
-/// An outbox source's [`backlog`](idem_core::OutboxSource::backlog) follows the relay:
+/// An outbox source's [`backlog`](idem_engine::OutboxSource::backlog) follows the relay:
 /// empty at first; after three committed events, three pending with a small age; after a
 /// batch of two is published, one; after the rest, none. `store` and `source` must share
 /// one fresh outbox (a store and a relay source over it).
 pub async fn outbox_backlog_tracks_the_relay<S, O>(store: S, source: O)
 where
-    S: idem_core::ClaimStore,
-    S::Tx: idem_core::OutboxWriter,
-    O: idem_core::OutboxSource,
+    S: idem_engine::ClaimStore,
+    S::Tx: idem_engine::OutboxWriter,
+    O: idem_engine::OutboxSource,
 {
-    use idem_core::{OutboxBatch as _, OutboxEvent, OutboxWriter as _};
+    use idem_engine::{OutboxBatch as _, OutboxEvent, OutboxWriter as _};
 
     let empty = source.backlog().await.expect("backlog");
     assert_eq!(
         empty,
-        idem_core::OutboxBacklog::default(),
+        idem_engine::OutboxBacklog::default(),
         "a fresh outbox has no backlog"
     );
     // A rolled-back event is no backlog.
@@ -72,30 +72,30 @@ where
     batch.mark_published().await.expect("mark");
     assert_eq!(
         source.backlog().await.expect("backlog"),
-        idem_core::OutboxBacklog::default(),
+        idem_engine::OutboxBacklog::default(),
         "nothing pending once everything is published"
     );
 }
 
 /// The handler of [`outbox_carries_the_traceparent`]: the body is the subject, and each
-/// submission writes one event made with [`OutboxEvent::new`](idem_core::OutboxEvent::new)
+/// submission writes one event made with [`OutboxEvent::new`](idem_engine::OutboxEvent::new)
 /// (nothing about tracing: the gate supplies it).
 struct OneEventEach;
 
 #[async_trait::async_trait]
-impl<Tx> idem_core::Handler<Tx> for OneEventEach
+impl<Tx> idem_engine::Handler<Tx> for OneEventEach
 where
-    Tx: idem_core::ClaimTx + idem_core::OutboxWriter + Send,
+    Tx: idem_engine::ClaimTx + idem_engine::OutboxWriter + Send,
 {
     type Input = ();
 
     fn identify(
         &self,
         payload: &[u8],
-        _headers: &idem_core::Headers,
-    ) -> Result<idem_core::Submission<()>, idem_core::RejectReason> {
+        _headers: &idem_engine::Headers,
+    ) -> Result<idem_engine::Submission<()>, idem_engine::RejectReason> {
         let subject = String::from_utf8_lossy(payload).into_owned();
-        Ok(idem_core::Submission {
+        Ok(idem_engine::Submission {
             key: IdempotencyKey::derive(&subject, "2026-07-01T09:00:00Z", payload)?,
             subject,
             input: (),
@@ -105,10 +105,10 @@ where
     async fn handle(
         &self,
         tx: &mut Tx,
-        sub: &idem_core::Submission<()>,
-    ) -> Result<(), idem_core::HandlerError> {
+        sub: &idem_engine::Submission<()>,
+    ) -> Result<(), idem_engine::HandlerError> {
         let body = serde_json::json!({ "subject": sub.subject }).to_string();
-        tx.enqueue(&idem_core::OutboxEvent::new(
+        tx.enqueue(&idem_engine::OutboxEvent::new(
             sub.key,
             "trace.test",
             sub.subject.clone(),
@@ -127,13 +127,13 @@ where
 /// `store` and `source` must share one fresh outbox.
 pub async fn outbox_carries_the_traceparent<S, O>(store: S, source: O)
 where
-    S: idem_core::ClaimStore,
-    S::Tx: idem_core::OutboxWriter,
-    O: idem_core::OutboxSource,
+    S: idem_engine::ClaimStore,
+    S::Tx: idem_engine::OutboxWriter,
+    O: idem_engine::OutboxSource,
 {
     use std::collections::BTreeMap;
 
-    use idem_core::{OutboxBatch as _, Relay, TraceParent};
+    use idem_engine::{OutboxBatch as _, Relay, TraceParent};
 
     const T1: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     const T2: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";

@@ -1,7 +1,7 @@
 //! The record of reruns.
 
-use idem_core::ClaimTx;
-use idem_core::{
+use idem_engine::ClaimTx;
+use idem_engine::{
     ClaimMeta, ClaimOutcome, Gate, GateConfig, IdempotencyKey, Outcome, OutcomeKind, RunNote,
 };
 
@@ -10,7 +10,7 @@ use super::key;
 use crate::broker::SimBroker;
 use crate::harness::{encode_submission, EffectHandlerFor, TestStore};
 
-/// The record of reruns ([`ClaimStore::note_run`](idem_core::ClaimStore::note_run)):
+/// The record of reruns ([`ClaimStore::note_run`](idem_engine::ClaimStore::note_run)):
 /// each `Started` adds one and answers the count, `NotRun` takes one back (never below
 /// zero), `Settled` forgets the key; keys are counted apart. Through the gate, on a
 /// broker that counts runs: a rerun whose recorded runs reach `max_attempts` claims its
@@ -79,7 +79,7 @@ pub async fn reruns_are_recorded<S: TestStore>(store: S) {
     );
     let dead = broker.dead_letters();
     assert_eq!(dead.len(), 1, "{dead:?}");
-    assert_eq!(dead[0].1.code, idem_core::gate::ATTEMPTS_EXHAUSTED);
+    assert_eq!(dead[0].1.code, idem_engine::gate::ATTEMPTS_EXHAUSTED);
     assert!(broker.is_settled());
     assert_eq!(
         store

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::Stream;
-use idem_core::gate::{ATTEMPTS_EXHAUSTED, CONFLICT};
-use idem_core::{
+use idem_engine::gate::{ATTEMPTS_EXHAUSTED, CONFLICT};
+use idem_engine::{
     consumer, ConflictPolicy, ConsumerConfig, Delivery, ErrorClass, Filtered, Gate, GateConfig,
     Outcome,
 };

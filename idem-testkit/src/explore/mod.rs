@@ -1,8 +1,8 @@
-//! An exhaustive explorer of the real [`Gate`](idem_core::Gate): every interleaving,
+//! An exhaustive explorer of the real [`Gate`](idem_engine::Gate): every interleaving,
 //! crash and fault within small bounds, checked.
 //!
 //! The explorer runs the real `Gate::process`, `Gate::process_batch` and
-//! [`consumer::run`](idem_core::consumer::run) futures on one thread, over a store, a
+//! [`consumer::run`](idem_engine::consumer::run) futures on one thread, over a store, a
 //! broker and a front filter modelled in memory. Every call the gate makes through them —
 //! begin, claim, the handler's write, commit, ack, a worker's receive — is a *choice
 //! point*: it stays pending until the explorer grants it. At each step the explorer may
@@ -73,7 +73,7 @@ use exec::Run;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mutant {
     /// A gate mutant compiled into `idem-core` (its `_mutants` feature).
-    Core(idem_core::mutant::Mutant),
+    Core(idem_engine::mutant::Mutant),
     /// Filter marks that ignore the store identity.
     UnscopedFilterMarks,
     /// A store whose commit that applied nothing (a transaction aborted inside, Postgres's
@@ -87,45 +87,45 @@ impl Mutant {
     pub const ALL: [(&'static str, Mutant); 12] = [
         (
             "ack-before-commit",
-            Mutant::Core(idem_core::mutant::Mutant::AckBeforeCommit),
+            Mutant::Core(idem_engine::mutant::Mutant::AckBeforeCommit),
         ),
         (
             "filter-mark-before-commit",
-            Mutant::Core(idem_core::mutant::Mutant::FilterMarkBeforeCommit),
+            Mutant::Core(idem_engine::mutant::Mutant::FilterMarkBeforeCommit),
         ),
         ("unscoped-filter-marks", Mutant::UnscopedFilterMarks),
         (
             "unsorted-batch-claims",
-            Mutant::Core(idem_core::mutant::Mutant::UnsortedBatchClaims),
+            Mutant::Core(idem_engine::mutant::Mutant::UnsortedBatchClaims),
         ),
         (
             "permanent-error-nacked",
-            Mutant::Core(idem_core::mutant::Mutant::PermanentErrorNacked),
+            Mutant::Core(idem_engine::mutant::Mutant::PermanentErrorNacked),
         ),
         (
             "duplicate-ack-before-rollback",
-            Mutant::Core(idem_core::mutant::Mutant::DuplicateAckBeforeRollback),
+            Mutant::Core(idem_engine::mutant::Mutant::DuplicateAckBeforeRollback),
         ),
         (
             "key-order-batch-claims",
-            Mutant::Core(idem_core::mutant::Mutant::KeyOrderBatchClaims),
+            Mutant::Core(idem_engine::mutant::Mutant::KeyOrderBatchClaims),
         ),
         (
             "no-attempt-check-before-handler",
-            Mutant::Core(idem_core::mutant::Mutant::NoAttemptCheckBeforeHandler),
+            Mutant::Core(idem_engine::mutant::Mutant::NoAttemptCheckBeforeHandler),
         ),
         (
             "outage-nacked",
-            Mutant::Core(idem_core::mutant::Mutant::OutageNacked),
+            Mutant::Core(idem_engine::mutant::Mutant::OutageNacked),
         ),
         ("void-commit-reported-ok", Mutant::VoidCommitReportedOk),
         (
             "store-fault-charged",
-            Mutant::Core(idem_core::mutant::Mutant::StoreFaultCharged),
+            Mutant::Core(idem_engine::mutant::Mutant::StoreFaultCharged),
         ),
         (
             "later-payload-not-held",
-            Mutant::Core(idem_core::mutant::Mutant::LaterPayloadNotHeld),
+            Mutant::Core(idem_engine::mutant::Mutant::LaterPayloadNotHeld),
         ),
     ];
 
@@ -139,7 +139,7 @@ impl Mutant {
     /// `later-payload-not-held`, [`Config::first_wins`]; for `void-commit-reported-ok`, at
     /// least one void commit.
     pub fn config(self, base: &Config) -> Config {
-        use idem_core::mutant::Mutant as M;
+        use idem_engine::mutant::Mutant as M;
         let mut config = match self {
             Mutant::Core(M::KeyOrderBatchClaims) => Config::crossing(base),
             Mutant::Core(M::NoAttemptCheckBeforeHandler) => Config::killer(base),
@@ -243,7 +243,7 @@ pub struct Config {
     /// (dead-letter), each submission has at most one effect at every step and exactly one
     /// at quiescence, and a conflict's dead letters are its only ones; under `Process`,
     /// one effect per key.
-    pub on_conflict: idem_core::ConflictPolicy,
+    pub on_conflict: idem_engine::ConflictPolicy,
     /// The most deliveries a worker takes at once.
     pub batch: usize,
     /// Which futures drive the gate.
@@ -259,18 +259,18 @@ pub struct Config {
     /// Messages whose handler fails with a transient error on every attempt: each must
     /// end dead-lettered by the gate with `attempts_exhausted`.
     pub recurring: usize,
-    /// The gates' [`GateConfig::max_attempts`](idem_core::GateConfig::max_attempts).
+    /// The gates' [`GateConfig::max_attempts`](idem_engine::GateConfig::max_attempts).
     pub max_attempts: u32,
     /// The broker ends (to its own dead-letter place, with no reason) a message it would
     /// deliver more than this many times: a violation, since no broker limit may end a
     /// message before the gate does.
     pub broker_limit: u32,
-    /// Whether the broker counts runs only ([`idem_core::Acker::attempt_counts_runs`]): a
+    /// Whether the broker counts runs only ([`idem_engine::Acker::attempt_counts_runs`]): a
     /// deferral hands the message back without raising its delivery count (a nack, a
     /// crash, a lost ack and an expiry raise it). Otherwise a deferral is a nack.
     pub counts_runs: bool,
     /// Whether the gates check the attempt before the handler
-    /// ([`GateConfig::check_attempts_before_handler`](idem_core::GateConfig::check_attempts_before_handler)).
+    /// ([`GateConfig::check_attempts_before_handler`](idem_engine::GateConfig::check_attempts_before_handler)).
     /// On in [`Config::killer`] and [`Config::outages`], as a user gets it (the gate's
     /// default). Off in the default passes: there a rerun is batched with its neighbours,
     /// which the batch mutants need (with the check on, a rerun is processed alone and
@@ -310,7 +310,7 @@ impl Default for Config {
             copies: 2,
             poison: 0,
             conflicts: 0,
-            on_conflict: idem_core::ConflictPolicy::DeadLetter,
+            on_conflict: idem_engine::ConflictPolicy::DeadLetter,
             batch: 2,
             mode: Mode::Process,
             budgets: Budgets {
@@ -346,7 +346,7 @@ impl Config {
     /// Conflicting resubmissions under `policy`, from `base` (its mode, workers, batch and
     /// budgets): one submission sent with two payloads (one key and one conflicting key),
     /// each once.
-    pub fn conflicts(base: &Config, policy: idem_core::ConflictPolicy) -> Self {
+    pub fn conflicts(base: &Config, policy: idem_engine::ConflictPolicy) -> Self {
         Self {
             keys: 1,
             copies: 1,
@@ -359,7 +359,7 @@ impl Config {
     /// Two submissions each sent with two payloads, in batches of two, with every
     /// interleaving but no fault: two batches can then hold the two identities crosswise
     /// (the one deadlock that claiming in key order alone allows, see
-    /// [`idem_core::claim_order`]).
+    /// [`idem_engine::claim_order`]).
     pub fn crossing(base: &Config) -> Self {
         let mut c = Self {
             keys: 2,
@@ -368,7 +368,7 @@ impl Config {
             batch: base.batch.max(2),
             workers: base.workers.max(2),
             mode: Mode::Process,
-            on_conflict: idem_core::ConflictPolicy::DeadLetter,
+            on_conflict: idem_engine::ConflictPolicy::DeadLetter,
             ..base.clone()
         };
         c.budgets.total = 0;
@@ -443,7 +443,7 @@ impl Config {
             conflicts: 1,
             killers: 0,
             recurring: 0,
-            on_conflict: idem_core::ConflictPolicy::DeadLetter,
+            on_conflict: idem_engine::ConflictPolicy::DeadLetter,
             first_wins: true,
             ..base.clone()
         };
@@ -639,9 +639,9 @@ fn with_mutant<T>(m: Option<Mutant>, f: impl FnOnce() -> T) -> T {
         Some(Mutant::Core(c)) => Some(c),
         _ => None,
     };
-    idem_core::mutant::set(core);
+    idem_engine::mutant::set(core);
     let out = f();
-    idem_core::mutant::set(None);
+    idem_engine::mutant::set(None);
     out
 }
 

@@ -376,7 +376,7 @@ impl KafkaConfig {
                     .to_owned(),
                 reason: format!(
                     "must be at least session_timeout ({})",
-                    humantime::format_duration(c.session_timeout)
+                    crate::show_duration(c.session_timeout)
                 ),
             });
         }

@@ -176,7 +176,7 @@ impl RabbitConsumer {
     ///     RabbitConsumer::from_connection(open().await?, open().await?, &config).await?;
     /// while let Some(delivery) = deliveries.next().await {
     ///     let delivery = delivery?;
-    ///     // hand it to an `idem_core::Gate`, which acks only after the commit
+    ///     // hand it to an `idem_engine::Gate`, which acks only after the commit
     /// #   drop(delivery);
     /// }
     /// # Ok(()) }

@@ -92,7 +92,7 @@ impl DeadLetters {
                     "dead-letter connection",
                     std::io::Error::other(format!(
                         "not open within the confirm timeout ({})",
-                        humantime::format_duration(self.config.confirm_timeout)
+                        crate::show_duration(self.config.confirm_timeout)
                     )),
                 )
             })?

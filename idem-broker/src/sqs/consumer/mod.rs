@@ -227,7 +227,7 @@ impl SqsConsumer {
     /// let mut deliveries = SqsConsumer::from_sdk_config(&sdk, &config).await?;
     /// while let Some(delivery) = deliveries.next().await {
     ///     let delivery = delivery?;
-    ///     // hand it to an `idem_core::Gate`, which acks only after the commit
+    ///     // hand it to an `idem_engine::Gate`, which acks only after the commit
     /// #   drop(delivery);
     /// }
     /// # Ok(()) }

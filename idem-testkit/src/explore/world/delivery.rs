@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::gate::ATTEMPTS_EXHAUSTED;
-use idem_core::{
+use idem_engine::gate::ATTEMPTS_EXHAUSTED;
+use idem_engine::{
     AckError, AckProof, AckReason, Acker, ClaimMeta, FilteredTx, Handler, HandlerError, Headers,
     RejectReason, Submission,
 };

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use idem_core::gate::ATTEMPTS_EXHAUSTED;
-use idem_core::{Clock, IdempotencyKey, StoreError};
+use idem_engine::gate::ATTEMPTS_EXHAUSTED;
+use idem_engine::{Clock, IdempotencyKey, StoreError};
 
 mod delivery;
 mod store;

@@ -2,7 +2,7 @@
 //! [`ExFilter`].
 
 use async_trait::async_trait;
-use idem_core::{
+use idem_engine::{
     Capabilities, ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, DoneFilter, IdempotencyKey,
     OutboxEvent, OutboxWriter, StoreError,
 };
@@ -96,23 +96,23 @@ impl ClaimStore for ExStore {
     async fn note_run(
         &self,
         key: &IdempotencyKey,
-        note: idem_core::RunNote,
+        note: idem_engine::RunNote,
     ) -> Result<Option<u32>, StoreError> {
         let k = key_index(key);
         let mut w = lock(&self.0);
         let task = w.current_task;
         let n = match note {
-            idem_core::RunNote::Started => {
+            idem_engine::RunNote::Started => {
                 let n = w.durable.runs.entry(k).or_insert(0);
                 *n += 1;
                 *n
             }
-            idem_core::RunNote::NotRun => {
+            idem_engine::RunNote::NotRun => {
                 let n = w.durable.runs.entry(k).or_insert(0);
                 *n = n.saturating_sub(1);
                 *n
             }
-            idem_core::RunNote::Settled => {
+            idem_engine::RunNote::Settled => {
                 w.durable.runs.remove(&k);
                 0
             }

@@ -8,7 +8,7 @@ use super::{
     SpanTrace, Stage, Submission,
 };
 use crate::audit;
-use crate::delivery::{AckProof, Acker, CommitReceipt, Delivery};
+use crate::delivery::{commit, AckProof, Acker, CommitReceipt, Delivery};
 use crate::error::{Error, ErrorClass, StoreError};
 use crate::key::IdempotencyKey;
 use crate::mutant::{self, Mutant};
@@ -154,8 +154,8 @@ where
             (unique, items) = order.iter().filter_map(|&j| slots[j].take()).unzip();
         }
 
-        let claims = match self.try_batch(&valid, &unique, &items, traces).await {
-            Ok(c) => c,
+        let (claims, receipt) = match self.try_batch(&valid, &unique, &items, traces).await {
+            Ok(done) => done,
             Err(BatchFailure::Config(e) | BatchFailure::Begin(e)) => {
                 // Nothing was claimed: every delivery met the same failure (a configuration
                 // error, which no delivery can get past, or a store that gave no
@@ -189,7 +189,6 @@ where
                 return;
             }
         };
-        let receipt = CommitReceipt::new();
         let by_key: HashMap<IdempotencyKey, ClaimOutcome> = unique
             .iter()
             .zip(&claims)
@@ -232,7 +231,7 @@ where
             let proof = if processed {
                 AckProof::committed(&receipt, key)
             } else {
-                AckProof::duplicate(key)
+                AckProof::duplicate_within(&receipt, key)
             };
             meta.push((i, key, processed));
             items.push((acker, proof));
@@ -302,7 +301,7 @@ where
         unique: &[usize],
         items: &[(IdempotencyKey, ClaimMeta)],
         traces: &[Option<SpanTrace>],
-    ) -> Result<Vec<ClaimOutcome>, BatchFailure> {
+    ) -> Result<(Vec<ClaimOutcome>, CommitReceipt), BatchFailure> {
         let started = Instant::now();
         let mut tx = self.store.begin().await.map_err(BatchFailure::begin)?;
         let claims = match tx.claim_batch(items).await {
@@ -375,10 +374,10 @@ where
             }
         }
         let started = Instant::now();
-        let committed = tx.commit().await;
+        let committed = commit(tx).await;
         self.timed(Stage::Commit, started);
         match committed {
-            Ok(()) => Ok(claims),
+            Ok(receipt) => Ok((claims, receipt)),
             // The outcome of a failed commit is unknown; one by one, each delivery finds
             // out through its own claim (a committed one is then a duplicate).
             Err(e) => {

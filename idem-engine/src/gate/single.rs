@@ -12,7 +12,7 @@ use super::{
     Identified, Outcome, SpanTrace, Stage, Submission, ATTEMPT_MEMORY,
 };
 use crate::audit;
-use crate::delivery::{AckProof, Acker, CommitReceipt, Delivery};
+use crate::delivery::{commit, AckProof, Acker, Delivery};
 use crate::error::{BoxError, Error, HandlerError, RejectReason};
 use crate::key::IdempotencyKey;
 use crate::mutant::{self, Mutant};
@@ -346,7 +346,7 @@ where
                 let mut acker = Some(delivery.acker);
                 if mutant_early_ack {
                     if let Some(a) = acker.take() {
-                        early = Some(a.ack(AckProof::duplicate(key)).await);
+                        early = Some(a.ack(duplicate_proof(key)).await);
                     }
                 }
                 let _ = tx.rollback().await;
@@ -355,7 +355,7 @@ where
                 audit::duplicate(&key, &sub.subject);
                 let started = Instant::now();
                 let settle = match (acker, early) {
-                    (Some(a), _) => a.ack(AckProof::duplicate(key)).await,
+                    (Some(a), _) => a.ack(duplicate_proof(key)).await,
                     (None, Some(r)) => r,
                     (None, None) => Ok(()),
                 };
@@ -408,8 +408,9 @@ where
                             .await
                     }
                     Ok(()) if mutant::active(Mutant::AckBeforeCommit) => {
-                        let receipt = CommitReceipt::new();
-                        let settle = delivery.acker.ack(AckProof::committed(&receipt, key)).await;
+                        // The mutant acks with a proof it has no right to: the claim
+                        // answered `Claimed`, not `Duplicate`.
+                        let settle = delivery.acker.ack(duplicate_proof(key)).await;
                         let _ = tx.commit().await;
                         Outcome::Processed { key, settle }
                     }
@@ -426,7 +427,7 @@ where
                             }
                         }
                         let started = Instant::now();
-                        let committed = tx.commit().await;
+                        let committed = commit(tx).await;
                         self.timed(Stage::Commit, started);
                         match committed {
                             // The outcome of a failed commit may be unknown: never ack; the
@@ -435,10 +436,9 @@ where
                                 self.fail(delivery, Some(key), subject, e.into(), reruns)
                                     .await
                             }
-                            Ok(()) => {
+                            Ok(receipt) => {
                                 self.forget_attempts(&key);
                                 self.note(&key, reruns, RunNote::Settled).await;
-                                let receipt = CommitReceipt::new();
                                 audit::processed(&key, &sub.subject);
                                 let started = Instant::now();
                                 let settle =
@@ -452,4 +452,9 @@ where
             }
         }
     }
+}
+
+/// The proof for a key whose claim answered `Duplicate`.
+fn duplicate_proof(key: IdempotencyKey) -> AckProof {
+    AckProof::duplicate(key, ClaimOutcome::Duplicate).expect("a duplicate claim proves the ack")
 }
