@@ -53,6 +53,8 @@ pub(crate) struct SqlScript {
     statements: Vec<SqlStr>,
     /// With an event type: the last statement as Postgres runs it to read its rows as
     /// JSON (`WITH idem_row AS (…) SELECT to_jsonb(idem_row)::text FROM idem_row`).
+    /// Read by the Postgres side only.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pg_rows: Option<SqlStr>,
     /// The outbox event type (`--event-type`), if any.
     event_type: Option<String>,

@@ -56,8 +56,9 @@ impl std::str::FromStr for KeyDerivation {
 /// and integers beyond 2^53 round as in every I-JSON reader). A member name given twice
 /// keeps its last value. `None` when `json` is not one JSON value.
 ///
-/// The numbers are read from the text itself (correctly rounded), not through
-/// `serde_json`'s default float parser, which may be one unit in the last place off.
+/// The text is read by `serde_json` (numbers correctly rounded: its `float_roundtrip`
+/// feature) and written by `serde_json_canonicalizer`, which prints numbers as ECMAScript
+/// does.
 ///
 /// ```
 /// use idem_grant::canonical_json;
@@ -66,246 +67,24 @@ impl std::str::FromStr for KeyDerivation {
 /// assert_eq!(a, canonical_json(r#"{"a":"x","b":15e-1}"#));
 /// ```
 pub fn canonical_json(json: &str) -> Option<String> {
-    let mut p = Parser {
-        s: json.as_bytes(),
-        i: 0,
-    };
-    let mut out = String::with_capacity(json.len());
-    p.ws();
-    p.value(&mut out)?;
-    p.ws();
-    (p.i == p.s.len()).then_some(out)
+    let mut value: serde_json::Value = serde_json::from_str(json).ok()?;
+    as_doubles(&mut value);
+    serde_json_canonicalizer::to_string(&value).ok()
 }
 
-/// A recursive-descent reader of one JSON text that writes its canonical form.
-struct Parser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl Parser<'_> {
-    fn ws(&mut self) {
-        while matches!(self.s.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, b: u8) -> Option<()> {
-        (self.s.get(self.i) == Some(&b)).then(|| self.i += 1)
-    }
-
-    fn value(&mut self, out: &mut String) -> Option<()> {
-        match *self.s.get(self.i)? {
-            b'{' => self.object(out),
-            b'[' => {
-                self.i += 1;
-                out.push('[');
-                self.ws();
-                if self.eat(b']').is_none() {
-                    loop {
-                        self.ws();
-                        self.value(out)?;
-                        self.ws();
-                        if self.eat(b',').is_some() {
-                            out.push(',');
-                            continue;
-                        }
-                        self.eat(b']')?;
-                        break;
-                    }
-                }
-                out.push(']');
-                Some(())
-            }
-            b'"' => {
-                let s = self.string()?;
-                write_string(out, &s);
-                Some(())
-            }
-            b't' => self.literal("true", out),
-            b'f' => self.literal("false", out),
-            b'n' => self.literal("null", out),
-            _ => self.number(out),
-        }
-    }
-
-    fn literal(&mut self, word: &str, out: &mut String) -> Option<()> {
-        let end = self.i + word.len();
-        (self.s.get(self.i..end)? == word.as_bytes()).then_some(())?;
-        self.i = end;
-        out.push_str(word);
-        Some(())
-    }
-
-    fn object(&mut self, out: &mut String) -> Option<()> {
-        self.i += 1;
-        let mut members: Vec<(String, String)> = Vec::new();
-        self.ws();
-        if self.eat(b'}').is_none() {
-            loop {
-                self.ws();
-                let name = self.string()?;
-                self.ws();
-                self.eat(b':')?;
-                self.ws();
-                let mut v = String::new();
-                self.value(&mut v)?;
-                members.retain(|(n, _)| *n != name);
-                members.push((name, v));
-                self.ws();
-                if self.eat(b',').is_some() {
-                    continue;
-                }
-                self.eat(b'}')?;
-                break;
+/// Every number as the IEEE 754 double an I-JSON reader takes it for: `serde_json` keeps
+/// integers beyond 2^53 exact, RFC 8785 rounds them.
+fn as_doubles(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if !n.is_f64() => {
+            if let Some(d) = n.as_f64().and_then(serde_json::Number::from_f64) {
+                *n = d;
             }
         }
-        members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-        out.push('{');
-        for (i, (name, v)) in members.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            write_string(out, name);
-            out.push(':');
-            out.push_str(v);
-        }
-        out.push('}');
-        Some(())
-    }
-
-    fn hex4(&mut self) -> Option<u32> {
-        let h = std::str::from_utf8(self.s.get(self.i..self.i + 4)?).ok()?;
-        self.i += 4;
-        u32::from_str_radix(h, 16).ok()
-    }
-
-    /// A string's value (the cursor on its opening quote).
-    fn string(&mut self) -> Option<String> {
-        self.eat(b'"')?;
-        let mut bytes = Vec::new();
-        loop {
-            let b = *self.s.get(self.i)?;
-            self.i += 1;
-            match b {
-                b'"' => break,
-                b'\\' => {
-                    let e = *self.s.get(self.i)?;
-                    self.i += 1;
-                    let c = match e {
-                        b'"' => '"',
-                        b'\\' => '\\',
-                        b'/' => '/',
-                        b'b' => '\u{8}',
-                        b'f' => '\u{c}',
-                        b'n' => '\n',
-                        b'r' => '\r',
-                        b't' => '\t',
-                        b'u' => {
-                            let hi = self.hex4()?;
-                            let code = if (0xD800..0xDC00).contains(&hi)
-                                && self.s.get(self.i..self.i + 2) == Some(b"\\u")
-                            {
-                                self.i += 2;
-                                let lo = self.hex4()?;
-                                if !(0xDC00..0xE000).contains(&lo) {
-                                    return None;
-                                }
-                                0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
-                            } else {
-                                hi
-                            };
-                            // A lone surrogate is no character: I-JSON refuses it.
-                            char::from_u32(code)?
-                        }
-                        _ => return None,
-                    };
-                    let mut buf = [0u8; 4];
-                    bytes.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-                }
-                b => bytes.push(b),
-            }
-        }
-        String::from_utf8(bytes).ok()
-    }
-
-    fn number(&mut self, out: &mut String) -> Option<()> {
-        let start = self.i;
-        while matches!(
-            self.s.get(self.i),
-            Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
-        ) {
-            self.i += 1;
-        }
-        let text = std::str::from_utf8(&self.s[start..self.i]).ok()?;
-        // JSON's number grammar is a subset of what `f64::from_str` takes (the body was
-        // validated as JSON already), and `from_str` rounds correctly.
-        let f: f64 = text.parse().ok()?;
-        if !f.is_finite() {
-            return None;
-        }
-        out.push_str(&es_number(f));
-        Some(())
-    }
-}
-
-fn write_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// ECMAScript's `Number.prototype.toString` of a finite double (ECMA-262, 7.1.12.1):
-/// the shortest digits that round-trip (Rust's `{:e}` gives them), placed by the
-/// decimal exponent.
-fn es_number(f: f64) -> String {
-    if f == 0.0 || !f.is_finite() {
-        // -0 prints as 0; JSON has no NaN or infinity.
-        return "0".to_owned();
-    }
-    let sci = format!("{:e}", f.abs());
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    let k = i32::try_from(digits.len()).unwrap_or(i32::MAX);
-    // The value is 0.d1d2…dk × 10^n.
-    let n = exp + 1;
-    let body = if k <= n && n <= 21 {
-        format!(
-            "{digits}{}",
-            "0".repeat(usize::try_from(n - k).unwrap_or(0))
-        )
-    } else if 0 < n && n <= 21 {
-        let (int, frac) = digits.split_at(usize::try_from(n).unwrap_or(0));
-        format!("{int}.{frac}")
-    } else if -6 < n && n <= 0 {
-        format!("0.{}{digits}", "0".repeat(usize::try_from(-n).unwrap_or(0)))
-    } else {
-        let e = n - 1;
-        let sign = if e >= 0 { '+' } else { '-' };
-        let (first, rest) = digits.split_at(1);
-        if rest.is_empty() {
-            format!("{first}e{sign}{}", e.abs())
-        } else {
-            format!("{first}.{rest}e{sign}{}", e.abs())
-        }
-    };
-    if f < 0.0 {
-        format!("-{body}")
-    } else {
-        body
+        Value::Array(items) => items.iter_mut().for_each(as_doubles),
+        Value::Object(members) => members.values_mut().for_each(as_doubles),
+        _ => {}
     }
 }
 
@@ -349,7 +128,7 @@ mod tests {
             (1.7976931348623157e308, "1.7976931348623157e+308"),
             (9_007_199_254_740_993.0, "9007199254740992"),
         ] {
-            assert_eq!(es_number(f), want, "{f:e}");
+            assert_eq!(canon(&format!("{f:e}")), want, "{f:e}");
         }
     }
 
@@ -364,6 +143,11 @@ mod tests {
         // Escaped names sort by their value, and a repeated name keeps its last value.
         assert_eq!(canon(r#"{"\u0062":1,"a":2,"a":3}"#), r#"{"a":3,"b":1}"#);
         assert_eq!(canon(r#"{"a":"\ud83d\ude00"}"#), "{\"a\":\"\u{1F600}\"}");
+        // Integers beyond 2^53 round to the nearest double, as an I-JSON reader reads them.
+        assert_eq!(
+            canon("[9007199254740993,-9007199254740993,12]"),
+            "[9007199254740992,-9007199254740992,12]"
+        );
         assert_eq!(canonical_json(r#"{"a":1} x"#), None);
     }
 }
