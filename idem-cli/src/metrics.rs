@@ -99,15 +99,15 @@ mod tests {
     async fn consume_is_not_ready_before_the_store_and_the_broker_and_is_after() {
         let c = ConsumeEndpoint::default();
         let r = c.endpoint.respond("GET", "/readyz").await;
-        assert_eq!(r.status, 503);
-        assert!(r.body.contains("store: not open yet"), "{}", r.body);
-        assert!(r.body.contains("broker: not connected"), "{}", r.body);
+        assert_eq!(r.status(), 503);
+        assert!(r.body().contains("store: not open yet"), "{}", r.body());
+        assert!(r.body().contains("broker: not connected"), "{}", r.body());
         c.opened(Arc::new(idem_sim::MemoryStore::new()), None);
         c.broker.set(true);
         let r = c.endpoint.respond("GET", "/readyz").await;
-        assert_eq!((r.status, r.body.as_str()), (200, "ready\n"));
+        assert_eq!((r.status().as_u16(), r.body().as_str()), (200, "ready\n"));
         let m = c.endpoint.respond("GET", "/metrics").await;
-        assert!(m.body.contains("idem_outbox_backlog 0\n"), "{}", m.body);
-        assert_eq!(c.endpoint.respond("GET", "/healthz").await.status, 200);
+        assert!(m.body().contains("idem_outbox_backlog 0\n"), "{}", m.body());
+        assert_eq!(c.endpoint.respond("GET", "/healthz").await.status(), 200);
     }
 }

@@ -1,15 +1,22 @@
 //! `/metrics`, `/healthz` and `/readyz`: the [`Endpoint`], its [`ReadyCheck`]s, and [`serve`].
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
+use http::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use http::StatusCode;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use idem_engine::StoreError;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::{BacklogCollector, BacklogProbe, STORE_TIMEOUT};
 
@@ -144,36 +151,28 @@ impl ReadyCheck for StoreReachable {
     }
 }
 
-/// An HTTP answer of the [`Endpoint`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
-    /// The status code: 200, 404, 405 or 503.
-    pub status: u16,
-    /// The `Content-Type`.
-    pub content_type: &'static str,
-    /// The body.
-    pub body: String,
+/// An answer of the [`Endpoint`]: its status, its `Content-Type` and `Content-Length`, and
+/// its body (empty in the answer to `HEAD`).
+pub type Response = http::Response<String>;
+
+/// `body` as `text/plain` with `status`.
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    answer(status, TEXT, body.into())
 }
 
-impl Response {
-    fn text(status: u16, body: impl Into<String>) -> Self {
-        Self {
-            status,
-            content_type: "text/plain; charset=utf-8",
-            body: body.into(),
-        }
-    }
-
-    fn reason(&self) -> &'static str {
-        match self.status {
-            200 => "OK",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            503 => "Service Unavailable",
-            _ => "",
-        }
-    }
+/// `body` with `status` and `content_type`, its length declared.
+fn answer(status: StatusCode, content_type: &'static str, body: String) -> Response {
+    let length = body.len();
+    let mut r = http::Response::new(body);
+    *r.status_mut() = status;
+    let headers = r.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
+    r
 }
+
+/// The `Content-Type` of every answer but `/metrics`.
+const TEXT: &str = "text/plain; charset=utf-8";
 
 /// What the endpoint serves: `/metrics` (the collectors registered in its registry, then
 /// the outbox backlog once a [`BacklogProbe`] is set), `/healthz` and `/readyz`.
@@ -249,7 +248,7 @@ impl Endpoint {
         }))
         .await;
         if results.iter().all(|(_, r)| r.is_ok()) {
-            return Response::text(200, "ready\n");
+            return text(StatusCode::OK, "ready\n");
         }
         let body: String = results
             .iter()
@@ -258,41 +257,108 @@ impl Endpoint {
                 Err(why) => format!("{name}: {why}\n"),
             })
             .collect();
-        Response::text(503, body)
+        text(StatusCode::SERVICE_UNAVAILABLE, body)
     }
 
     /// The answer to `method path` (the query is ignored): `/metrics` (and `/`),
     /// `/healthz` (200 `ok` while the process answers), `/readyz`; 404 for another path,
-    /// 405 for a method other than `GET` or `HEAD`.
+    /// 405 (with `Allow: GET, HEAD`) for a method other than `GET` or `HEAD`. The answer
+    /// to `HEAD` is that to `GET` without its body (its `Content-Length` kept).
     pub async fn respond(&self, method: &str, path: &str) -> Response {
         if method != "GET" && method != "HEAD" {
-            return Response::text(405, "GET or HEAD\n");
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n");
+            r.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return r;
         }
-        match path.split('?').next().unwrap_or_default() {
-            "/" | "/metrics" => Response {
-                status: 200,
-                content_type: prometheus_text::CONTENT_TYPE,
-                body: self.metrics().await,
-            },
-            "/healthz" => Response::text(200, "ok\n"),
+        let mut r = match path.split('?').next().unwrap_or_default() {
+            "/" | "/metrics" => answer(
+                StatusCode::OK,
+                prometheus_text::CONTENT_TYPE,
+                self.metrics().await,
+            ),
+            "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" => self.readyz().await,
-            _ => Response::text(404, "/metrics, /healthz or /readyz\n"),
+            _ => text(StatusCode::NOT_FOUND, "/metrics, /healthz or /readyz\n"),
+        };
+        if method == "HEAD" {
+            r.body_mut().clear();
         }
+        r
     }
 }
 
-/// Binds `addr` now (a taken port is an error here, not later) and answers HTTP requests
-/// on it with [`Endpoint::respond`], in the background, until the runtime ends. Returns
-/// the bound address (for port 0, the port chosen).
+/// An [`Endpoint`] as a [`tower_service::Service`] of HTTP requests, for an application
+/// that mounts `/metrics`, `/healthz` and `/readyz` on its own server (a hyper server
+/// through `hyper_util::service::TowerToHyperService`, an axum router through
+/// `route_service`, any tower stack). It answers every request with
+/// [`Endpoint::respond`] to its method and path; the request's body is not read. Always
+/// ready; never fails. Clones share the endpoint.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_runtime::metrics::{Endpoint, EndpointService, Registry};
+/// use tower_service::Service as _;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let mut service = EndpointService::new(Arc::new(Endpoint::new(Registry::default())));
+/// let request = http::Request::get("/healthz").body(()).unwrap();
+/// let response = service.call(request).await.unwrap();
+/// assert_eq!(response.status(), 200);
+/// assert_eq!(response.body(), "ok\n");
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct EndpointService(Arc<Endpoint>);
+
+impl EndpointService {
+    /// The service answering with `endpoint`.
+    pub fn new(endpoint: Arc<Endpoint>) -> Self {
+        Self(endpoint)
+    }
+}
+
+impl From<Arc<Endpoint>> for EndpointService {
+    fn from(endpoint: Arc<Endpoint>) -> Self {
+        Self::new(endpoint)
+    }
+}
+
+impl<B> tower_service::Service<http::Request<B>> for EndpointService {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let endpoint = Arc::clone(&self.0);
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        Box::pin(async move { Ok(endpoint.respond(method.as_str(), &path).await) })
+    }
+}
+
+/// How long a client may take to send a request's head before its connection is closed.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Binds `addr` now (a taken port is an error here, not later) and answers HTTP/1.1
+/// requests on it with [`Endpoint::respond`] (through hyper and an [`EndpointService`]),
+/// one request a connection (`Connection: close`), in the background, until the runtime
+/// ends. Returns the bound address (for port 0, the port chosen).
 ///
 /// # Errors
 /// The address cannot be bound.
 pub async fn serve(addr: SocketAddr, endpoint: Arc<Endpoint>) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let service = TowerToHyperService::new(EndpointService::new(endpoint));
     tokio::spawn(async move {
         loop {
-            let mut stream = match listener.accept().await {
+            let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     // Out of file descriptors, say: do not spin.
@@ -301,36 +367,19 @@ pub async fn serve(addr: SocketAddr, endpoint: Arc<Endpoint>) -> std::io::Result
                     continue;
                 }
             };
-            let endpoint = Arc::clone(&endpoint);
+            let service = service.clone();
             tokio::spawn(async move {
-                let mut buf = [0u8; 2048];
-                let n = match tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
-                let request = String::from_utf8_lossy(&buf[..n]);
-                let mut words = request.lines().next().unwrap_or_default().split(' ');
-                let (method, path) = (
-                    words.next().unwrap_or_default(),
-                    words.next().unwrap_or("/"),
-                );
-                let r = endpoint.respond(method, path).await;
-                let body = if method == "HEAD" {
-                    ""
-                } else {
-                    r.body.as_str()
-                };
-                let response = format!(
-                    "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    r.status,
-                    r.reason(),
-                    r.content_type,
-                    r.body.len()
-                );
-                let _ = stream.write_all(response.as_bytes()).await;
-                let _ = stream.shutdown().await;
+                let served = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT)
+                    .keep_alive(false)
+                    .title_case_headers(true)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+                if let Err(e) = served {
+                    // A client that hung up or sent no HTTP: its business.
+                    tracing::debug!(target: "idem::metrics", error = %e, "a metrics connection failed");
+                }
             });
         }
     });

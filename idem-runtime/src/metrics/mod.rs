@@ -14,8 +14,9 @@
 //!   [`OutboxSource`] through [`SourceBacklog`]);
 //! - [`Endpoint`]: `/metrics` (the Prometheus text format), `/healthz` (the process
 //!   answers) and `/readyz` (every [`ReadyCheck`] passes: the store reachable, the broker's
-//!   delivery stream connected), answered by [`Endpoint::respond`] for a service that
-//!   mounts them on its own HTTP server, or served on a port of their own by [`serve`].
+//!   delivery stream connected), as a `tower` service ([`EndpointService`], answering
+//!   with [`Endpoint::respond`]) for a service that mounts them on its own HTTP server, or
+//!   served on a port of their own by [`serve`] (an HTTP/1.1 server on hyper).
 //!
 //! A service that keeps its own [`Registry`] registers the collectors there instead
 //! ([`ConsumeMetrics::register`], [`RelayMetrics::register`]); `prometheus-client` is
@@ -53,16 +54,16 @@
 //! let addr = serve("127.0.0.1:0".parse()?, Arc::clone(&endpoint)).await?;
 //!
 //! // Not ready until the broker's delivery stream is connected.
-//! assert_eq!(endpoint.respond("GET", "/readyz").await.status, 503);
+//! assert_eq!(endpoint.respond("GET", "/readyz").await.status(), 503);
 //! broker.set(true);
-//! assert_eq!(endpoint.respond("GET", "/readyz").await.status, 200);
+//! assert_eq!(endpoint.respond("GET", "/readyz").await.status(), 200);
 //!
 //! let sim = SimBroker::new(1);
 //! sim.publish(b"{}".to_vec());
 //! let delivery = sim.receive().expect("one delivery");
 //! let outcome = gate.process(delivery).await;
 //! metrics.record(&outcome);
-//! let text = endpoint.respond("GET", "/metrics").await.body;
+//! let text = endpoint.respond("GET", "/metrics").await.into_body();
 //! assert!(text.contains("idem_deliveries_total{outcome=\"processed\"} 1"));
 //! # let _ = addr;
 //! # Ok(()) }
@@ -93,7 +94,7 @@ mod endpoint;
 #[cfg(test)]
 mod tests;
 
-pub use endpoint::{serve, Connected, Endpoint, ReadyCheck, Response, Watched};
+pub use endpoint::{serve, Connected, Endpoint, EndpointService, ReadyCheck, Response, Watched};
 
 /// How long a scrape or a readiness check may wait for the store: past it, the backlog
 /// is reported as unknown and the store as not ready.

@@ -181,6 +181,19 @@ fn plain_tcp_unless_asked_and_kafkas_is_tls() {
 }
 
 #[test]
+fn userinfo_escapes_are_decoded_and_malformed_ones_kept() {
+    // `%XX` decoded; a `%` without two hex digits kept as written; bytes that are not
+    // UTF-8 each become U+FFFD.
+    let c = of("kafkas://a%zz%4:%FF%41%e2%82%ac%@h:9093").unwrap();
+    let cc = c.client_config();
+    assert_eq!(cc.get("sasl.username"), Some("a%zz%4"));
+    assert_eq!(cc.get("sasl.password"), Some("\u{fffd}A\u{20ac}%"));
+    // A user that decodes to nothing is none.
+    let none = of("kafka://:p@h:9092?security.protocol=sasl_plaintext&sasl.username=u").unwrap();
+    assert_eq!(none.client_config().get("sasl.username"), Some("u"));
+}
+
+#[test]
 fn compression_reaches_the_producers_only() {
     for z in ["none", "gzip", "lz4", "snappy", "zstd", "ZSTD"] {
         let c = of(&format!("kafka://h:9092?compression.type={z}")).unwrap();

@@ -27,29 +27,12 @@ fn not_empty(s: &str) -> Result<String, String> {
     }
 }
 
-/// `%XX` escapes decoded (a userinfo's user and password).
+/// `%XX` escapes decoded (a userinfo's user and password): a `%` without two hex digits
+/// stays as written, bytes that are not UTF-8 become U+FFFD.
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| char::from(c).to_digit(16);
-        match (
-            b[i],
-            b.get(i + 1).copied().and_then(hex),
-            b.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(h), Some(l)) => {
-                out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// The user and password of a URL's `user:password@` (decoded; an empty one is none).
