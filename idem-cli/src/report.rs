@@ -4,15 +4,20 @@
 //! Every figure is also in a `data-value` attribute on an element with a stable `id`, so
 //! a test (or a script) can read the rendered page back.
 //!
+//! The markup is in `templates/report.html` and `templates/chart.svg` (askama, compiled
+//! in): this module counts and lays out, the templates only show, and the engine escapes
+//! every value it writes, in text and attributes alike.
+//!
 //! Claims, business rows and outbox events are the store's exact evidence; duplicates
 //! suppressed, conflicts and dead letters (by reason) come from the outcome tally the
 //! consumers keep in `idem_outcome_counts` (`idem_engine::tally`), which the page labels as
 //! operational counts and explains; a store without that table gets a note instead.
 
-use std::fmt::Write as _;
-
-use idem_broker::horizon::human;
 use std::collections::BTreeMap;
+use std::fmt;
+
+use askama::Template;
+use idem_broker::horizon::human;
 
 use idem_engine::record::{AuditStats, BusinessTable, OutcomeCount, Timestamp};
 use idem_engine::retention::RetentionFloor;
@@ -39,20 +44,53 @@ pub(crate) struct Report<'a> {
     pub(crate) stats: &'a AuditStats,
 }
 
-/// HTML-escapes `s`.
-fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
+/// A count as the page shows it, digits grouped by thousands (`12,345`); `.0` is the
+/// plain number, for `data-` attributes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Count(u64);
+
+impl fmt::Display for Count {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&thousands(i128::from(self.0)))
+    }
+}
+
+/// A figure of a table: a `<td>` with a stable `id`, the raw value in its `data-value`
+/// (empty when the store does not record it) and the value as shown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Figure {
+    id: &'static str,
+    value: Option<i128>,
+    shown: String,
+}
+
+impl Figure {
+    /// A count, grouped by thousands.
+    fn count(id: &'static str, n: u64) -> Self {
+        Self {
+            id,
+            value: Some(i128::from(n)),
+            shown: Count(n).to_string(),
         }
     }
-    out
+
+    /// An amount in cents, shown as `1,234.56`.
+    fn money(id: &'static str, cents: i64) -> Self {
+        Self {
+            id,
+            value: Some(i128::from(cents)),
+            shown: money(cents),
+        }
+    }
+
+    /// A figure the store does not record: no value, `shown` instead.
+    fn absent(id: &'static str, shown: &'static str) -> Self {
+        Self {
+            id,
+            value: None,
+            shown: shown.to_owned(),
+        }
+    }
 }
 
 /// `12345678` as `12,345,678`.
@@ -82,14 +120,6 @@ fn money(cents: i64) -> String {
 /// Single-quotes `s` for a POSIX shell.
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
-}
-
-/// A `<td>` with an id and its raw value.
-fn figure(id: &str, value: i128, shown: &str) -> String {
-    format!(
-        r#"<td class="num" id="{id}" data-value="{value}">{}</td>"#,
-        esc(shown)
-    )
 }
 
 /// One day of the page: what the store holds of it (claims, outbox events) and what the
@@ -202,8 +232,76 @@ struct Series {
     value: fn(&Day) -> u64,
 }
 
+/// A bar chart as `templates/chart.svg` draws it: the geometry, computed here.
+#[derive(Debug)]
+struct Chart {
+    id: &'static str,
+    /// Its accessible name (`aria-label`).
+    label: &'static str,
+    width: f64,
+    height: f64,
+    /// Where the plot starts and ends, left to right.
+    left: f64,
+    right: f64,
+    /// Where the scale's labels end (right-aligned).
+    tick_label_x: f64,
+    /// The horizontal axis.
+    baseline: f64,
+    ticks: Vec<Tick>,
+    days: Vec<ChartDay>,
+    legend: Vec<Legend>,
+}
+
+/// A line of the scale and its label.
+#[derive(Debug)]
+struct Tick {
+    y: f64,
+    label_y: f64,
+    value: Count,
+}
+
+/// One day of a chart: a bar per series, and the day's label under some days.
+#[derive(Debug)]
+struct ChartDay {
+    bars: Vec<Bar>,
+    label: Option<AxisLabel>,
+}
+
+/// One bar: a series' value on a day.
+#[derive(Debug)]
+struct Bar {
+    day: String,
+    series: &'static str,
+    legend: &'static str,
+    colour: &'static str,
+    value: u64,
+    x: f64,
+    y: f64,
+    width: f64,
+    height: f64,
+}
+
+/// A day's label under the axis.
+#[derive(Debug)]
+struct AxisLabel {
+    x: f64,
+    y: f64,
+    text: String,
+}
+
+/// A series' entry in the legend: its swatch and its text.
+#[derive(Debug)]
+struct Legend {
+    x: f64,
+    y: f64,
+    colour: &'static str,
+    text_x: f64,
+    text_y: f64,
+    text: &'static str,
+}
+
 /// Bars per day, one per series, with a round scale and a legend.
-fn chart(id: &str, label: &str, days: &[Day], series: &[Series]) -> String {
+fn chart(id: &'static str, label: &'static str, days: &[Day], series: &[Series]) -> Chart {
     let (w, h, left, bottom, top) = (900.0f64, 280.0f64, 56.0f64, 40.0f64, 16.0f64);
     let max = days
         .iter()
@@ -224,23 +322,15 @@ fn chart(id: &str, label: &str, days: &[Day], series: &[Series]) -> String {
     let plot_w = w - left - 10.0;
     let plot_h = h - top - bottom;
     let y = |v: u64| top + plot_h - plot_h * (v as f64) / (ymax as f64);
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg id="{id}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="100%" role="img" aria-label="{}">"#,
-        esc(label)
-    );
+    let mut ticks = Vec::new();
     let mut tick = 0;
     while tick <= ymax {
         let ty = y(tick);
-        let _ = write!(
-            s,
-            r##"<line x1="{left}" x2="{}" y1="{ty:.1}" y2="{ty:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" font-size="11" text-anchor="end" fill="#444">{}</text>"##,
-            w - 10.0,
-            left - 6.0,
-            ty + 4.0,
-            thousands(i128::from(tick))
-        );
+        ticks.push(Tick {
+            y: ty,
+            label_y: ty + 4.0,
+            value: Count(tick),
+        });
         tick += step;
     }
     let n = days.len().max(1) as f64;
@@ -248,54 +338,66 @@ fn chart(id: &str, label: &str, days: &[Day], series: &[Series]) -> String {
     let slot = plot_w / n;
     let bar = (slot * 0.8 / k).max(0.5);
     let label_every = ((n / 12.0).ceil() as usize).max(1);
-    for (i, d) in days.iter().enumerate() {
-        let x0 = left + slot * i as f64 + slot * 0.1;
-        for (j, se) in series.iter().enumerate() {
-            let v = (se.value)(d);
-            let top_y = y(v);
-            let _ = write!(
-                s,
-                r#"<rect class="bar" data-day="{}" data-series="{}" data-value="{v}" x="{:.2}" y="{top_y:.2}" width="{bar:.2}" height="{:.2}" fill="{}"><title>{} {}: {v}</title></rect>"#,
-                esc(&d.day),
-                se.name,
-                x0 + bar * j as f64,
-                (top + plot_h - top_y).max(0.0),
-                se.colour,
-                esc(&d.day),
-                se.legend,
-            );
-        }
-        if i % label_every == 0 {
-            let _ = write!(
-                s,
-                r##"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="middle" fill="#444">{}</text>"##,
-                x0 + bar * k / 2.0,
-                top + plot_h + 14.0,
-                esc(d.day.get(5..).unwrap_or(&d.day))
-            );
-        }
+    let chart_days = days
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let x0 = left + slot * i as f64 + slot * 0.1;
+            let bars = series
+                .iter()
+                .enumerate()
+                .map(|(j, se)| {
+                    let v = (se.value)(d);
+                    let top_y = y(v);
+                    Bar {
+                        day: d.day.clone(),
+                        series: se.name,
+                        legend: se.legend,
+                        colour: se.colour,
+                        value: v,
+                        x: x0 + bar * j as f64,
+                        y: top_y,
+                        width: bar,
+                        height: (top + plot_h - top_y).max(0.0),
+                    }
+                })
+                .collect();
+            let label = (i % label_every == 0).then(|| AxisLabel {
+                x: x0 + bar * k / 2.0,
+                y: top + plot_h + 14.0,
+                text: d.day.get(5..).unwrap_or(&d.day).to_owned(),
+            });
+            ChartDay { bars, label }
+        })
+        .collect();
+    let legend = series
+        .iter()
+        .enumerate()
+        .map(|(j, se)| {
+            let lx = left + 200.0 * j as f64;
+            Legend {
+                x: lx,
+                y: h - 14.0,
+                colour: se.colour,
+                text_x: lx + 14.0,
+                text_y: h - 5.0,
+                text: se.legend,
+            }
+        })
+        .collect();
+    Chart {
+        id,
+        label,
+        width: w,
+        height: h,
+        left,
+        right: w - 10.0,
+        tick_label_x: left - 6.0,
+        baseline: top + plot_h,
+        ticks,
+        days: chart_days,
+        legend,
     }
-    let _ = write!(
-        s,
-        r##"<line x1="{left}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#333"/>"##,
-        w - 10.0,
-        top + plot_h,
-        top + plot_h
-    );
-    for (j, se) in series.iter().enumerate() {
-        let lx = left + 200.0 * j as f64;
-        let _ = write!(
-            s,
-            r#"<rect x="{lx}" y="{:.1}" width="10" height="10" fill="{}"/><text x="{}" y="{:.1}" font-size="11">{}</text>"#,
-            h - 14.0,
-            se.colour,
-            lx + 14.0,
-            h - 5.0,
-            se.legend
-        );
-    }
-    s.push_str("</svg>");
-    s
 }
 
 /// The chart of what happened to deliveries: processed (claims, from the store) and what
@@ -343,97 +445,74 @@ static OUTBOX_SERIES: [Series; 2] = [
     },
 ];
 
-/// The totals the consumers tallied (`idem_outcome_counts`), with what they are and
-/// their limits; or, for a store without the table, a note saying so.
-fn outcome_totals(outcomes: Option<&[OutcomeCount]>, claims: u64) -> String {
-    let Some(counts) = outcomes else {
-        return r#"<table id="outcomes"><tr><th>What</th><th>Count</th><th>Where it comes from</th></tr>
-<tr><td>Duplicates suppressed</td><td class="num" id="duplicates" data-value="">not recorded</td><td rowspan="3">this store has no outcome table</td></tr>
-<tr><td>Conflicts (dead-lettered)</td><td class="num" id="conflicts" data-value="">not recorded</td></tr>
-<tr><td>Dead letters</td><td class="num" id="dead-letters" data-value="">not recorded</td></tr>
-</table>
-<div class="note" id="outcomes-missing">This store has no <code>idem_outcome_counts</code> table: it was not migrated since the
-outcome tally was added, so duplicates suppressed, conflicts and dead letters are not recorded in it (a duplicate rolls back and
-leaves no row; a dead letter goes to the broker's <code>NAME.dead-letter</code>). Run <code>idem migrate</code> (or restart
-<code>idem consume</code> without <code>--no-migrate</code>) to create it; counting starts then. Meanwhile the running consumers
-count them in <code>idem_deliveries_total</code> (see ops/grafana) and log them as <code>idem::audit</code> events.</div>
-"#
-        .to_owned();
+/// The totals the consumers tallied (`idem_outcome_counts`); the page says what they are
+/// and their limits.
+#[derive(Debug)]
+struct Outcomes {
+    duplicates: Figure,
+    conflicts: Figure,
+    dead_letters: Figure,
+    processed_tallied: Figure,
+    /// The processed count the consumers tallied, against the claims.
+    gap: Gap,
+}
+
+/// How the tallied processed count compares with the claims.
+#[derive(Debug, PartialEq, Eq)]
+enum Gap {
+    Equal,
+    Fewer(Count),
+    More(Count),
+}
+
+/// The totals of the tally, or `None` for a store without the table (the page says so).
+fn outcome_totals(outcomes: Option<&[OutcomeCount]>, claims: u64) -> Option<Outcomes> {
+    let t = tallied(outcomes?);
+    let gap = match t.processed.cmp(&claims) {
+        std::cmp::Ordering::Equal => Gap::Equal,
+        std::cmp::Ordering::Less => Gap::Fewer(Count(claims - t.processed)),
+        std::cmp::Ordering::Greater => Gap::More(Count(t.processed - claims)),
     };
-    let t = tallied(counts);
-    let n = |v: u64| thousands(i128::from(v));
-    let gap = if t.processed == claims {
-        "equal to the claims".to_owned()
-    } else if t.processed < claims {
-        format!("{} fewer than the claims", n(claims - t.processed))
-    } else {
-        format!("{} more than the claims", n(t.processed - claims))
-    };
-    format!(
-        r#"<table id="outcomes"><tr><th>What</th><th>Count</th><th>Where it comes from</th></tr>
-<tr><td>Duplicates suppressed (redeliveries rolled back and acked)</td>{}<td>idem_outcome_counts, outcome duplicate</td></tr>
-<tr><td>Conflicts (the same submission with another payload, dead-lettered)</td>{}<td>idem_outcome_counts, outcome conflict</td></tr>
-<tr><td>Dead letters (bad input, conflicts, attempts exhausted, refused by the store)</td>{}<td>idem_outcome_counts, outcomes rejected and conflict; by reason below</td></tr>
-<tr><td>Processed, as the consumers counted (<span id="processed-tallied-gap">{gap}</span>)</td>{}<td>idem_outcome_counts, outcome processed</td></tr>
-</table>
-<div class="note" id="outcomes-note">Duplicates, conflicts and dead letters leave no claim or business row, so the consumers count them:
-each <code>idem consume</code> (and <code>idem demo</code>) tallies what happened to its deliveries per UTC day and adds the counts to
-<code>idem_outcome_counts</code> every second and at exit. They are operational figures, not the exact evidence the claims and
-business rows above are: a consumer that dies loses at most its last second's counts; a delivery whose worker died after its commit
-is a claim but not counted, and its redelivery is counted as a duplicate; a flush whose answer was lost is retried and may count
-twice; a consumer that does not tally (the reference consumer) adds nothing. Counts are by whole UTC days, so the first and last
-day of the window count in full. The dead letters themselves, with their reasons and bodies, are in the broker's
-<code>NAME.dead-letter</code> queue.</div>
-"#,
-        figure("duplicates", i128::from(t.duplicates), &n(t.duplicates)),
-        figure("conflicts", i128::from(t.conflicts), &n(t.conflicts)),
-        figure(
-            "dead-letters",
-            i128::from(t.dead_letters),
-            &n(t.dead_letters)
-        ),
-        figure(
-            "processed-tallied",
-            i128::from(t.processed),
-            &n(t.processed)
-        ),
-    )
+    Some(Outcomes {
+        duplicates: Figure::count("duplicates", t.duplicates),
+        conflicts: Figure::count("conflicts", t.conflicts),
+        dead_letters: Figure::count("dead-letters", t.dead_letters),
+        processed_tallied: Figure::count("processed-tallied", t.processed),
+        gap,
+    })
 }
 
 /// The dead letters of the window by reason code.
-fn reasons_table(outcomes: Option<&[OutcomeCount]>) -> String {
-    let Some(counts) = outcomes else {
-        return String::new();
-    };
-    let t = tallied(counts);
-    let mut h = String::from(
-        r#"<h3>Dead-letter reasons</h3>
-<table id="reasons"><tr><th>Reason code</th><th>Dead letters</th><th>Meaning</th></tr>
-"#,
-    );
-    for (reason, count) in &t.reasons {
-        let _ = writeln!(
-            h,
-            r#"<tr class="reason" data-reason="{r}" data-value="{count}"><td class="mono">{r}</td><td class="num">{}</td><td>{}</td></tr>"#,
-            thousands(i128::from(*count)),
-            esc(reason_meaning(reason)),
-            r = esc(reason),
-        );
-    }
-    if t.reasons.is_empty() {
-        h.push_str(r#"<tr><td colspan="3">no dead letters in the window</td></tr>"#);
-        h.push('\n');
-    }
-    let _ = writeln!(
-        h,
-        r#"<tr><th>Total</th>{}<td></td></tr></table>"#,
-        figure(
-            "dead-letters-by-reason",
-            i128::from(t.dead_letters),
-            &thousands(i128::from(t.dead_letters))
-        )
-    );
-    h
+#[derive(Debug)]
+struct Reasons {
+    rows: Vec<Reason>,
+    total: Figure,
+}
+
+/// A reason code, its dead letters and what it means.
+#[derive(Debug)]
+struct Reason {
+    code: String,
+    count: Count,
+    meaning: &'static str,
+}
+
+/// The dead letters by reason, or `None` for a store without the tally.
+fn reasons_table(outcomes: Option<&[OutcomeCount]>) -> Option<Reasons> {
+    let t = tallied(outcomes?);
+    let rows = t
+        .reasons
+        .iter()
+        .map(|(code, count)| Reason {
+            code: code.clone(),
+            count: Count(*count),
+            meaning: reason_meaning(code),
+        })
+        .collect();
+    Some(Reasons {
+        rows,
+        total: Figure::count("dead-letters-by-reason", t.dead_letters),
+    })
 }
 
 /// What a dead-letter reason code means, for the codes idem itself gives.
@@ -463,33 +542,107 @@ fn reason_meaning(code: &str) -> &'static str {
     }
 }
 
-const STYLE: &str = r#"
-:root { color-scheme: light; }
-body { font: 14px/1.45 "DejaVu Sans", system-ui, sans-serif; color: #111; margin: 24px auto; max-width: 1000px; padding: 0 16px; }
-h1 { font-size: 22px; margin: 0 0 4px; }
-h2 { font-size: 17px; border-bottom: 1px solid #ccc; padding-bottom: 3px; margin-top: 26px; }
-h3 { font-size: 15px; margin: 16px 0 4px; }
-.meta { color: #444; font-size: 12px; }
-table { border-collapse: collapse; width: 100%; margin: 8px 0; }
-th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
-th { background: #f2f2f2; font-weight: 600; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-code, .mono { font-family: "DejaVu Sans Mono", monospace; font-size: 12px; word-break: break-all; }
-.verdict { padding: 10px 14px; border-radius: 4px; font-weight: 600; margin: 12px 0; }
-.agree { background: #e5f4ea; border: 1px solid #3a9a5b; }
-.disagree { background: #fbe4e4; border: 1px solid #b3261e; }
-.note { background: #fff8e1; border: 1px solid #e0c060; padding: 8px 12px; margin: 8px 0; font-size: 13px; }
-svg { display: block; margin: 8px 0; }
-@page { size: A4; margin: 14mm; }
-@media print {
-  body { margin: 0; max-width: none; font-size: 11px; }
-  h2 { break-after: avoid; }
-  section, table, svg, .verdict, .note { break-inside: avoid; }
-  tr { break-inside: avoid; }
-  a { color: inherit; text-decoration: none; }
-  .verdict, .agree, .disagree, .note, th { -webkit-print-color-adjust: exact; print-color-adjust: exact; }
+/// The page (`templates/report.html`): everything it shows, counted and formatted here.
+#[derive(Template)]
+#[template(path = "report.html")]
+struct Page<'a> {
+    store: &'a str,
+    store_kind: &'static str,
+    schema: Option<&'a str>,
+    since: Timestamp,
+    until: Timestamp,
+    generated: Timestamp,
+    version: &'static str,
+    /// The business table and its columns (plain identifiers).
+    table: &'a str,
+    amount_column: &'a str,
+    subject_column: &'a str,
+    verdict: Verdict,
+    totals: Totals,
+    outcomes: Option<Outcomes>,
+    charts: [Chart; 2],
+    /// Whether the store keeps the outcome tally (otherwise its columns show `-`).
+    recorded: bool,
+    /// The days with any activity.
+    days: Vec<DayRow>,
+    day_totals: DayTotals,
+    reasons: Option<Reasons>,
+    retention: Retention,
+    sample: Vec<SampleRow<'a>>,
 }
-"#;
+
+/// The recount's verdict.
+#[derive(Debug)]
+struct Verdict {
+    agrees: bool,
+    claims: Count,
+    rows: Count,
+    claims_without_row: u64,
+    claims_with_several_rows: u64,
+    rows_without_claim: u64,
+}
+
+/// The totals for the window, from the store.
+#[derive(Debug)]
+struct Totals {
+    processed: Figure,
+    business_rows: Figure,
+    amount_total: Figure,
+    claims_without_row: Figure,
+    claims_with_several_rows: Figure,
+    rows_without_claim: Figure,
+    subjects_with_several_rows: Figure,
+    events: Figure,
+    published: Figure,
+    unpublished: Figure,
+}
+
+/// A row of the per-day table.
+#[derive(Debug)]
+struct DayRow {
+    day: String,
+    claims: Count,
+    duplicates: Count,
+    conflicts: Count,
+    dead_letters: Count,
+    events: Count,
+    published: Count,
+}
+
+/// The last row of the per-day table.
+#[derive(Debug)]
+struct DayTotals {
+    claims: Figure,
+    duplicates: Figure,
+    conflicts: Figure,
+    dead_letters: Figure,
+    events: Count,
+    published: Count,
+}
+
+/// The retention section.
+#[derive(Debug)]
+struct Retention {
+    oldest_claim: Option<Timestamp>,
+    all_claims: Figure,
+    /// The floor in seconds, for `data-value`.
+    floor_secs: i64,
+    floor_words: String,
+    cutoff: Option<Timestamp>,
+    purgeable_claims: Figure,
+    purgeable_events: Figure,
+}
+
+/// A sampled claim and the command that re-derives its key.
+#[derive(Debug)]
+struct SampleRow<'a> {
+    key: &'a str,
+    subject: &'a str,
+    /// The subject single-quoted for a POSIX shell, as the command takes it.
+    quoted_subject: String,
+    claimed_at: Option<Timestamp>,
+    events: usize,
+}
 
 /// The whole page.
 pub(crate) fn render(r: &Report<'_>) -> String {
@@ -502,283 +655,130 @@ pub(crate) fn render(r: &Report<'_>) -> String {
         .iter()
         .fold((0, 0), |(e, p), d| (e + d.events, p + d.published));
     let claims_by_day: u64 = st.days.iter().map(|d| d.claims).sum();
-    let table = esc(r.business.table.as_str());
-    let mut h = String::new();
-    let _ = write!(
-        h,
-        r#"<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>idem audit report {since} to {until}</title>
-<style>{STYLE}</style></head>
-<body>
-<header><h1>Exactly-once audit report</h1>
-<div class="meta">Store: <span class="mono" id="store">{store}</span> ({kind}{schema}) ·
-window <span id="since" data-value="{since}">{since}</span> (inclusive) to <span id="until" data-value="{until}">{until}</span> (exclusive) ·
-generated <span id="generated">{generated}</span> by idem {version}. Times are UTC.</div></header>
-"#,
-        since = r.since,
-        until = r.until,
-        store = esc(&r.store),
-        kind = r.store_kind,
-        schema = r
-            .schema
-            .as_deref()
-            .map(|s| format!(", schema <span class=\"mono\">{}</span>", esc(s)))
-            .unwrap_or_default(),
-        generated = r.generated,
-        version = env!("CARGO_PKG_VERSION"),
-    );
-
-    // The verdict.
-    let (class, verdict) = if rec.agrees() {
-        (
-            "agree",
-            format!(
-                "Totals agree: {} submissions processed in the window, {} {table} rows carrying their keys (one per claim), no {table} row without a claim.",
-                thousands(i128::from(rec.claims)),
-                thousands(i128::from(rec.rows)),
-            ),
-        )
-    } else {
-        (
-            "disagree",
-            format!(
-                "Totals DISAGREE: {} claims in the window but {} {table} rows carry their keys; {} claims without a row, {} claims with several rows, {} {table} rows without a claim.",
-                thousands(i128::from(rec.claims)),
-                thousands(i128::from(rec.rows)),
-                rec.claims_without_row,
-                rec.claims_with_several_rows,
-                rec.rows_without_claim,
-            ),
-        )
-    };
-    let _ = writeln!(
-        h,
-        r#"<div class="verdict {class}" id="verdict" data-agree="{}">{}</div>"#,
-        rec.agrees(),
-        esc(&verdict)
-    );
-
-    // Totals.
-    let _ = write!(
-        h,
-        r#"<section><h2>Totals for the window</h2>
-<table><tr><th>What</th><th>Count</th><th>Where it comes from</th></tr>
-<tr><td>Submissions processed (dedup records claimed)</td>{}<td>processed_messages, by claimed_at</td></tr>
-<tr><td>Recounted: {table} rows whose key is one of those claims</td>{}<td>{table} joined to processed_messages on idempotency_key</td></tr>
-<tr><td>Recounted: total amount of those rows</td>{}<td>sum of {table}.{amount}</td></tr>
-<tr><td>Claims with no {table} row</td>{}<td>should be 0</td></tr>
-<tr><td>Claims with more than one {table} row</td>{}<td>should be 0 (a double effect)</td></tr>
-<tr><td>{table} rows (any time) without a dedup record</td>{}<td>should be 0 (a row without evidence, or evidence purged)</td></tr>
-<tr><td>Subjects ({subject}) with more than one {table} row</td>{}<td>resubmissions of one subject with a different payload each have their own key</td></tr>
-<tr><td>Outbox events written</td>{}<td>outbox, by created_at</td></tr>
-<tr><td>Outbox events published</td>{}<td>outbox, by published_at</td></tr>
-<tr><td>Outbox events written and not yet published</td>{}<td>outbox, published_at empty</td></tr>
-</table>
-{outcomes}</section>
-"#,
-        figure(
-            "processed",
-            i128::from(rec.claims),
-            &thousands(i128::from(rec.claims))
-        ),
-        figure(
-            "business-rows",
-            i128::from(rec.rows),
-            &thousands(i128::from(rec.rows))
-        ),
-        figure(
-            "amount-total",
-            i128::from(rec.amount_total),
-            &money(rec.amount_total)
-        ),
-        figure(
-            "claims-without-row",
-            i128::from(rec.claims_without_row),
-            &thousands(i128::from(rec.claims_without_row))
-        ),
-        figure(
-            "claims-with-several-rows",
-            i128::from(rec.claims_with_several_rows),
-            &thousands(i128::from(rec.claims_with_several_rows))
-        ),
-        figure(
-            "rows-without-claim",
-            i128::from(rec.rows_without_claim),
-            &thousands(i128::from(rec.rows_without_claim))
-        ),
-        figure(
-            "subjects-with-several-rows",
-            i128::from(rec.subjects_with_several_rows),
-            &thousands(i128::from(rec.subjects_with_several_rows))
-        ),
-        figure("events", i128::from(events), &thousands(i128::from(events))),
-        figure(
-            "published",
-            i128::from(published),
-            &thousands(i128::from(published))
-        ),
-        figure(
-            "unpublished",
-            i128::from(st.unpublished),
-            &thousands(i128::from(st.unpublished))
-        ),
-        amount = esc(r.business.amount_column.as_str()),
-        subject = esc(r.business.subject_column.as_str()),
-        outcomes = outcome_totals(r.stats.outcomes.as_deref(), rec.claims),
-    );
-
-    // Per day.
     let recorded = st.outcomes.is_some();
     let series: &[Series] = if recorded {
         &OUTCOME_SERIES
     } else {
         &OUTCOME_SERIES[..1]
     };
-    let _ = write!(
-        h,
-        r#"<section><h2>Per day</h2>
-{}
-{}
-<table id="days"><tr><th>Day (UTC)</th><th>Processed</th><th>Duplicates suppressed</th><th>Conflicts</th><th>Dead letters</th><th>Outbox events</th><th>Published</th></tr>
-"#,
+    let charts = [
         chart(
             "chart",
             "Processed, duplicates suppressed, conflicts and dead letters per day",
             &days,
-            series
+            series,
         ),
         chart(
             "outbox-chart",
             "Outbox events written and published per day",
             &days,
-            &OUTBOX_SERIES
+            &OUTBOX_SERIES,
         ),
-    );
-    // A tallied figure, or a dash when the store keeps no tally.
-    let tally_cell = |v: u64| {
-        if recorded {
-            format!(r#"<td class="num">{}</td>"#, thousands(i128::from(v)))
-        } else {
-            r#"<td class="num">-</td>"#.to_owned()
-        }
-    };
+    ];
     let mut sum = Day::default();
-    for d in days.iter().filter(|d| d.active()) {
-        sum.duplicates += d.duplicates;
-        sum.conflicts += d.conflicts;
-        sum.dead_letters += d.dead_letters;
-        let _ = writeln!(
-            h,
-            r#"<tr class="day" data-day="{day}" data-claims="{}" data-duplicates="{}" data-conflicts="{}" data-dead-letters="{}" data-events="{}" data-published="{}"><td>{day}</td><td class="num">{}</td>{}{}{}<td class="num">{}</td><td class="num">{}</td></tr>"#,
-            d.claims,
-            d.duplicates,
-            d.conflicts,
-            d.dead_letters,
-            d.events,
-            d.published,
-            thousands(i128::from(d.claims)),
-            tally_cell(d.duplicates),
-            tally_cell(d.conflicts),
-            tally_cell(d.dead_letters),
-            thousands(i128::from(d.events)),
-            thousands(i128::from(d.published)),
-            day = esc(&d.day),
-        );
-    }
-    let tally_total = |id: &str, v: u64| {
+    let rows = days
+        .iter()
+        .filter(|d| d.active())
+        .map(|d| {
+            sum.duplicates += d.duplicates;
+            sum.conflicts += d.conflicts;
+            sum.dead_letters += d.dead_letters;
+            DayRow {
+                day: d.day.clone(),
+                claims: Count(d.claims),
+                duplicates: Count(d.duplicates),
+                conflicts: Count(d.conflicts),
+                dead_letters: Count(d.dead_letters),
+                events: Count(d.events),
+                published: Count(d.published),
+            }
+        })
+        .collect();
+    // A tallied total, or a dash when the store keeps no tally.
+    let tally_total = |id: &'static str, v: u64| {
         if recorded {
-            figure(id, i128::from(v), &thousands(i128::from(v)))
+            Figure::count(id, v)
         } else {
-            format!(r#"<td class="num" id="{id}" data-value="">-</td>"#)
+            Figure::absent(id, "-")
         }
     };
-    let _ = writeln!(
-        h,
-        r#"<tr><th>Total</th>{}{}{}{}<td class="num">{}</td><td class="num">{}</td></tr></table>"#,
-        figure(
-            "processed-by-day",
-            i128::from(claims_by_day),
-            &thousands(i128::from(claims_by_day))
-        ),
-        tally_total("duplicates-by-day", sum.duplicates),
-        tally_total("conflicts-by-day", sum.conflicts),
-        tally_total("dead-letters-by-day", sum.dead_letters),
-        thousands(i128::from(events)),
-        thousands(i128::from(published)),
-    );
-    h.push_str(&reasons_table(st.outcomes.as_deref()));
-    h.push_str("</section>\n");
-
-    // Retention.
-    let _ = write!(
-        h,
-        r#"<section><h2>Retention</h2>
-<table>
-<tr><td>Oldest evidence (earliest dedup record)</td><td id="oldest-claim">{}</td></tr>
-<tr><td>Dedup records in the store (all time)</td>{}</tr>
-<tr><td>Retention floor</td><td id="floor" data-value="{}">{} — records younger than this are never purged without an explicit override</td></tr>
-<tr><td>Floor cutoff (now minus the floor)</td><td id="cutoff">{}</td></tr>
-<tr><td>Dedup records a purge at the floor could remove</td>{}</tr>
-<tr><td>Published outbox events a purge at the floor could remove</td>{}</tr>
-</table>
-<div class="note">A purge also refuses any cutoff inside a broker's redelivery horizon (<code>idem purge --broker URL --source NAME</code>;
-<code>idem inspect --broker URL --source NAME</code> shows it): no record goes while its message could still be redelivered.</div>
-</section>
-"#,
-        ret.oldest_claim
-            .map_or_else(|| "none".to_owned(), |t| t.to_string()),
-        figure(
-            "all-claims",
-            i128::from(ret.all_claims),
-            &thousands(i128::from(ret.all_claims))
-        ),
-        floor_secs(r.floor, r.generated),
-        floor_words(r.floor),
-        ret.cutoff.map_or_else(|| "-".to_owned(), |t| t.to_string()),
-        figure(
-            "purgeable-claims",
-            i128::from(ret.purgeable_claims),
-            &thousands(i128::from(ret.purgeable_claims))
-        ),
-        figure(
-            "purgeable-events",
-            i128::from(ret.purgeable_events),
-            &thousands(i128::from(ret.purgeable_events))
-        ),
-    );
-
-    // Sample.
-    let _ = write!(
-        h,
-        r#"<section><h2>A sample of keys, and how to re-derive each</h2>
-<p>An idempotency key is <code>sha256_hex(subject | second part | sha256_hex(message body))</code>: for a grant submission the
-subject is its award id and the second part its submission timestamp; under a SQL handler's one-part identity the second part is
-<code>-</code>. The store keeps the subject and the key, not the message body nor the second part: re-derive a key from the message as it was delivered
-(from the archive of the source or of its producer) with the command shown; it must print the key in the first column.</p>
-<table id="sample"><tr><th>Key</th><th>Subject</th><th>Claimed at</th><th>Events</th><th>Re-derive with</th></tr>
-"#
-    );
-    for c in &st.sample {
-        let award = c.award_id.as_deref().unwrap_or("");
-        let cmd = format!(
-            "idem key --subject {} --timestamp <second part> --payload <message body file>",
-            shell_quote(award)
-        );
-        let _ = writeln!(
-            h,
-            r#"<tr class="sample" data-key="{key}"><td class="mono">{key}</td><td>{}</td><td>{}</td><td class="num">{}</td><td><code>{}</code></td></tr>"#,
-            esc(award),
-            c.claimed_at
-                .map_or_else(|| "-".to_owned(), |t| t.to_string()),
-            c.events.len(),
-            esc(&cmd),
-            key = esc(&c.key),
-        );
-    }
-    h.push_str("</table></section>\n</body></html>\n");
-    h
+    let page = Page {
+        store: &r.store,
+        store_kind: r.store_kind,
+        schema: r.schema.as_deref(),
+        since: r.since,
+        until: r.until,
+        generated: r.generated,
+        version: env!("CARGO_PKG_VERSION"),
+        table: r.business.table.as_str(),
+        amount_column: r.business.amount_column.as_str(),
+        subject_column: r.business.subject_column.as_str(),
+        verdict: Verdict {
+            agrees: rec.agrees(),
+            claims: Count(rec.claims),
+            rows: Count(rec.rows),
+            claims_without_row: rec.claims_without_row,
+            claims_with_several_rows: rec.claims_with_several_rows,
+            rows_without_claim: rec.rows_without_claim,
+        },
+        totals: Totals {
+            processed: Figure::count("processed", rec.claims),
+            business_rows: Figure::count("business-rows", rec.rows),
+            amount_total: Figure::money("amount-total", rec.amount_total),
+            claims_without_row: Figure::count("claims-without-row", rec.claims_without_row),
+            claims_with_several_rows: Figure::count(
+                "claims-with-several-rows",
+                rec.claims_with_several_rows,
+            ),
+            rows_without_claim: Figure::count("rows-without-claim", rec.rows_without_claim),
+            subjects_with_several_rows: Figure::count(
+                "subjects-with-several-rows",
+                rec.subjects_with_several_rows,
+            ),
+            events: Figure::count("events", events),
+            published: Figure::count("published", published),
+            unpublished: Figure::count("unpublished", st.unpublished),
+        },
+        outcomes: outcome_totals(st.outcomes.as_deref(), rec.claims),
+        charts,
+        recorded,
+        days: rows,
+        day_totals: DayTotals {
+            claims: Figure::count("processed-by-day", claims_by_day),
+            duplicates: tally_total("duplicates-by-day", sum.duplicates),
+            conflicts: tally_total("conflicts-by-day", sum.conflicts),
+            dead_letters: tally_total("dead-letters-by-day", sum.dead_letters),
+            events: Count(events),
+            published: Count(published),
+        },
+        reasons: reasons_table(st.outcomes.as_deref()),
+        retention: Retention {
+            oldest_claim: ret.oldest_claim,
+            all_claims: Figure::count("all-claims", ret.all_claims),
+            floor_secs: floor_secs(r.floor, r.generated),
+            floor_words: floor_words(r.floor),
+            cutoff: ret.cutoff,
+            purgeable_claims: Figure::count("purgeable-claims", ret.purgeable_claims),
+            purgeable_events: Figure::count("purgeable-events", ret.purgeable_events),
+        },
+        sample: st
+            .sample
+            .iter()
+            .map(|c| {
+                let subject = c.award_id.as_deref().unwrap_or("");
+                SampleRow {
+                    key: &c.key,
+                    subject,
+                    quoted_subject: shell_quote(subject),
+                    claimed_at: c.claimed_at,
+                    events: c.events.len(),
+                }
+            })
+            .collect(),
+    };
+    // Rendering into a `String` fails only if a value's `Display` fails, and none does.
+    page.render()
+        .expect("the report's values display without error")
 }
 
 /// The floor in seconds back from `now` (for calendar years, the days those years have).
@@ -799,7 +799,6 @@ mod tests {
     use super::*;
 
     fn page(outcomes: Option<Vec<OutcomeCount>>) -> String {
-        let business = BusinessTable::disbursements();
         let mut stats = AuditStats::default();
         stats.days = vec![idem_engine::record::DayCounts::new(
             "2026-07-01".into(),
@@ -808,18 +807,126 @@ mod tests {
             4,
         )];
         stats.outcomes = outcomes;
+        page_of(&stats, "sqlite://x", None)
+    }
+
+    fn page_of(stats: &AuditStats, store: &str, schema: Option<&str>) -> String {
+        let business = BusinessTable::disbursements();
         let t = |s| Timestamp::parse_rfc3339(s).expect("timestamp");
         render(&Report {
-            store: "sqlite://x".into(),
-            schema: None,
+            store: store.into(),
+            schema: schema.map(str::to_owned),
             store_kind: "SQLite",
             since: t("2026-07-01"),
             until: t("2026-07-03"),
             generated: t("2026-07-03"),
             floor: std::time::Duration::from_secs(86_400).into(),
             business: &business,
-            stats: &stats,
+            stats,
         })
+    }
+
+    /// The text an HTML attribute value or text node stands for: character references
+    /// decoded, whichever spelling the engine chose.
+    fn unescape(s: &str) -> String {
+        let mut out = String::new();
+        let mut rest = s;
+        while let Some(at) = rest.find('&') {
+            out.push_str(&rest[..at]);
+            let end = rest[at..]
+                .find(';')
+                .expect("a character reference ends with ;")
+                + at;
+            let name = &rest[at + 1..end];
+            let c = match name {
+                "amp" => '&',
+                "lt" => '<',
+                "gt" => '>',
+                "quot" => '"',
+                "apos" => '\'',
+                _ => {
+                    let n = if let Some(hex) = name.strip_prefix("#x") {
+                        u32::from_str_radix(hex, 16)
+                    } else {
+                        name.strip_prefix('#').expect("a numeric reference").parse()
+                    };
+                    char::from_u32(n.expect("a number")).expect("a character")
+                }
+            };
+            out.push(c);
+            rest = &rest[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The value of attribute `name` in the tag that starts with `tag`, decoded.
+    fn attr(html: &str, tag: &str, name: &str) -> String {
+        let at = html
+            .find(tag)
+            .unwrap_or_else(|| panic!("{tag} in the page"));
+        let html = &html[at..html[at..].find('>').expect("the tag's end") + at];
+        let v = html
+            .split(&format!(" {name}=\""))
+            .nth(1)
+            .unwrap_or_else(|| panic!("{name} in {html}"));
+        unescape(&v[..v.find('"').expect("the attribute's closing quote")])
+    }
+
+    /// The text between `open` and the next tag, after the first `after` in the page,
+    /// decoded.
+    fn text(html: &str, after: &str, open: &str) -> String {
+        let html = &html[html
+            .find(after)
+            .unwrap_or_else(|| panic!("{after} in the page"))..];
+        let t = &html[html
+            .find(open)
+            .unwrap_or_else(|| panic!("{open} after {after}"))
+            + open.len()..];
+        unescape(&t[..t.find('<').expect("the next tag")])
+    }
+
+    #[test]
+    fn text_and_attributes_from_the_store_are_escaped() {
+        let award = r#"A'1 <script>alert("x")</script> & co"#;
+        let key = r#"k"><script>alert(1)</script>"#;
+        let reason = r#"r" onmouseover="alert(2)<script>"#;
+        let store = r#"sqlite://<script>"x".db"#;
+        let schema = r#"s<script>"'"#;
+        let mut stats = AuditStats::default();
+        stats.sample = vec![idem_engine::record::ClaimRecord::new(
+            key.into(),
+            Some(award.into()),
+            None,
+        )];
+        stats.outcomes = Some(vec![OutcomeCount::new("2026-07-01", "rejected", reason, 1)]);
+        let html = page_of(&stats, store, Some(schema));
+        assert!(
+            !html.to_ascii_lowercase().contains("<script"),
+            "a script element from the store's text"
+        );
+        // An attribute holds the whole value (an unescaped `"` would end it early and
+        // start another attribute), and so does the text (an unescaped `<` would start
+        // a tag).
+        let sample = r#"<tr class="sample""#;
+        assert_eq!(attr(&html, sample, "data-key"), key);
+        assert_eq!(text(&html, sample, r#"<td class="mono">"#), key);
+        assert_eq!(text(&html, sample, "</td><td>"), award);
+        assert_eq!(
+            text(&html, sample, "<code>"),
+            format!(
+                "idem key --subject {} --timestamp <second part> --payload <message body file>",
+                shell_quote(award)
+            )
+        );
+        let row = r#"<tr class="reason""#;
+        assert_eq!(attr(&html, row, "data-reason"), reason);
+        assert_eq!(text(&html, row, r#"<td class="mono">"#), reason);
+        assert_eq!(text(&html, "<header>", r#"id="store">"#), store);
+        assert_eq!(
+            text(&html, "<header>", r#"schema <span class="mono">"#),
+            schema
+        );
     }
 
     #[test]
@@ -867,11 +974,7 @@ mod tests {
     }
 
     #[test]
-    fn text_is_escaped_and_numbers_grouped() {
-        assert_eq!(
-            esc(r#"<a href="x">'&'</a>"#),
-            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
-        );
+    fn numbers_are_grouped_and_subjects_quoted() {
         assert_eq!(thousands(0), "0");
         assert_eq!(thousands(1234567), "1,234,567");
         assert_eq!(thousands(-1000), "-1,000");
