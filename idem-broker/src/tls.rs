@@ -2,28 +2,70 @@
 //! gets TLS or an error, never plain TCP.
 //!
 //! With the `tls` feature, RabbitMQ (lapin) and Redis Streams (fred) speak TLS through
-//! rustls with the `ring` provider, verifying the server's certificate against the
-//! system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` name other ones) or, for RabbitMQ,
-//! the URL's `cacertfile`. NATS always has TLS (async-nats is built with rustls). Without
-//! the feature, an `amqps://` or `rediss://` URL is refused with
+//! rustls, verifying the server's certificate against the system's roots
+//! (`SSL_CERT_FILE` / `SSL_CERT_DIR` name other ones) or, for RabbitMQ, the URL's
+//! `cacertfile` too. NATS always has TLS (async-nats is built with rustls). Without the
+//! feature, an `amqps://` or `rediss://` URL is refused with
 //! [`BrokerError::Unsupported`].
+//!
+//! Every client is handed a `rustls::ClientConfig` built here with the `ring` provider
+//! named in it ([`client_config`]): nothing is installed as rustls's process-wide
+//! default, so an application may install its own provider before or after idem
+//! connects, and may compile aws-lc-rs in beside ring.
 
 use crate::BrokerError;
 
-/// Installs rustls's `ring` provider as the process default, unless one is installed.
-///
-/// fred, async-nats and lapin build their TLS configurations from the process default;
-/// rustls picks one by itself only when exactly one provider is compiled in, and an
-/// application may compile aws-lc-rs in beside ring (the AWS SDK's default HTTP client
-/// does; idem's SQS client names ring in its own configuration). An application that
-/// installs its own provider first keeps it.
+/// A client certificate chain and its private key.
 #[cfg(any(feature = "tls", feature = "nats"))]
-#[allow(dead_code)] // used by the broker features
-pub(crate) fn install_default_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Another thread may install one in between: either is fine.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+pub(crate) type Identity = (
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+);
+
+/// A rustls client configuration with the `ring` provider named in it (not taken from,
+/// nor installed as, the process default), rustls's safe default protocol versions,
+/// verifying servers against `roots`, and presenting `identity` when given.
+#[cfg(any(feature = "tls", feature = "nats"))]
+pub(crate) fn client_config(
+    roots: rustls::RootCertStore,
+    identity: Option<Identity>,
+) -> Result<rustls::ClientConfig, rustls::Error> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    match identity {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key),
+        None => Ok(builder.with_no_client_auth()),
     }
+}
+
+/// The system's root certificates, as rustls-native-certs finds them (`SSL_CERT_FILE` /
+/// `SSL_CERT_DIR` name others), read again at each call, with the errors met on the way.
+#[cfg(any(feature = "tls", feature = "nats"))]
+pub(crate) fn system_roots() -> rustls_native_certs::CertificateResult {
+    rustls_native_certs::load_native_certs()
+}
+
+/// The certificates of a PEM file's contents (none is not an error).
+#[cfg(any(feature = "tls", feature = "nats"))]
+pub(crate) fn pem_certificates(
+    pem: &[u8],
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not a PEM file of certificates: {e}"))
+}
+
+/// The private key of a PEM file's contents (PKCS#8, PKCS#1 or SEC1).
+#[cfg(any(feature = "tls", feature = "nats"))]
+pub(crate) fn pem_private_key(
+    pem: &[u8],
+) -> Result<rustls::pki_types::PrivateKeyDer<'static>, String> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::PrivateKeyDer::from_pem_slice(pem)
+        .map_err(|e| format!("holds no PEM private key: {e}"))
 }
 
 /// The refusal of a TLS URL on a build without TLS.
@@ -43,6 +85,20 @@ pub(crate) fn scheme_asks_for_tls(url: &str) -> Option<&str> {
     let scheme = url.split_once("://")?.0;
     let s = scheme.to_ascii_lowercase();
     (s == "amqps" || s.starts_with("rediss") || s.starts_with("valkeys")).then_some(scheme)
+}
+
+/// For a Redis URL whose scheme asks for TLS (`rediss`, `rediss-cluster`,
+/// `valkeys-sentinel`, …), the same URL with the scheme's plain-TCP twin (`redis`,
+/// `redis-cluster`, `valkey-sentinel`, …); `None` for any other.
+#[allow(dead_code)] // used by the Redis Streams feature
+pub(crate) fn plain_twin(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let twin = ["rediss", "valkeys"].into_iter().find_map(|tls| {
+        let suffix = scheme.strip_prefix(tls)?;
+        Some(format!("{}{suffix}", &tls[..tls.len() - 1]))
+    })?;
+    Some(format!("{twin}://{rest}"))
 }
 
 /// Refuses a TLS URL when TLS is not compiled in.
@@ -70,6 +126,18 @@ mod tests {
             ("nats://h:4222", false),
         ] {
             assert_eq!(scheme_asks_for_tls(url).is_some(), tls, "{url}");
+        }
+        for (url, twin) in [
+            ("rediss://u:p@h:6379/2", Some("redis://u:p@h:6379/2")),
+            (
+                "REDISS-cluster://h:1?node=h:2",
+                Some("redis-cluster://h:1?node=h:2"),
+            ),
+            ("valkeys-sentinel://h", Some("valkey-sentinel://h")),
+            ("redis://h:6379", None),
+            ("amqps://h", None),
+        ] {
+            assert_eq!(plain_twin(url).as_deref(), twin, "{url}");
         }
         let refused = check_compiled("amqps://h");
         assert_eq!(refused.is_err(), !cfg!(feature = "tls"));

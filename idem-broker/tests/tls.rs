@@ -10,6 +10,10 @@
 //!   is refused. The trusted roots come from
 //!   `SSL_CERT_FILE`, which each test sets for its own process (nextest runs every test in
 //!   a process of its own).
+//! - Each adapter hands its client a rustls configuration that names the `ring` provider:
+//!   after a round trip over TLS no process-wide provider is installed, and the
+//!   application's own installs (each such test has its process to itself, so nothing
+//!   else installed one before).
 
 use std::time::Duration;
 
@@ -297,4 +301,71 @@ async fn nats_over_tls_with_the_ca_in_the_url() {
     round_trip(&url(&pki.other_ca), &name("natsca"))
         .await
         .expect_err("cacertfile naming another CA connected");
+}
+
+/// After a connection over TLS: rustls has no process-wide provider, and the application
+/// can install its own.
+fn no_process_wide_provider(adapter: &str) {
+    assert!(
+        rustls::crypto::CryptoProvider::get_default().is_none(),
+        "{adapter}: connecting over TLS installed a process-wide rustls crypto provider"
+    );
+    assert!(
+        rustls::crypto::ring::default_provider()
+            .install_default()
+            .is_ok(),
+        "{adapter}: the application's own provider must install"
+    );
+}
+
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_over_tls_installs_no_process_wide_crypto_provider() {
+    let pki = Pki::new();
+    let server = TlsServer::redis(&pki);
+    trust_only(&pki.ca);
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    round_trip(&url, &name("rsprov"))
+        .await
+        .unwrap_or_else(|e| panic!("{url} with the server's CA: {e}"));
+    no_process_wide_provider("Redis Streams");
+}
+
+/// Both ways to TLS: `tls://` trusting the process's roots, and a `nats://` URL whose
+/// server requires TLS, trusting the URL's `cacertfile`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_over_tls_installs_no_process_wide_crypto_provider() {
+    let pki = Pki::new();
+    let server = TlsServer::nats(&pki);
+    trust_only(&pki.ca);
+    for url in [
+        format!("tls://127.0.0.1:{}", server.port),
+        format!(
+            "nats://127.0.0.1:{}?cacertfile={}",
+            server.port,
+            pki.ca.display()
+        ),
+    ] {
+        round_trip(&url, &name("natsprov"))
+            .await
+            .unwrap_or_else(|e| panic!("{url} with the server's CA: {e}"));
+    }
+    no_process_wide_provider("NATS");
+}
+
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqps_installs_no_process_wide_crypto_provider() {
+    let pki = Pki::new();
+    let server = TlsServer::rabbitmq(&pki);
+    trust_only(&pki.other_ca);
+    let url = format!(
+        "amqps://guest:guest@127.0.0.1:{}/%2f?cacertfile={}",
+        server.port,
+        pki.ca.display()
+    );
+    round_trip(&url, &name("amqpsprov"))
+        .await
+        .unwrap_or_else(|e| panic!("{url} with the server's CA: {e}"));
+    no_process_wide_provider("RabbitMQ");
 }

@@ -68,6 +68,15 @@ impl Default for ClientKind {
 /// | `certfile` | a client certificate (chain), with `keyfile`, for `tls-auth-clients yes` |
 /// | `keyfile` | the client certificate's private key (PKCS#8, SEC1 or PKCS#1) |
 ///
+/// The fred client is handed a rustls configuration that names the `ring` provider:
+/// nothing is installed process-wide, and an application may install its own provider
+/// before or after connecting. redis-rs takes no rustls configuration: it builds one from
+/// rustls's process-wide default at each TLS connection, so when none is installed, the
+/// `ring` provider is installed as that default just before redis-rs first connects over
+/// TLS (never for a plain TCP connection). An application that wants another provider, or
+/// installs its own after connecting, installs it before the first TLS connection of a
+/// redis-rs client, or uses the fred client.
+///
 /// Keys are `{key_prefix}l:{64 hex}` (leases and their done-marks),
 /// `{key_prefix}f:{scope}:{64 hex}` (front-filter marks, scoped to a store's identity or
 /// to one filter) and `{key_prefix}fs:{store id}` (the highest identity session seen). The prefix may not contain `{` or `}`,

@@ -2,6 +2,11 @@
 //! client. Without the feature such a URL is refused ([`RedisConfig::validate`]), never
 //! downgraded to plain TCP.
 //!
+//! The fred client is handed a rustls configuration built here with the `ring` provider
+//! named in it (`rustls_config`): nothing is installed process-wide. redis-rs takes no
+//! configuration, and builds its own from the process default: see
+//! `install_default_provider_for_redis_rs`.
+//!
 //! [`RedisConfig::validate`]: crate::RedisConfig::validate
 
 #[cfg(all(feature = "tls", feature = "fred"))]
@@ -59,11 +64,37 @@ pub(crate) fn check_compiled(url: &str) -> Result<(), RedisError> {
     Ok(())
 }
 
-/// Installs rustls's `ring` provider as the process default, unless one is installed
-/// (redis-rs and fred build TLS configurations from it; rustls picks one by itself only
-/// when exactly one provider is compiled in).
-#[cfg(feature = "tls")]
-pub(crate) fn install_default_provider() {
+/// For a URL whose scheme asks for TLS (`rediss`, `rediss-cluster`, `valkeys`, …), the
+/// same URL with the scheme's plain-TCP twin (`redis`, `redis-cluster`, `valkey`, …);
+/// `None` for any other. fred reads a TLS URL into a configuration whose TLS connector it
+/// builds with `rustls::ClientConfig::builder()`, which takes rustls's process-wide default
+/// provider and, with one provider compiled in, installs it: the URL is read with this
+/// twin instead (the scheme chooses only the deployment and whether to use TLS), and the
+/// connector is [`rustls_config`]'s.
+#[cfg(all(feature = "tls", feature = "fred"))]
+pub(crate) fn plain_twin(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let twin = ["rediss", "valkeys"].into_iter().find_map(|tls| {
+        let suffix = scheme.strip_prefix(tls)?;
+        Some(format!("{}{suffix}", &tls[..tls.len() - 1]))
+    })?;
+    Some(format!("{twin}://{rest}"))
+}
+
+/// Installs rustls's `ring` provider as the process default, unless one is installed:
+/// called just before redis-rs opens a connection that may speak TLS, and only then.
+///
+/// redis-rs takes no rustls configuration: at every TLS connection it builds its own
+/// with `rustls::ClientConfig::builder()` (its `create_rustls_config`, from
+/// `Client`, `ClusterClient` and the `ConnectionManager` alike), which takes the process
+/// default, installs the one provider compiled in when there is none, and panics when
+/// several are compiled in (an application's AWS SDK brings aws-lc-rs) and none is
+/// installed. An application that installs its own provider before the first such
+/// connection keeps it, and redis-rs uses it; the fred client takes idem's configuration
+/// and installs nothing.
+#[cfg(all(feature = "tls", feature = "redis-rs"))]
+pub(crate) fn install_default_provider_for_redis_rs() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Another thread may install one in between: either is fine.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -100,9 +131,10 @@ pub(crate) fn redis_rs_certificates(
     })
 }
 
-/// A rustls client configuration with the `ring` provider: the `cacertfile`'s roots, else
-/// the system's (`SSL_CERT_FILE` / `SSL_CERT_DIR` name others, as for fred's own
-/// default); a client certificate from `certfile` and `keyfile`.
+/// A rustls client configuration with the `ring` provider named in it (not taken from, nor
+/// installed as, the process default): the `cacertfile`'s roots, else the system's
+/// (`SSL_CERT_FILE` / `SSL_CERT_DIR` name others; an error loading them is an error, as in
+/// fred's own configuration); a client certificate from `certfile` and `keyfile`.
 #[cfg(all(feature = "tls", feature = "fred"))]
 pub(crate) fn rustls_config(files: &TlsFiles) -> Result<rustls::ClientConfig, RedisError> {
     use rustls::pki_types::pem::PemObject;

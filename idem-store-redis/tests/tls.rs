@@ -6,6 +6,11 @@
 //! - Against a `redis-server` with only a TLS port, started here with certificates from a
 //!   throwaway CA: with `cacertfile` naming that CA a key is claimed; with another CA the
 //!   connection is refused.
+//! - fred is handed a rustls configuration that names the `ring` provider: after claims
+//!   over TLS no process-wide provider is installed, and the application's own installs.
+//!   redis-rs takes no configuration and builds one from the process default at each TLS
+//!   connection, so one is installed for it then, and only then. Each of these tests has
+//!   its process to itself (nextest), so nothing else installed a provider before.
 
 mod common;
 
@@ -175,6 +180,115 @@ fn tls_files_need_a_tls_url() {
     ] {
         assert!(RedisConfig::new(url).validate().is_err(), "{url}");
     }
+}
+
+/// fred over TLS, with the CA from the URL and with the system's roots (`SSL_CERT_FILE`,
+/// set for this test's own process), a client certificate each time: no process-wide
+/// provider is installed, and the application's own installs afterwards.
+#[cfg(all(feature = "tls", feature = "fred"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fred_over_tls_installs_no_process_wide_crypto_provider() {
+    let pki = Pki::new();
+    let server = TlsServer::redis_requiring_client_certificates(&pki);
+    std::env::set_var("SSL_CERT_FILE", &pki.ca);
+    let cert = format!(
+        "certfile={}&keyfile={}",
+        pki.client_cert.display(),
+        pki.client_key.display()
+    );
+    for query in [format!("cacertfile={}&{cert}", pki.ca.display()), cert] {
+        let url = format!("rediss://127.0.0.1:{}/?{query}", server.port);
+        claims_over(ClientKind::Fred, &url)
+            .await
+            .unwrap_or_else(|e| panic!("{url} must work: {e}"));
+    }
+    assert!(
+        rustls::crypto::CryptoProvider::get_default().is_none(),
+        "connecting fred over TLS installed a process-wide rustls crypto provider"
+    );
+    assert!(
+        rustls::crypto::ring::default_provider()
+            .install_default()
+            .is_ok(),
+        "the application's own provider must install"
+    );
+}
+
+/// redis-rs builds the rustls configuration of each TLS connection from the process
+/// default (it takes none): a provider is installed for it just before such a connection,
+/// and never for one in plain TCP, whether the URL or the application made the client.
+#[cfg(all(feature = "tls", feature = "redis-rs"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_rs_installs_a_process_wide_provider_for_tls_only() {
+    let none_yet = |when: &str| {
+        assert!(
+            rustls::crypto::CryptoProvider::get_default().is_none(),
+            "{when} installed a process-wide rustls crypto provider"
+        );
+    };
+    let plain = common::redis_url();
+    claims_over(ClientKind::RedisRs, &plain)
+        .await
+        .unwrap_or_else(|e| panic!("{plain} must work: {e}"));
+    none_yet("a redis-rs connection in plain TCP");
+    let client = idem_store_redis::redis::Client::open(plain.as_str()).expect("a client");
+    let store = RedisLeaseStore::from_client(
+        idem_store_redis::RedisClient::RedisRs(client),
+        config(ClientKind::RedisRs, &plain, "own"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the application's plain client: {}", chain(&e)));
+    let mut tx = store.begin().await.expect("begin");
+    tx.claim(&key("own-1"), &ClaimMeta::new("own-1"))
+        .await
+        .expect("claim");
+    tx.commit().await.expect("commit");
+    none_yet("the application's own redis-rs client in plain TCP");
+
+    let pki = Pki::new();
+    let server = TlsServer::redis(&pki);
+    let url = format!(
+        "rediss://127.0.0.1:{}/?cacertfile={}",
+        server.port,
+        pki.ca.display()
+    );
+    claims_over(ClientKind::RedisRs, &url)
+        .await
+        .unwrap_or_else(|e| panic!("{url} must work: {e}"));
+    assert!(
+        rustls::crypto::CryptoProvider::get_default().is_some(),
+        "redis-rs spoke TLS: it built its configuration from a process-wide provider"
+    );
+}
+
+/// An application that installs its own provider before redis-rs connects over TLS keeps
+/// it (here ring with one cipher suite, told apart by that): redis-rs speaks TLS with it.
+#[cfg(all(feature = "tls", feature = "redis-rs"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_rs_over_tls_keeps_the_applications_own_provider() {
+    let ring = rustls::crypto::ring::default_provider();
+    let own = rustls::crypto::CryptoProvider {
+        cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
+        ..ring
+    };
+    own.install_default()
+        .expect("nothing installed a provider before");
+    let pki = Pki::new();
+    let server = TlsServer::redis(&pki);
+    let url = format!(
+        "rediss://127.0.0.1:{}/?cacertfile={}",
+        server.port,
+        pki.ca.display()
+    );
+    claims_over(ClientKind::RedisRs, &url)
+        .await
+        .unwrap_or_else(|e| panic!("{url} must work: {e}"));
+    let installed = rustls::crypto::CryptoProvider::get_default().expect("the application's");
+    assert_eq!(
+        installed.cipher_suites.len(),
+        1,
+        "the application's provider was replaced"
+    );
 }
 
 per_client!(

@@ -26,7 +26,7 @@ pub const DEFAULT_MAX_DELIVER: i64 = 20;
 /// |---|---|
 /// | `creds` | a credentials file (a user JWT and its nkey seed, as `nsc` writes it) |
 /// | `nkey` | a file holding a user nkey seed (a line starting `SU`) |
-/// | `cacertfile` | a PEM file of CA certificates trusted besides the system's roots; TLS is then required |
+/// | `cacertfile` | a PEM file of CA certificates trusted instead of the system's roots; TLS is then required |
 /// | `certfile` + `keyfile` | a client certificate and its key (PEM); TLS is then required |
 ///
 /// A token (`nats://TOKEN@host`) or a user and password (`nats://USER:PASS@host`) go in

@@ -199,33 +199,59 @@ async fn connect_options(
             .ok_or_else(|| invalid("nkey", path, "holds no user nkey seed (a line starting SU)"))?;
         options = options.nkey(seed.to_owned());
     }
-    for (param, path) in [
-        ("cacertfile", &files.ca),
-        ("certfile", &files.cert),
-        ("keyfile", &files.key),
-    ] {
-        if let Some(path) = path {
-            std::fs::metadata(path)
-                .map_err(|e| invalid(param, path, format!("cannot read the file: {e}")))?;
-        }
-    }
-    if let Some(ca) = &files.ca {
-        options = options.add_root_certificates(ca.into()).require_tls(true);
-    }
-    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
-        options = options
-            .add_client_certificate(cert.into(), key.into())
-            .require_tls(true);
+    options = options.tls_client_config(tls_config(files)?);
+    if files.ca.is_some() || files.cert.is_some() {
+        options = options.require_tls(true);
     }
     Ok(options)
+}
+
+/// The TLS configuration async-nats is handed, used whenever the connection turns to TLS
+/// (`tls://`, a server that requires TLS, TLS files in the URL), each file read now:
+/// rustls with the `ring` provider named in it ([`crate::tls::client_config`]), so
+/// async-nats builds none from rustls's process default. The roots are the URL's
+/// `cacertfile`, else the system's (`SSL_CERT_FILE` / `SSL_CERT_DIR` name others); a
+/// client certificate from `certfile` and `keyfile`.
+///
+/// An error loading the system's roots is left to async-nats, which loads them too
+/// whenever it is handed a configuration and fails a TLS connection on such an error (a
+/// plain one never needs them).
+fn tls_config(files: &ConnectFiles) -> Result<rustls::ClientConfig, BrokerError> {
+    use crate::tls::{pem_certificates, pem_private_key};
+    let read = |param: &str, path: &str| {
+        std::fs::read(path).map_err(|e| invalid(param, path, format!("cannot read the file: {e}")))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    match &files.ca {
+        Some(ca) => {
+            let certs = pem_certificates(&read("cacertfile", ca)?)
+                .map_err(|r| invalid("cacertfile", ca, r))?;
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| invalid("cacertfile", ca, format!("not a CA certificate: {e}")))?;
+            }
+        }
+        None => {
+            roots.add_parsable_certificates(crate::tls::system_roots().certs);
+        }
+    }
+    let identity = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => Some((
+            pem_certificates(&read("certfile", cert)?).map_err(|r| invalid("certfile", cert, r))?,
+            pem_private_key(&read("keyfile", key)?).map_err(|r| invalid("keyfile", key, r))?,
+        )),
+        _ => None,
+    };
+    crate::tls::client_config(roots, identity).map_err(|e| match &files.cert {
+        Some(cert) => invalid("certfile", cert, format!("with keyfile: {e}")),
+        None => BrokerError::connect(BROKER, e),
+    })
 }
 
 /// Connects to `url` (what the URL constructors hand to `from_client`), with the
 /// credentials and TLS files its query names.
 pub(crate) async fn connect_client(url: &str) -> Result<async_nats::Client, BrokerError> {
-    // async-nats builds its TLS configuration (`tls://`, or a server that requires TLS)
-    // from rustls's process default.
-    crate::tls::install_default_provider();
     let (url, files) = split_connect(url)?;
     connect_options(&url, &files)
         .await?

@@ -113,11 +113,9 @@ pub(crate) async fn connect(url: &str) -> Result<Connection, BrokerError> {
 pub(crate) async fn open(url: &str, setup: &Opening) -> Result<Connection, BrokerError> {
     crate::tls::check_compiled(url)?;
     let (url, files) = config::split_tls(url)?;
-    let tls = read_tls_files(&files)?;
-    #[cfg(feature = "tls")]
-    crate::tls::install_default_provider();
     let (url, limit) = connection_timeout(&url)?;
     let uri: lapin::uri::AMQPUri = url.parse().map_err(|e| BrokerError::connect(BROKER, e))?;
+    let tls = tls_connector(&files, uri.scheme == lapin::uri::AMQPScheme::AMQPS)?;
     let this = Opening::new();
     match tokio::time::timeout(limit, this.connect(uri, tls)).await {
         Ok(Ok(connection)) => {
@@ -207,33 +205,66 @@ pub(crate) fn watch_blocking(connection: &Connection) {
     });
 }
 
-/// The TLS files' contents, for lapin.
-fn read_tls_files(files: &config::TlsFiles) -> Result<lapin::tcp::OwnedTLSConfig, BrokerError> {
-    let read = |param: &str, path: &str| {
-        std::fs::read(path).map_err(|e| BrokerError::InvalidParam {
-            param: param.to_owned(),
-            value: path.to_owned(),
-            reason: format!("cannot read the file: {e}"),
-        })
+/// The TLS connector of an `amqps://` connection (`None` for `amqp://`), its files read
+/// now: rustls with the `ring` provider named in its configuration
+/// ([`crate::tls::client_config`]), so lapin builds none from rustls's process default.
+/// The roots are the system's (`SSL_CERT_FILE` / `SSL_CERT_DIR` name others) and the
+/// URL's `cacertfile`; a client certificate from `certfile` and `keyfile`.
+#[cfg(feature = "tls")]
+fn tls_connector(files: &config::TlsFiles, amqps: bool) -> Result<opening::Tls, BrokerError> {
+    use crate::tls::{pem_certificates, pem_private_key};
+    if !amqps {
+        return Ok(None);
+    }
+    let invalid = |param: &str, path: &str, reason: String| BrokerError::InvalidParam {
+        param: param.to_owned(),
+        value: path.to_owned(),
+        reason,
     };
-    let mut tls = lapin::tcp::OwnedTLSConfig::default();
+    let read = |param: &str, path: &str| {
+        std::fs::read(path).map_err(|e| invalid(param, path, format!("cannot read the file: {e}")))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    let system = crate::tls::system_roots();
+    roots.add_parsable_certificates(system.certs);
     if let Some(ca) = &files.ca {
-        let pem = read("cacertfile", ca)?;
-        tls.cert_chain = Some(
-            String::from_utf8(pem).map_err(|_| BrokerError::InvalidParam {
-                param: "cacertfile".to_owned(),
-                value: ca.clone(),
-                reason: "not a PEM file".to_owned(),
-            })?,
-        );
+        let certs =
+            pem_certificates(&read("cacertfile", ca)?).map_err(|r| invalid("cacertfile", ca, r))?;
+        roots.add_parsable_certificates(certs);
     }
-    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
-        tls.identity = Some(lapin::tcp::OwnedIdentity::PKCS8 {
-            pem: read("certfile", cert)?,
-            key: read("keyfile", key)?,
-        });
+    if roots.is_empty() {
+        let why = system
+            .errors
+            .first()
+            .map_or_else(|| "none found".to_owned(), ToString::to_string);
+        return Err(BrokerError::connect(
+            BROKER,
+            format!(
+                "no root certificate to verify the server with: none from the system ({why}), \
+                 no cacertfile"
+            ),
+        ));
     }
-    Ok(tls)
+    let identity = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => Some((
+            pem_certificates(&read("certfile", cert)?).map_err(|r| invalid("certfile", cert, r))?,
+            pem_private_key(&read("keyfile", key)?).map_err(|r| invalid("keyfile", key, r))?,
+        )),
+        _ => None,
+    };
+    let config = crate::tls::client_config(roots, identity).map_err(|e| match &files.cert {
+        Some(cert) => invalid("certfile", cert, format!("with keyfile: {e}")),
+        None => BrokerError::connect(BROKER, e),
+    })?;
+    Ok(Some(config.into()))
+}
+
+/// Without the `tls` feature there is no `amqps://` here (refused before) and no TLS
+/// file (refused on `amqp://`).
+#[cfg(not(feature = "tls"))]
+#[allow(clippy::unnecessary_wraps)] // the TLS build's signature
+fn tls_connector(_: &config::TlsFiles, _: bool) -> Result<opening::Tls, BrokerError> {
+    Ok(None)
 }
 
 /// What a connection event tells an operator. RabbitMQ blocks a publishing connection

@@ -11,14 +11,15 @@
 //! out of file handles.
 //!
 //! So connections opened from a URL are opened through an [`Opening`]: it connects the
-//! socket as lapin does (the host resolved, TCP, then TLS for `amqps://` with the same
-//! configuration), keeps a duplicate of each socket's handle while the connection is
-//! being set up, and, dropped without [`Opening::keep`], shuts every socket down and
-//! abandons a connect still under way (resolving, the TCP handshake, TLS). lapin's thread
-//! then reads the end of the stream (or fails its write), ends the connection with an
-//! error and exits, closing its socket: the default `ConnectionProperties` never
-//! reconnect (no backoff attempts). A kept opening drops its duplicates: the connection
-//! is then lapin's alone, closed as lapin closes it.
+//! socket as lapin does (the host resolved, TCP, then TLS for `amqps://`, with the rustls
+//! configuration idem builds: [`super::tls_connector`]), keeps a duplicate of each
+//! socket's handle while the connection is being set up, and, dropped without
+//! [`Opening::keep`], shuts every socket down and abandons a connect still under way
+//! (resolving, the TCP handshake, TLS). lapin's thread then reads the end of the stream
+//! (or fails its write), ends the connection with an error and exits, closing its socket:
+//! the default `ConnectionProperties` never reconnect (no backoff attempts). A kept
+//! opening drops its duplicates: the connection is then lapin's alone, closed as lapin
+//! closes it.
 
 use std::io;
 use std::net::Shutdown;
@@ -26,7 +27,7 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::{select, Either};
-use lapin::tcp::{AsyncTcpStream, OwnedTLSConfig};
+use lapin::tcp::AsyncTcpStream;
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Connection, ConnectionProperties};
 use tokio::sync::watch;
@@ -74,13 +75,9 @@ impl Opening {
     }
 
     /// Opens a connection to `uri` as `Connection::connect_with_config` does (default
-    /// properties, `tls` for `amqps://`, lapin's default runtime), its socket part of
-    /// this opening.
-    pub(crate) async fn connect(
-        &self,
-        uri: AMQPUri,
-        tls: OwnedTLSConfig,
-    ) -> lapin::Result<Connection> {
+    /// properties, lapin's default runtime), with TLS through `tls` for `amqps://`, its
+    /// socket part of this opening.
+    pub(crate) async fn connect(&self, uri: AMQPUri, tls: Tls) -> lapin::Result<Connection> {
         let runtime = lapin::runtime::default_runtime()?;
         let shared = Arc::clone(&self.shared);
         Connection::connector(
@@ -97,9 +94,7 @@ impl Opening {
                     }
                     match uri.scheme {
                         AMQPScheme::AMQP => Ok(stream),
-                        AMQPScheme::AMQPS => {
-                            stream.into_tls(&uri.authority.host, tls.as_ref()).await
-                        }
+                        AMQPScheme::AMQPS => into_tls(stream, &uri.authority.host, &tls).await,
                     }
                 };
                 let giving_up =
@@ -168,6 +163,46 @@ impl Shared {
         }
         Ok(())
     }
+}
+
+/// The TLS connector of `amqps://` connections: rustls over the configuration idem builds
+/// ([`super::tls_connector`]), never one lapin builds from rustls's process default.
+#[cfg(feature = "tls")]
+pub(crate) type Tls = Option<lapin::tcp::RustlsConnector>;
+
+/// Without the `tls` feature there is none: an `amqps://` URL is refused before
+/// connecting.
+#[cfg(not(feature = "tls"))]
+pub(crate) type Tls = Option<std::convert::Infallible>;
+
+/// `stream` upgraded to TLS with `tls`, for `host`.
+#[cfg(feature = "tls")]
+async fn into_tls<S>(
+    stream: AsyncTcpStream<S>,
+    host: &str,
+    tls: &Tls,
+) -> io::Result<AsyncTcpStream<S>>
+where
+    S: futures::io::AsyncRead + futures::io::AsyncWrite + Send + Unpin + 'static,
+{
+    match tls {
+        Some(connector) => stream.into_rustls(connector, host).await,
+        None => Err(no_tls()),
+    }
+}
+
+/// Without the `tls` feature: an error (`amqps://` is refused before connecting).
+#[cfg(not(feature = "tls"))]
+#[allow(clippy::unused_async)] // the TLS build's signature
+async fn into_tls<S>(_: AsyncTcpStream<S>, _: &str, _: &Tls) -> io::Result<AsyncTcpStream<S>>
+where
+    S: futures::io::AsyncRead + futures::io::AsyncWrite + Send + Unpin + 'static,
+{
+    Err(no_tls())
+}
+
+fn no_tls() -> io::Error {
+    io::Error::other("amqps:// without a TLS configuration")
 }
 
 fn given_up_error() -> io::Error {

@@ -110,11 +110,7 @@ pub(crate) async fn connect(url: &str) -> Result<Client, BrokerError> {
 /// timeout.
 pub(crate) fn client_for(url: &str, command_timeout: Duration) -> Result<Client, BrokerError> {
     crate::tls::check_compiled(url)?;
-    // fred builds its TLS configuration while reading the URL.
-    #[cfg(feature = "tls")]
-    crate::tls::install_default_provider();
-    let config = Config::from_url(url).map_err(|e| BrokerError::InvalidUrl(e.to_string()))?;
-    Builder::from_config(config)
+    Builder::from_config(config_of(url)?)
         .with_connection_config(|c| {
             c.connection_timeout = Duration::from_secs(5);
         })
@@ -124,6 +120,47 @@ pub(crate) fn client_for(url: &str, command_timeout: Duration) -> Result<Client,
         .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
         .build()
         .map_err(|e| BrokerError::InvalidUrl(e.to_string()))
+}
+
+/// fred's configuration of `url`.
+///
+/// For a TLS scheme (`rediss`, `rediss-cluster`, `valkeys`, …) fred's `Config::from_url`
+/// would build its own rustls configuration with `rustls::ClientConfig::builder()`, which
+/// takes rustls's process-wide default provider and, with one provider compiled in,
+/// installs it. So the URL is read with the scheme's plain-TCP twin (`redis`,
+/// `redis-cluster`, `valkey`, …: fred reads the same server, credentials and database from
+/// it, the scheme choosing only the deployment and whether to use TLS), and the TLS
+/// connector is idem's (`fred_tls_config`).
+fn config_of(url: &str) -> Result<Config, BrokerError> {
+    let invalid = |e: Error| BrokerError::InvalidUrl(e.to_string());
+    match crate::tls::plain_twin(url) {
+        #[cfg(feature = "tls")]
+        Some(plain) => {
+            let mut config = Config::from_url(&plain).map_err(invalid)?;
+            config.tls = Some(fred_tls_config()?.into());
+            Ok(config)
+        }
+        // Refused by `check_compiled` before.
+        #[cfg(not(feature = "tls"))]
+        Some(_) => Err(crate::tls::not_compiled("rediss")),
+        None => Config::from_url(url).map_err(invalid),
+    }
+}
+
+/// The rustls configuration of a `rediss://` client: the `ring` provider named in it
+/// ([`crate::tls::client_config`]), the system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR`
+/// name others; an error loading them is an error, as in fred's own configuration), no
+/// client certificate.
+#[cfg(feature = "tls")]
+fn fred_tls_config() -> Result<rustls::ClientConfig, BrokerError> {
+    let invalid = |e: String| BrokerError::InvalidUrl(format!("TLS: {e}"));
+    let system = crate::tls::system_roots();
+    if let Some(e) = system.errors.first() {
+        return Err(invalid(format!("the system's root certificates: {e}")));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(system.certs);
+    crate::tls::client_config(roots, None).map_err(|e| invalid(e.to_string()))
 }
 
 /// A new client with `template`'s configuration (server, TLS, credentials, connection

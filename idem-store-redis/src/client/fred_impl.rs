@@ -32,8 +32,9 @@ pub(super) fn map_err(action: &'static str, e: Error) -> RedisError {
     }
 }
 
-/// `tls`: files given with a `rediss://` URL (else fred's own TLS configuration, on
-/// the system's roots).
+/// `tls`: files given with a `rediss://` URL. A TLS URL's connector is idem's rustls
+/// configuration (`tls::rustls_config`, the `ring` provider named in it), never the one
+/// fred would build from rustls's process default (`tls::plain_twin` says why).
 #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
 pub(super) async fn open(
     url: &str,
@@ -41,13 +42,19 @@ pub(super) async fn open(
     timeout: Duration,
     wait: bool,
 ) -> Result<Client, RedisError> {
-    #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
-    let mut config = Config::from_url(url)
-        .map_err(|e| RedisError::Config(format!("{:?}: {e}", idem_core::Redacted(url))))?;
+    let unreadable = |e: Error| RedisError::Config(format!("{:?}: {e}", idem_core::Redacted(url)));
     #[cfg(feature = "tls")]
-    if !tls.is_empty() {
-        config.tls = Some(crate::tls::rustls_config(tls)?.into());
-    }
+    let mut config = match crate::tls::plain_twin(url) {
+        Some(plain) => {
+            let mut config = Config::from_url(&plain).map_err(unreadable)?;
+            config.tls = Some(crate::tls::rustls_config(tls)?.into());
+            config
+        }
+        None => Config::from_url(url).map_err(unreadable)?,
+    };
+    // A TLS URL is refused before (`RedisConfig::validate`).
+    #[cfg(not(feature = "tls"))]
+    let mut config = Config::from_url(url).map_err(unreadable)?;
     config.fail_fast = wait;
     let client = Builder::from_config(config)
         .with_connection_config(|c| {

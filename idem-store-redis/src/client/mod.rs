@@ -56,11 +56,6 @@ impl Conn {
         let cluster = config.is_cluster();
         // Checked by `validate`: TLS files only with a TLS URL, which needs the feature.
         let tls = config.tls_files()?;
-        #[cfg(feature = "tls")]
-        if crate::tls::scheme_asks_for_tls(&url) {
-            // Both clients build their TLS configurations from rustls's process default.
-            crate::tls::install_default_provider();
-        }
         let inner = match config.client {
             #[cfg(feature = "fred")]
             ClientKind::Fred => {
@@ -95,10 +90,6 @@ impl Conn {
         wait: bool,
     ) -> Result<Self, RedisError> {
         config.validate_settings()?;
-        // The client may speak TLS: both clients build their TLS configurations from
-        // rustls's process default.
-        #[cfg(feature = "tls")]
-        crate::tls::install_default_provider();
         let timeout = config.timeout;
         let (inner, cluster) = match client {
             #[cfg(feature = "fred")]

@@ -15,7 +15,23 @@ use crate::error::RedisError;
 #[derive(Clone)]
 enum Target {
     Single(Box<redis::Client>),
-    Cluster(Box<ClusterClient>),
+    /// With whether its nodes may be reached over TLS.
+    Cluster(Box<ClusterClient>, bool),
+}
+
+impl Target {
+    /// Whether redis-rs may open a TLS connection for it (and so build a rustls
+    /// configuration from the process default).
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    fn may_use_tls(&self) -> bool {
+        match self {
+            Self::Single(client) => matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            ),
+            Self::Cluster(_, tls) => *tls,
+        }
+    }
 }
 
 /// A live connection: redis-rs's connection manager (one server), or its cluster
@@ -113,8 +129,9 @@ impl Lazy {
             .retries(2)
             .build()
             .map_err(|e| RedisError::Config(format!("{nodes:?}: {e}")))?;
+        let tls = nodes.iter().any(|n| crate::tls::scheme_asks_for_tls(n));
         Ok(Self::with_target(
-            Target::Cluster(Box::new(client)),
+            Target::Cluster(Box::new(client), tls),
             timeout,
         ))
     }
@@ -124,9 +141,10 @@ impl Lazy {
         Self::with_target(Target::Single(Box::new(client)), timeout)
     }
 
-    /// Over a cluster client the application built.
+    /// Over a cluster client the application built (which does not tell whether its nodes
+    /// speak TLS: taken as possibly TLS).
     pub(super) fn from_cluster_client(client: ClusterClient, timeout: Duration) -> Self {
-        Self::with_target(Target::Cluster(Box::new(client)), timeout)
+        Self::with_target(Target::Cluster(Box::new(client), true), timeout)
     }
 
     fn with_target(target: Target, timeout: Duration) -> Self {
@@ -143,6 +161,12 @@ impl Lazy {
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
+        // redis-rs builds the rustls configuration of each TLS connection (this one and
+        // every reconnection) from rustls's process default, and takes none.
+        #[cfg(feature = "tls")]
+        if self.0.target.may_use_tls() {
+            crate::tls::install_default_provider_for_redis_rs();
+        }
         let live = match &self.0.target {
             Target::Single(client) => {
                 let config = ConnectionManagerConfig::new()
@@ -156,7 +180,7 @@ impl Lazy {
                         .map_err(|e| map_err(action, e))?,
                 )
             }
-            Target::Cluster(client) => Live::Cluster(
+            Target::Cluster(client, _) => Live::Cluster(
                 client
                     .get_async_connection()
                     .await
@@ -284,7 +308,7 @@ impl Lazy {
         action: &'static str,
         keys: &[String],
     ) -> Result<Vec<Option<String>>, RedisError> {
-        if let Target::Cluster(_) = self.0.target {
+        if let Target::Cluster(..) = self.0.target {
             return self
                 .per_key(action, keys, |p, k| {
                     p.cmd("GET").arg(k);
