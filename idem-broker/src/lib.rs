@@ -75,7 +75,7 @@
 
 pub mod any;
 mod error;
-#[cfg(any(feature = "nats", feature = "sqs"))]
+#[cfg(any(feature = "nats", feature = "sqs", feature = "redis-streams"))]
 mod hold;
 pub mod horizon;
 #[cfg(feature = "_tokio")]
