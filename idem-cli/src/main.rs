@@ -21,25 +21,25 @@
 //!
 //! | feature | brings | default | crates it adds¹ | C library built from source |
 //! |---|---|---|---|---|
-//! | `postgres` | `postgres://` stores (sqlx) | yes | 16 | none |
+//! | `postgres` | `postgres://` stores (sqlx) | yes | 15 | none |
 //! | `redis` | `--front-filter redis://` through `fred` (Redis Streams' client too) | yes | 22 | none |
 //! | `redis-rs` | the same front filter through the `redis` crate instead | no | 13 | none |
 //! | `rabbitmq` | `amqp://` brokers (lapin) | yes | 10 | none |
 //! | `nats` | `nats://` brokers (async-nats) | yes | 51 | none² |
 //! | `redis-streams` | `redis://` brokers (fred) | yes | 21 | none |
 //! | `tls` | `amqps://`, `rediss://`, Postgres `sslmode=require` and stricter (rustls) | yes | 32³ | none² |
-//! | `sqs` | `sqs://` brokers (the AWS SDK, on rustls with ring) | no | 76 | none² |
-//! | `kafka` | `kafka://` brokers (rdkafka) | no | 13 | librdkafka, with its configure script and make |
+//! | `sqs` | `sqs://` brokers (the AWS SDK, on rustls with ring) | no | 69 | none² |
+//! | `kafka` | `kafka://` brokers (rdkafka) | no | 12 | librdkafka, with its configure script and make |
 //!
 //! ¹ Distinct crates of `cargo tree -e normal` over a build of SQLite alone
-//! (`--no-default-features`: 160). The default set makes 283, every feature 347.
+//! (`--no-default-features`: 178). The default set makes 300, every feature 356.
 //! ² ring (rustls's provider) compiles a few C and assembly files, in seconds.
 //! ³ Over the rest of the default set.
 //!
 //! The default set serves the demo and the brokers and stores with small clients:
 //! SQLite, Postgres, the Redis front filter, RabbitMQ, NATS JetStream and Redis Streams,
 //! with TLS, and one Redis client (fred) for both Redis jobs. SQS and Kafka are left
-//! out: SQS brings the AWS SDK (76 crates, a fifth of every feature's tree); Kafka
+//! out: SQS brings the AWS SDK (69 crates, a fifth of every feature's tree); Kafka
 //! compiles librdkafka from C with its configure script, the longest single step of a
 //! cold build. Neither is needed by the demo. Build them in with `cargo install idem-cli
 //! --features sqs,kafka` (or `--all-features`).
