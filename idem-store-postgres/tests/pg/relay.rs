@@ -2,7 +2,7 @@
 //! keep each subject's order; a crash between publishing and marking republishes the same
 //! event ids; NOTIFY wakes the relay only on commit.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Inspection answers "was this key / award processed, when, which outbox events".
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime};
 

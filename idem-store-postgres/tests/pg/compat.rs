@@ -1,7 +1,7 @@
 //! The store works on a `processed_messages` created by another program with only the
 //! reference columns, and on a reference `outbox` (which `migrate` upgrades in place).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

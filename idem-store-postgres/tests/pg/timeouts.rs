@@ -5,7 +5,7 @@
 //! nothing is dead-lettered. A degraded server (a locked table, a read-only node) charges
 //! no message, and a handler's deadline leaves nothing running on the server.
 
-mod common;
+use crate::common;
 
 use idem_engine::{Gate, GateConfig};
 use idem_store_postgres::{PgConfig, PgStore};

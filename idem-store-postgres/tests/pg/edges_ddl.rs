@@ -4,7 +4,7 @@
 //! instead of queueing the claim writers behind an open transaction; the append-only guard
 //! covers every partition; a tally flush whose result was unknown is not counted twice.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

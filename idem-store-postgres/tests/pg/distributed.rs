@@ -5,7 +5,7 @@
 //! `create_distributed_table` is untested, docs/scale.md). The conformance suite and the
 //! crash property run on this layout too (`conformance_distributed.rs`, `properties.rs`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -525,7 +525,7 @@ async fn the_citus_step_distributes_the_four_tables_colocated_once() {
             .expect("stub");
     }
     let script = SqlText::render(
-        include_str!("../migrations/0009_distributed_citus.sql"),
+        include_str!("../../migrations/0009_distributed_citus.sql"),
         &[("schema", &Ident::new(store.schema()).expect("schema"))],
     );
     for _ in 0..2 {

@@ -4,7 +4,7 @@
 //! statement switches to after a few executions; and the whole window comes out once,
 //! in order.
 
-mod common;
+use crate::common;
 
 use idem_store_postgres::PgStore;
 use sqlx::{Connection, Row};

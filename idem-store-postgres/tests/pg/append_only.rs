@@ -1,7 +1,7 @@
 //! The optional append-only migration: UPDATE / DELETE / TRUNCATE of dedup records are
 //! refused with a clear error; claims and retention still work.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

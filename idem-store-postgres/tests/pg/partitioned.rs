@@ -3,7 +3,7 @@
 //! between, and purge drops whole old partitions (fast, never below the floor, never a
 //! partition holding a claim made after the cutoff).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

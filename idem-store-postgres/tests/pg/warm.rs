@@ -4,7 +4,7 @@
 //! users of the pool are never starved, and closing the pool never waits on a parked
 //! connection.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! subject's events are published in commit order even when two transactions commit out
 //! of id order.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

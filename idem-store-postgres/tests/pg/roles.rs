@@ -2,7 +2,7 @@
 //! verbatim to a fresh schema: the consumer claims and writes but cannot delete or
 //! rewrite evidence; the relay may only mark outbox rows published; the auditor reads.
 
-mod common;
+use crate::common;
 
 use idem_engine::{
     ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey, OutboxBatch, OutboxEvent,

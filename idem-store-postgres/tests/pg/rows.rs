@@ -3,7 +3,7 @@
 //! and what a refused row or malformed columns do: abort, or refuse before sending —
 //! never a row without its event, nor an event without its row.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

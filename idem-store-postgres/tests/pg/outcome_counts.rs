@@ -4,7 +4,7 @@
 //! yet) reads as "not recorded", and `audit_stats` carries the counts of the days
 //! overlapping its window.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

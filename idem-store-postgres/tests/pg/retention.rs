@@ -1,7 +1,7 @@
 //! Retention: old dedup records and old *published* outbox rows go, in batches; young
 //! and unpublished rows stay; the floor is enforced; a dry run deletes nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

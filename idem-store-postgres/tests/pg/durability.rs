@@ -3,7 +3,7 @@
 //! `Rejected` (so the gate dead-letters them); the retention floor is three calendar
 //! years; the store's identity is created once, kept, and rotated on demand.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

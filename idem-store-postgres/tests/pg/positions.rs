@@ -4,7 +4,7 @@
 //! transactions of one partition in flight at once do not wait for each other (they
 //! write different slot rows).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

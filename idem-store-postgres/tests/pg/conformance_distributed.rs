@@ -2,6 +2,6 @@
 //! the same checks, claims keyed `(award_id, idempotency_key)` and outbox events `(subject,
 //! event_id)`, on plain Postgres. One fresh schema per test.
 
-mod common;
+use crate::common;
 
 idem_testkit::conformance_tests!(common::fresh_distributed_store().await);

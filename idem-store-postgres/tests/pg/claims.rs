@@ -1,7 +1,7 @@
 //! Claim behaviour beyond the conformance suite: the lock timeout, aborted transactions,
 //! error mapping by SQLSTATE.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The exactly-once property (any schedule of deliveries, redeliveries and crashes at
 //! every point) against the real server, each case in its own schema, on each layout.
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 

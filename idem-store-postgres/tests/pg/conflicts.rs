@@ -3,7 +3,7 @@
 //! table that was never migrated (no detection, said so), and the partitioned layout's
 //! identity index holding across a batch.
 
-mod common;
+use crate::common;
 
 use idem_engine::{ClaimMeta, ClaimOutcome, ClaimStore, ClaimTx, IdempotencyKey};
 
