@@ -3,7 +3,7 @@
 //! `SQLITE_IOERR`, the store's fault and not the message's. Nothing is dead-lettered
 //! while the disk is full; once space returns, every message is processed once.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,6 +1,6 @@
 //! The SQLite store passes the shared conformance suite.
 
-mod common;
+use crate::common;
 
 idem_testkit::conformance_tests!(common::fresh().await);
 

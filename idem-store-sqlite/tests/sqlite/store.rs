@@ -1,6 +1,6 @@
 //! SQLite specifics: the relay source, inspection, identifiers.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The SQLite store under the testkit's harness: a fresh database file per test.
-#![allow(unreachable_pub, dead_code)] // shared by several test binaries
+#![allow(unreachable_pub, dead_code)] // shared by the modules of the test binary
 
 use async_trait::async_trait;
 use idem_engine::{

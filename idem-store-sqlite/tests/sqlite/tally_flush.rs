@@ -1,7 +1,7 @@
 //! A tally flush is added once: the same flush id sent twice (its first answer lost, or
 //! a timeout that dropped it while SQLite went on and committed) adds its counts once.
 
-mod common;
+use crate::common;
 
 use idem_engine::record::OutcomeCount;
 use idem_engine::tally::FlushId;

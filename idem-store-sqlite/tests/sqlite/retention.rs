@@ -2,7 +2,7 @@
 //! go, in batches; young and unpublished rows stay; the floor is enforced (calendar
 //! years counted by SQLite); a dry run deletes nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

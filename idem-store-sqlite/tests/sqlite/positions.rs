@@ -1,7 +1,7 @@
 //! Log positions kept in the claim's transaction (`idem_positions`, one row per
 //! partition): the position store's conformance scenarios (`idem_testkit::positions`).
 
-mod common;
+use crate::common;
 
 use idem_engine::mutant::{self, Mutant};
 use idem_testkit::positions as scenario;

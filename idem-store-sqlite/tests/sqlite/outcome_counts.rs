@@ -3,7 +3,7 @@
 //! are read by whole days overlapping the window, and a database without the table (not
 //! migrated yet) reads as "not recorded" until `migrate` creates it.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

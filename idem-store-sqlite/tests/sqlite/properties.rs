@@ -1,7 +1,7 @@
 //! The exactly-once property on SQLite: any schedule of deliveries, redeliveries and
 //! crashes at any point leaves one effect per distinct submission.
 
-mod common;
+use crate::common;
 
 use idem_testkit::sim::check_exactly_once;
 use idem_testkit::strategies;

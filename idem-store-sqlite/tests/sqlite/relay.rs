@@ -2,7 +2,7 @@
 //! batch is out at the broker), two relays never hold one row, a dead relay's lease
 //! expires, and an event the broker refuses for good is moved aside while the rest flows.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
