@@ -19,9 +19,9 @@
 //! - [`run`] consumes a RabbitMQ queue into the store and relays the outbox to another
 //!   queue; `src/main.rs` calls it with [`Settings::from_env`].
 //!
-//! `tests/crash_suite.rs` runs the test kit's crash-at-every-step suite against the
-//! handler on SQLite and on Postgres, and `tests/rabbitmq.rs` runs [`run`] end to end on
-//! a real RabbitMQ and Postgres. The guide that walks through this crate is
+//! `tests/orders/crash_suite.rs` runs the test kit's crash-at-every-step suite against the
+//! handler on SQLite and on Postgres, and `tests/orders/rabbitmq.rs` runs [`run`] end to
+//! end on a real RabbitMQ and Postgres. The guide that walks through this crate is
 //! `docs/own-handler.md`.
 
 use std::future::Future;

@@ -1,7 +1,8 @@
 //! The conformance suite every store runs: plain async functions, one call list.
 //!
-//! A store's `tests/conformance.rs` is one line — here the in-memory store's; an
-//! expression that makes a fresh, isolated store (it may `.await`) goes in the call:
+//! A store's `tests/conformance.rs` (or a `conformance` module of its test binary) is one
+//! line — here the in-memory store's; an expression that makes a fresh, isolated store
+//! (it may `.await`) goes in the call:
 //!
 //! ```
 //! idem_testkit::conformance_tests!(idem_testkit::MemoryStore::new());

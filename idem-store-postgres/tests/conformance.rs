@@ -1,5 +1,0 @@
-//! The testkit's conformance suite against the real server, one fresh schema per test.
-
-mod common;
-
-idem_testkit::conformance_tests!(common::fresh_store().await);
