@@ -15,7 +15,7 @@ use std::fmt;
 use std::time::Duration;
 
 use jiff::fmt::friendly::SpanPrinter;
-use jiff::{SignedDuration, Span, SpanRelativeTo};
+use jiff::{SignedDuration, Span, SpanRelativeTo, SpanRound, Unit};
 
 use crate::retention::RetentionFloor;
 
@@ -159,17 +159,25 @@ pub fn parse_age(s: &str) -> Result<RetentionFloor, DurationError> {
         .map_err(|_| DurationError::new(t, "a duration cannot be negative"))
 }
 
-/// Writes `d` in the grammar [`parse_duration`] reads: `0s`, `250ms`, `1m 30s`, `2h`.
+/// Writes `d` in the grammar [`parse_duration`] reads, in days (of 24 hours) and smaller
+/// units: `0s`, `250ms`, `1m 30s`, `2h`, `14d`.
 ///
 /// ```
 /// use std::time::Duration;
 /// use idem_core::duration::{parse_duration, show};
 /// assert_eq!(show(Duration::from_secs(90)), "1m 30s");
+/// assert_eq!(show(Duration::from_secs(14 * 86_400)), "14d");
 /// assert_eq!(parse_duration(&show(Duration::from_millis(1_250))), Ok(Duration::from_millis(1_250)));
 /// ```
 pub fn show(d: Duration) -> String {
     let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
-    SpanPrinter::new().duration_to_string(&d)
+    let printer = SpanPrinter::new();
+    Span::try_from(d)
+        .and_then(|span| span.round(SpanRound::new().largest(Unit::Day).days_are_24_hours()))
+        .map_or_else(
+            |_| printer.duration_to_string(&d),
+            |span| printer.span_to_string(&span),
+        )
 }
 
 #[cfg(test)]
@@ -246,6 +254,7 @@ mod tests {
             Duration::from_secs(90),
             Duration::from_secs(3 * 86_400 + 5),
             Duration::from_micros(1_500_001),
+            Duration::from_secs(400 * 86_400 + 3_661),
         ] {
             assert_eq!(parse_duration(&show(d)), Ok(d), "{}", show(d));
         }

@@ -457,8 +457,8 @@ mod tests {
             ),
             ("wait=21s", "wait", "from 0s to 20s"),
             ("wait=soon", "wait", "invalid duration"),
-            ("retention=59s", "retention", "from 1m to 14days"),
-            ("retention=15d", "retention", "from 1m to 14days"),
+            ("retention=59s", "retention", "from 1m to 14d"),
+            ("retention=15d", "retention", "from 1m to 14d"),
             ("max_receive_count=0", "max_receive_count", "from 1 to 1000"),
             (
                 "max_receive_count=1001",

@@ -52,7 +52,7 @@ fn bad_values_name_their_parameter() {
             "session_timeout",
             "invalid duration",
         ),
-        ("?max_poll_interval=2d", "max_poll_interval", "to 24h"),
+        ("?max_poll_interval=2d", "max_poll_interval", "to 1d"),
         (
             "?max_poll_interval=5s",
             "max_poll_interval",
