@@ -227,7 +227,10 @@ fn the_readme_starts_with_the_demo_and_the_test_command() {
         .collect();
     assert_eq!(
         commands,
-        ["cargo run --release -p idem-cli -- demo", "scripts/test"]
+        [
+            "cargo run --release -p idem-cli --no-default-features -- demo",
+            "scripts/test"
+        ]
     );
 }
 
