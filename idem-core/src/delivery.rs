@@ -191,7 +191,7 @@ pub trait Acker: Send + 'static {
 
     /// Returns the delivery to be processed again after `delay` because it was
     /// *deferred*, not because it failed: its key is held by another transaction
-    /// ([`ClaimOutcome::InProgress`](crate::ClaimOutcome::InProgress)). A deferral is not an
+    /// ([`ClaimOutcome::InProgress`]). A deferral is not an
     /// attempt: an adapter whose broker counts redeliveries against a limit (NATS
     /// `max_deliver`, SQS `maxReceiveCount`, a quorum queue's delivery limit) should keep
     /// the delivery (alive, its visibility or lease extended) and hand it back without
@@ -222,7 +222,7 @@ pub trait Acker: Send + 'static {
 
     /// Where this delivery stands in its log, when its source keeps positions in the
     /// store ([`crate::position`]): the gate hands it to the claim transaction
-    /// ([`ClaimTx::advance_positions`](crate::ClaimTx::advance_positions)) before the
+    /// ([`ClaimTx::advance_positions`]) before the
     /// commit. `None` (the default) records nothing.
     fn position(&self) -> Option<crate::position::PositionMove> {
         None

@@ -265,7 +265,7 @@ struct Failure {
 ///   its batch and is tried again after a [`Backoff`] delay; once every round has failed
 ///   for [`RelayOptions::give_up_after`], `run` returns the last error;
 /// - a store [`StoreError::Config`] error (a missing table or privilege) ends `run` at once;
-/// - when the broker refuses a batch for good (a non-retryable [`PublishError`]), the
+/// - when the broker refuses a batch for good (a non-retryable [`PublishError`](crate::PublishError)), the
 ///   relay publishes its events one at a time to find the culprit, and an event refused
 ///   [`RelayOptions::max_publish_attempts`] times is moved aside
 ///   ([`OutboxBatch::record_failure`]) so that the events behind it keep flowing (its
