@@ -92,7 +92,7 @@ impl ConsumerStats {
     /// log line.
     ///
     /// ```
-    /// let s = idem_core::ConsumerStats { processed: 3, duplicates: 1, ..Default::default() };
+    /// let s = idem_engine::ConsumerStats { processed: 3, duplicates: 1, ..Default::default() };
     /// assert_eq!(s.counts()[0], ("deliveries", 4));
     /// assert_eq!(s.counts()[1], ("processed", 3));
     /// ```

@@ -1,7 +1,7 @@
 //! The outbox relay: publishes the events a claim's transaction wrote, at least once, with
 //! their deterministic [`EventId`]s, so the next consumer dedups the same way. The event
 //! types and the store's side ([`OutboxSource`], [`Publisher`]) are the contract's, in
-//! [`idem_core::outbox`], re-exported here.
+//! [`idem_engine::outbox`], re-exported here.
 
 use std::fmt;
 use std::future::Future;
@@ -38,7 +38,7 @@ pub struct RelayStats {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::outbox::Backoff;
+/// use idem_engine::outbox::Backoff;
 /// let b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// assert_eq!(b.ceiling(1), Duration::from_millis(100));
 /// assert_eq!(b.ceiling(4).as_micros(), 800_000);
@@ -113,7 +113,7 @@ pub trait RelayObserver: Send + Sync {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::outbox::RelayOptions;
+/// use idem_engine::outbox::RelayOptions;
 /// let options = RelayOptions::default()
 ///     .batch_size(500)
 ///     .exit_when_idle(Some(Duration::from_secs(5)))

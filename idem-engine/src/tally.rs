@@ -86,9 +86,9 @@ struct Inner {
 /// counts mean.
 ///
 /// ```
-/// use idem_core::record::Timestamp;
-/// use idem_core::tally::OutcomeTally;
-/// use idem_core::{IdempotencyKey, Outcome, RejectReason};
+/// use idem_engine::record::Timestamp;
+/// use idem_engine::tally::OutcomeTally;
+/// use idem_engine::{IdempotencyKey, Outcome, RejectReason};
 ///
 /// let tally = OutcomeTally::new();
 /// let key = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{}").unwrap();

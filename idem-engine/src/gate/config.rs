@@ -25,7 +25,7 @@ use crate::store::{ClaimMeta, ClaimOutcome, ClaimStore};
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::gate::RetryPolicy;
+/// use idem_engine::gate::RetryPolicy;
 /// let p = RetryPolicy::default();
 /// assert!(p.delay(None, 1) <= p.initial);
 /// assert!(p.delay(None, 30) <= p.max);
@@ -169,7 +169,7 @@ impl Default for GateConfig {
 /// report them; with any other store both policies process the submission.
 ///
 /// ```
-/// use idem_core::gate::ConflictPolicy;
+/// use idem_engine::gate::ConflictPolicy;
 /// assert_eq!("process".parse::<ConflictPolicy>(), Ok(ConflictPolicy::Process));
 /// assert_eq!(ConflictPolicy::default().as_str(), "dead-letter");
 /// ```

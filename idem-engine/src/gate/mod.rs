@@ -119,7 +119,7 @@ pub trait Handler<Tx: Send>: Send + Sync {
 /// The ack needs an [`AckProof`], which only a commit or a duplicate claim mints.
 ///
 /// ```
-/// # use idem_core::*;
+/// # use idem_engine::*;
 /// # async fn demo<S, H, A>(gate: Gate<S, H>, delivery: Delivery<A>)
 /// # where S: ClaimStore, H: Handler<S::Tx>, A: Acker {
 /// match gate.process(delivery).await {
@@ -221,7 +221,7 @@ pub trait GateObserver: Send + Sync {
 /// timestamp are in the payload; the payload itself never is).
 ///
 /// ```
-/// # use idem_core::{IdempotencyKey, gate::conflict_reason};
+/// # use idem_engine::{IdempotencyKey, gate::conflict_reason};
 /// let a = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{\"amount\":1}").unwrap();
 /// let b = IdempotencyKey::derive("A-1", "2026-07-01T09:00:00Z", b"{\"amount\":2}").unwrap();
 /// let r = conflict_reason(&b, &a);
