@@ -15,7 +15,9 @@ use idem_core::sql;
 
 impl PgStore {
     /// Whether a cutoff `older_than` ago is younger than `floor` ago. Calendar floors are
-    /// computed by the server (`now() - interval 'N years'`), so a leap day counts.
+    /// computed by the server in UTC (`now() AT TIME ZONE 'UTC' - interval 'N years'`), so
+    /// a leap day counts and the session's time zone (a daylight-saving hour) does not, as
+    /// `RetentionFloor::cutoff` and `idem purge --older-than Ny` count them.
     async fn below_floor(
         &self,
         older_than: Duration,
@@ -26,7 +28,8 @@ impl PgStore {
             RetentionFloor::Years(years) => {
                 let years = i32::try_from(years).unwrap_or(i32::MAX);
                 sqlx::query_scalar(
-                    "SELECT now() - make_interval(secs => $1) > now() - make_interval(years => $2)",
+                    "SELECT (now() AT TIME ZONE 'UTC') - make_interval(secs => $1) \
+                     > (now() AT TIME ZONE 'UTC') - make_interval(years => $2)",
                 )
                 .bind(older_than.as_secs_f64())
                 .bind(years)
