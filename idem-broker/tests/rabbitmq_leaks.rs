@@ -5,7 +5,9 @@
 //! (`IDEM_TEST_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`).
 //!
 //! The scenarios count the process's `lapin-io-loop` threads, so they run in a binary of
-//! their own, one at a time.
+//! their own, one at a time: not a module of the `broker` binary (`tests/broker`), whose
+//! other RabbitMQ tests would start such threads beside them when its tests share one
+//! process (plain `cargo test`; nextest runs each test in a process of its own).
 
 #![cfg(all(feature = "rabbitmq", target_os = "linux"))]
 

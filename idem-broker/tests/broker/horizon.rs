@@ -3,12 +3,6 @@
 //! (`IDEM_TEST_REDIS_URL`) and RabbitMQ (`IDEM_TEST_AMQP_URL`). Each source is set up
 //! with the broker's own client and a retention of its own, then read back through
 //! `idem_broker::horizon`. A missing service fails the test.
-#![cfg(all(
-    feature = "sqs",
-    feature = "nats",
-    feature = "redis-streams",
-    feature = "rabbitmq"
-))]
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -12,7 +12,7 @@
 //!   connection, so one is installed for it then, and only then. Each of these tests has
 //!   its process to itself (nextest), so nothing else installed a provider before.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! finds running). `IDEM_TEST_REDIS_CLUSTER_URL` points the test at another cluster
 //! instead. A cluster that cannot be had fails the test.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::OnceLock;

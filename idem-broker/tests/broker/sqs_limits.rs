@@ -7,9 +7,7 @@
 //! answers, and a proxy to moto that stops passing bytes on when it is frozen (its
 //! connections stay open).
 
-#![cfg(feature = "sqs")]
-
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

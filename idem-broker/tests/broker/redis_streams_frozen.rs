@@ -3,9 +3,7 @@
 //! with `SIGCONT` by a guard, whatever the test's outcome. `redis-server` must be on the
 //! `PATH`: a missing one fails the test.
 
-#![cfg(feature = "redis-streams")]
-
-mod common;
+use crate::common;
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};

@@ -7,9 +7,7 @@
 //! — a key held by another transaction, a store outage, a delivery waiting in the
 //! consumer's buffer — would be abandoned by the server if it cost a delivery each time.
 
-#![cfg(feature = "nats")]
-
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -5,8 +5,7 @@
 //! (the `kafka_member` example in a child process; a full `cargo test` / `cargo nextest
 //! run` builds it).
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 mod attempts;
 mod lwm;
@@ -78,7 +77,7 @@ fn example(name: &str) -> PathBuf {
     assert!(
         path.is_file(),
         "{} is missing: a full `cargo test`/`cargo nextest run` builds it; after a narrower \
-         build (`--test kafka`) run `cargo build -p idem-broker --features kafka --example {name}`",
+         build (`--test broker`) run `cargo build -p idem-broker --features kafka --example {name}`",
         path.display()
     );
     path

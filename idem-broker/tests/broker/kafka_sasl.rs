@@ -14,8 +14,6 @@
 //! never shows the password. Settings that reach librdkafka are tested by the unit tests
 //! of `kafka::config`.
 
-#![cfg(feature = "kafka")]
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! `http://127.0.0.1:5000`, started by `scripts/ensure-sqs`) and the real Postgres store
 //! (`IDEM_TEST_POSTGRES_URL`). A missing server fails the test.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! `redis://127.0.0.1:6379`) and the real Postgres store (`IDEM_TEST_POSTGRES_URL`). A
 //! missing service fails the test.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`) and the real Postgres store
 //! (`IDEM_TEST_POSTGRES_URL`). A missing service fails the test.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

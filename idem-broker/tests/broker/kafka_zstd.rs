@@ -4,8 +4,6 @@
 //! produced record batch as it came (compressed) and serves it back as it is, so the
 //! consumer decompresses what the producer compressed. A missing server fails the test.
 
-#![cfg(feature = "kafka")]
-
 use std::time::Duration;
 
 use futures::StreamExt as _;

@@ -6,7 +6,7 @@
 //! restore) or was copied gets a new identity. (The same on real Postgres and SQLite
 //! stores, through the `idem` binary: `idem-cli/tests/cli/filter_scoping.rs`.)
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! (a crashed worker's lease expires and the redelivery runs), at least once (the work
 //! may run twice), effectively once when the crash comes before the write.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

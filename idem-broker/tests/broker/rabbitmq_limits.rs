@@ -7,9 +7,7 @@
 //! blocks their publishers too (it did: every RabbitMQ test running beside this one timed
 //! out). The private node is stopped, its files removed, when the test ends.
 
-#![cfg(feature = "rabbitmq")]
-
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::sync::OnceLock;

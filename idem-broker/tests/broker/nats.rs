@@ -2,7 +2,7 @@
 //! `nats://127.0.0.1:4222`) and the real Postgres store (`IDEM_TEST_POSTGRES_URL`). A
 //! missing service fails the test.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

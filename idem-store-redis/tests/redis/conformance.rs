@@ -2,7 +2,7 @@
 //! `IDEM_TEST_REDIS_URL`, once per client. The checks that need business writes in the
 //! claim's transaction skip themselves (`transactional_writes` is false).
 
-mod common;
+use crate::common;
 
 #[cfg(feature = "fred")]
 mod fred {
