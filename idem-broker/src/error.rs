@@ -122,6 +122,21 @@ impl BrokerError {
         }
     }
 
+    /// `name` refused for `reason`.
+    #[allow(dead_code)] // used by the broker features
+    pub(crate) fn invalid_name(name: &str, reason: impl Into<String>) -> Self {
+        Self::InvalidName {
+            name: name.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    /// `name` refused for `reason` if there is one, else `Ok`.
+    #[allow(dead_code)] // used by the broker features
+    pub(crate) fn refuse_name(name: &str, reason: Option<&str>) -> Result<(), Self> {
+        reason.map_or(Ok(()), |r| Err(Self::invalid_name(name, r)))
+    }
+
     #[allow(dead_code)] // used by the broker features
     pub(crate) fn op(
         broker: &'static str,

@@ -320,10 +320,7 @@ async fn retention_of(url: &BrokerUrl, name: &str) -> Result<(Retention, String)
 
 #[allow(dead_code)] // used by the broker features
 fn missing(name: &str, what: &str) -> BrokerError {
-    BrokerError::InvalidName {
-        name: name.to_owned(),
-        reason: format!("no such {what}"),
-    }
+    BrokerError::invalid_name(name, format!("no such {what}"))
 }
 
 #[allow(dead_code)] // used by the broker features
@@ -340,7 +337,7 @@ async fn sqs(url: &BrokerUrl, name: &str) -> Result<(Retention, String), BrokerE
     crate::sqs::check_name(name)?;
     // The adapter's own client: the URL's endpoint and region, the standard chains.
     let config = crate::sqs::SqsConfig::from_url(url, name)?;
-    let client = crate::sqs::client_of(&crate::sqs::sdk_config_for(&config).await?)?;
+    let client = crate::sqs::client_for(&config).await?;
     let q = crate::sqs::queue_name(name);
     let queue_url = match client.get_queue_url().queue_name(&q).send().await {
         Ok(out) => out.queue_url.ok_or_else(|| missing(name, "SQS queue"))?,
@@ -417,15 +414,10 @@ async fn nats(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broker
         let ts = info.state.first_timestamp;
         age_of_unix_millis(ts.unix_timestamp_nanos() / 1_000_000)
     });
-    Ok((
-        Retention::UntilRemoved { oldest },
-        format!(
-            "JetStream stream {stream_name:?} has no max_age: messages stay until removed; {}",
-            oldest.map_or_else(
-                || "it is empty".to_owned(),
-                |d| format!("its oldest message is {} old", human(d))
-            )
-        ),
+    Ok(until_removed(
+        oldest,
+        &format!("JetStream stream {stream_name:?} has no max_age: messages stay until removed"),
+        "its oldest message",
     ))
 }
 
@@ -450,16 +442,23 @@ async fn redis(url: &BrokerUrl, name: &str) -> Result<(Retention, String), Broke
         .map_err(|e| BrokerError::op(broker, "XRANGE", e))?;
     let _ = client.quit().await;
     let oldest = first_id_millis(&first).map(|ms| age_of_unix_millis(i128::from(ms)));
-    Ok((
-        Retention::UntilRemoved { oldest },
-        format!(
-            "a Redis stream keeps entries until trimmed (XTRIM / MAXLEN): unbounded unless trimmed; {}",
-            oldest.map_or_else(
-                || "it is empty".to_owned(),
-                |d| format!("the oldest entry still in {name:?} is {} old", human(d))
-            )
-        ),
+    Ok(until_removed(
+        oldest,
+        "a Redis stream keeps entries until trimmed (XTRIM / MAXLEN): unbounded unless trimmed",
+        &format!("the oldest entry still in {name:?}"),
     ))
+}
+
+/// The retention of a log that keeps its messages until they are removed, `oldest` the
+/// age of the oldest still there (`None`: it is empty), and what it is: `kept` (how it
+/// keeps them), then that age, `oldest_is` naming the message.
+#[cfg(any(feature = "nats", feature = "redis-streams"))]
+fn until_removed(oldest: Option<Duration>, kept: &str, oldest_is: &str) -> (Retention, String) {
+    let age = oldest.map_or_else(
+        || "it is empty".to_owned(),
+        |d| format!("{oldest_is} is {} old", human(d)),
+    );
+    (Retention::UntilRemoved { oldest }, format!("{kept}; {age}"))
 }
 
 /// The milliseconds part of the first entry id (`MS-SEQ`) of an XRANGE reply.

@@ -74,6 +74,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod any;
+#[cfg(any(feature = "rabbitmq", feature = "redis-streams", feature = "sqs"))]
+mod batch;
 mod error;
 #[cfg(any(feature = "nats", feature = "sqs", feature = "redis-streams"))]
 mod hold;
@@ -83,6 +85,7 @@ mod idle;
 mod names;
 #[cfg(any(feature = "redis-streams", feature = "sqs", feature = "kafka"))]
 mod pull;
+mod raw;
 mod setting;
 mod tls;
 

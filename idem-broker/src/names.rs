@@ -13,6 +13,19 @@ pub fn dead_letter_name(name: &str) -> String {
     format!("{name}.dead-letter")
 }
 
+/// The headers of a delivery that its dead letter carries over: all but an earlier dead
+/// letter's reason (the new reason replaces it) and those the broker's own
+/// (`broker_own`), which the dead letter's publish does not copy.
+#[allow(dead_code)] // used by the broker features
+pub(crate) fn carried_to_dead_letter<'a>(
+    headers: &'a [(String, String)],
+    broker_own: impl Fn(&str) -> bool + 'a,
+) -> impl Iterator<Item = &'a (String, String)> + 'a {
+    headers
+        .iter()
+        .filter(move |(k, _)| k != DEAD_LETTER_REASON_HEADER && !broker_own(k))
+}
+
 /// `url` without its secrets, for messages: [`idem_core::redact_url`].
 #[allow(dead_code)] // used by the broker features
 pub(crate) fn redact(url: &str) -> String {

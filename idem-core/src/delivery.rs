@@ -237,9 +237,21 @@ pub trait Acker: Send + 'static {
         reason: &RejectReason,
     ) -> Result<(), AckError>;
 
-    /// Acknowledges several deliveries of one batch. The default acks one by one;
-    /// adapters override it with the broker's batch form (a multiple-ack, a batch delete).
+    /// Acknowledges several deliveries of one batch. The default acks one by one
+    /// ([`ack_each`](Acker::ack_each)); adapters override it with the broker's batch form
+    /// (a multiple-ack, a batch delete).
     async fn ack_all(items: Vec<(Self, AckProof)>) -> Vec<Result<(), AckError>>
+    where
+        Self: Sized,
+    {
+        Self::ack_each(items).await
+    }
+
+    /// Acknowledges the deliveries of `items` one by one, in order, each with its own
+    /// [`ack`](Acker::ack): the default [`ack_all`](Acker::ack_all), and what a batch form
+    /// falls back to for a batch it cannot settle in one operation (deliveries of two
+    /// connections). Not meant to be overridden.
+    async fn ack_each(items: Vec<(Self, AckProof)>) -> Vec<Result<(), AckError>>
     where
         Self: Sized,
     {

@@ -145,30 +145,11 @@ impl Stream for AnyConsumer {
     }
 }
 
-/// The acker of an [`AnyConsumer`]'s deliveries: the broker's own, behind one type.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum AnyAcker {
-    /// See [`crate::rabbitmq::RabbitAcker`].
-    #[cfg(feature = "rabbitmq")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
-    RabbitMq(crate::rabbitmq::RabbitAcker),
-    /// See [`crate::nats::NatsAcker`].
-    #[cfg(feature = "nats")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
-    Nats(crate::nats::NatsAcker),
-    /// See [`crate::redis_streams::RedisStreamsAcker`].
-    #[cfg(feature = "redis-streams")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-streams")))]
-    RedisStreams(crate::redis_streams::RedisStreamsAcker),
-    /// See [`crate::sqs::SqsAcker`].
-    #[cfg(feature = "sqs")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
-    Sqs(crate::sqs::SqsAcker),
-    /// See [`crate::kafka::KafkaAcker`].
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    Kafka(crate::kafka::KafkaAcker),
+broker_enum! {
+    /// The acker of an [`AnyConsumer`]'s deliveries: the broker's own, behind one type.
+    #[derive(Debug)]
+    #[non_exhaustive]
+    pub enum AnyAcker(RabbitAcker, NatsAcker, RedisStreamsAcker, SqsAcker, KafkaAcker);
 }
 
 /// One ack result per position of a batch, filled in broker by broker.

@@ -329,6 +329,37 @@ fn not_compiled(scheme: &str, kind: BrokerKind) -> BrokerError {
     }
 }
 
+/// `pub enum $name` with a variant for every compiled-in broker, holding that broker's
+/// type of the kind (`RabbitAcker`, `NatsAcker`, …, in the order of [`BrokerKind`]).
+macro_rules! broker_enum {
+    (
+        $(#[$attr:meta])*
+        pub enum $name:ident($rabbitmq:ident, $nats:ident, $redis:ident, $sqs:ident, $kafka:ident);
+    ) => {
+        broker_enum!(@variants $(#[$attr])* $name:
+            "rabbitmq" rabbitmq RabbitMq $rabbitmq,
+            "nats" nats Nats $nats,
+            "redis-streams" redis_streams RedisStreams $redis,
+            "sqs" sqs Sqs $sqs,
+            "kafka" kafka Kafka $kafka
+        );
+    };
+    (
+        @variants $(#[$attr:meta])* $name:ident:
+        $($feature:literal $module:ident $variant:ident $ty:ident),+
+    ) => {
+        $(#[$attr])*
+        pub enum $name {
+            $(
+                #[doc = concat!("See [`crate::", stringify!($module), "::", stringify!($ty), "`].")]
+                #[cfg(feature = $feature)]
+                #[cfg_attr(docsrs, doc(cfg(feature = $feature)))]
+                $variant(crate::$module::$ty),
+            )+
+        }
+    };
+}
+
 /// `match $value { $ty::Broker($inner) => $body, … }` over every compiled-in broker.
 macro_rules! each_broker {
     ($value:expr, $ty:ident, $inner:ident => $body:expr) => {
@@ -358,29 +389,25 @@ macro_rules! each_broker {
     };
 }
 
-// With no broker compiled in, the dispatch has no arm that uses its arguments.
-#[cfg_attr(
-    not(any(
-        feature = "rabbitmq",
-        feature = "nats",
-        feature = "redis-streams",
-        feature = "sqs",
-        feature = "kafka"
-    )),
-    allow(unused_variables, unused_mut, unused_imports, unreachable_code)
-)]
-mod consumer;
-#[cfg_attr(
-    not(any(
-        feature = "rabbitmq",
-        feature = "nats",
-        feature = "redis-streams",
-        feature = "sqs",
-        feature = "kafka"
-    )),
-    allow(unused_variables, unused_mut, unused_imports, unreachable_code)
-)]
-mod publisher;
+/// The dispatch's modules: with no broker compiled in, the dispatch has no arm that uses
+/// its arguments.
+macro_rules! dispatch_modules {
+    ($($module:ident),+) => {$(
+        #[cfg_attr(
+            not(any(
+                feature = "rabbitmq",
+                feature = "nats",
+                feature = "redis-streams",
+                feature = "sqs",
+                feature = "kafka"
+            )),
+            allow(unused_variables, unused_mut, unused_imports, unreachable_code)
+        )]
+        mod $module;
+    )+};
+}
+
+dispatch_modules!(consumer, publisher);
 
 pub use consumer::{AnyAcker, AnyConsumer};
 pub use publisher::{pending_count, publish_raw, AnyPublisher};

@@ -6,30 +6,17 @@ use idem_core::{OutboxEvent, PublishError, Publisher};
 use super::{not_compiled, BrokerKind, BrokerUrl};
 use crate::BrokerError;
 
-/// A publisher to any compiled-in broker (for the relay and `idem publish`).
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum AnyPublisher {
-    /// See [`crate::rabbitmq::RabbitPublisher`].
-    #[cfg(feature = "rabbitmq")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
-    RabbitMq(crate::rabbitmq::RabbitPublisher),
-    /// See [`crate::nats::NatsPublisher`].
-    #[cfg(feature = "nats")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
-    Nats(crate::nats::NatsPublisher),
-    /// See [`crate::redis_streams::RedisStreamsPublisher`].
-    #[cfg(feature = "redis-streams")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-streams")))]
-    RedisStreams(crate::redis_streams::RedisStreamsPublisher),
-    /// See [`crate::sqs::SqsPublisher`].
-    #[cfg(feature = "sqs")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
-    Sqs(crate::sqs::SqsPublisher),
-    /// See [`crate::kafka::KafkaPublisher`].
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    Kafka(crate::kafka::KafkaPublisher),
+broker_enum! {
+    /// A publisher to any compiled-in broker (for the relay and `idem publish`).
+    #[derive(Debug)]
+    #[non_exhaustive]
+    pub enum AnyPublisher(
+        RabbitPublisher,
+        NatsPublisher,
+        RedisStreamsPublisher,
+        SqsPublisher,
+        KafkaPublisher
+    );
 }
 
 impl AnyPublisher {
@@ -73,15 +60,6 @@ impl AnyPublisher {
             #[allow(unreachable_patterns)]
             other => Err(not_compiled(other.feature(), other)),
         }
-    }
-
-    /// Publishes each body as it is, durably, in order, waiting for the broker's
-    /// confirmation. Equal bodies stay separate messages.
-    ///
-    /// # Errors
-    /// A failed or unconfirmed publish; bodies before it may have been published.
-    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
-        self.publish_raw_with_headers(bodies, &[]).await
     }
 
     /// As [`publish_raw`](Self::publish_raw), each message with `headers` (AMQP
@@ -131,19 +109,18 @@ impl Publisher for AnyPublisher {
     }
 }
 
-/// Publishes each body to `name` as it is (see [`AnyPublisher::publish_raw`]).
-///
-/// # Errors
-/// As [`AnyPublisher::connect`] and [`AnyPublisher::publish_raw`].
-pub async fn publish_raw(
-    url: &BrokerUrl,
-    name: &str,
-    bodies: &[Vec<u8>],
-) -> Result<(), BrokerError> {
-    AnyPublisher::connect(url, name)
-        .await?
-        .publish_raw(bodies)
-        .await
+crate::raw::raw_publishing! {
+    /// Publishes each body as it is, durably, in order, waiting for the broker's
+    /// confirmation. Equal bodies stay separate messages.
+    ///
+    /// # Errors
+    /// A failed or unconfirmed publish; bodies before it may have been published.
+    method of AnyPublisher;
+    /// Publishes each body to `name` as it is (see [`AnyPublisher::publish_raw`]).
+    ///
+    /// # Errors
+    /// As [`AnyPublisher::connect`] and [`AnyPublisher::publish_raw`].
+    fn publish_raw(url: &BrokerUrl, name: &str);
 }
 
 /// What is left to settle in `name`, for tests and scripts:

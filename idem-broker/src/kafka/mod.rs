@@ -177,13 +177,7 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
     } else {
         None
     };
-    match reason {
-        Some(r) => Err(BrokerError::InvalidName {
-            name: name.to_owned(),
-            reason: r.into(),
-        }),
-        None => Ok(()),
-    }
+    BrokerError::refuse_name(name, reason)
 }
 
 /// The environment variable that turns librdkafka's debug contexts on (its `debug`

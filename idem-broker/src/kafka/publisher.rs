@@ -120,14 +120,6 @@ impl KafkaPublisher {
         Ok(())
     }
 
-    /// Produces each body as it is, without a key, and waits for every acknowledgement.
-    ///
-    /// # Errors
-    /// A refused or failed produce; bodies before it may have been produced.
-    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
-        self.publish_raw_with_headers(bodies, &[]).await
-    }
-
     /// As [`publish_raw`](Self::publish_raw), each record with `headers`.
     ///
     /// # Errors
@@ -232,19 +224,17 @@ impl Publisher for KafkaPublisher {
     }
 }
 
-/// Produces each body to `topic` as it is (see [`KafkaPublisher::publish_raw`]).
-///
-/// # Errors
-/// As [`KafkaPublisher::connect`] and [`KafkaPublisher::publish_raw`].
-pub async fn publish_raw(
-    brokers: &str,
-    topic: &str,
-    bodies: &[Vec<u8>],
-) -> Result<(), BrokerError> {
-    KafkaPublisher::connect(brokers, topic)
-        .await?
-        .publish_raw(bodies)
-        .await
+crate::raw::raw_publishing! {
+    /// Produces each body as it is, without a key, and waits for every acknowledgement.
+    ///
+    /// # Errors
+    /// A refused or failed produce; bodies before it may have been produced.
+    method of KafkaPublisher;
+    /// Produces each body to `topic` as it is (see [`KafkaPublisher::publish_raw`]).
+    ///
+    /// # Errors
+    /// As [`KafkaPublisher::connect`] and [`KafkaPublisher::publish_raw`].
+    fn publish_raw(brokers: &str, topic: &str);
 }
 
 /// What group `group` has not settled in `topic` at `brokers` (plain TCP): per

@@ -52,7 +52,8 @@ use tokio::sync::{mpsc, Notify};
 
 use super::config::NatsConfig;
 use super::publisher::publish_confirmed;
-use super::{check_name, connect_client, ensure_stream, stream_name, BROKER};
+use super::{check_name, connect_client, ensure_stream, open_stream, stream_name, BROKER};
+use crate::names::carried_to_dead_letter;
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How long a settlement waits for the server's confirmation.
@@ -559,9 +560,7 @@ impl NatsConsumer {
         client: async_nats::Client,
         config: &NatsConfig,
     ) -> Result<Self, BrokerError> {
-        check_name(&config.name)?;
-        let js = jetstream::new(client);
-        let stream = ensure_stream(&js, &config.name, config.duplicate_window).await?;
+        let (js, stream) = open_stream(client, config).await?;
         let dead_letter_subject = dead_letter_name(&config.name);
         ensure_stream(&js, &dead_letter_subject, config.duplicate_window).await?;
         let consumer = ensure_consumer(&stream, config).await?;
@@ -854,13 +853,10 @@ impl Acker for NatsAcker {
         headers: &Headers,
         reason: &RejectReason,
     ) -> Result<(), AckError> {
-        let copied: Vec<(String, String)> = headers
-            .iter()
-            .filter(|(k, _)| {
-                !k.eq_ignore_ascii_case("Nats-Msg-Id") && k != DEAD_LETTER_REASON_HEADER
-            })
-            .cloned()
-            .collect();
+        let copied: Vec<(String, String)> =
+            carried_to_dead_letter(headers, |k| k.eq_ignore_ascii_case("Nats-Msg-Id"))
+                .cloned()
+                .collect();
         // A header line ends at CR or LF (async-nats panics on either): a reason on several
         // lines (a handler's multi-line error) goes on one.
         let reason_line = reason.to_string().replace(['\r', '\n'], " ");

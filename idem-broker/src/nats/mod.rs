@@ -82,10 +82,7 @@ pub fn stream_name(name: &str) -> String {
 }
 
 pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
-    let bad = |reason: &str| BrokerError::InvalidName {
-        name: name.to_owned(),
-        reason: reason.to_owned(),
-    };
+    let bad = |reason: &str| BrokerError::invalid_name(name, reason);
     if name.is_empty() {
         return Err(bad("empty"));
     }
@@ -263,6 +260,18 @@ pub(crate) async fn connect_client(url: &str) -> Result<async_nats::Client, Brok
 /// Connects to `url`, for JetStream.
 pub(crate) async fn connect(url: &str) -> Result<jetstream::Context, BrokerError> {
     Ok(jetstream::new(connect_client(url).await?))
+}
+
+/// JetStream through `client`, with the stream of subject `config.name` (created if
+/// missing, with `config.duplicate_window`); the name is checked first.
+pub(crate) async fn open_stream(
+    client: async_nats::Client,
+    config: &NatsConfig,
+) -> Result<(jetstream::Context, stream::Stream), BrokerError> {
+    check_name(&config.name)?;
+    let js = jetstream::new(client);
+    let stream = ensure_stream(&js, &config.name, config.duplicate_window).await?;
+    Ok((js, stream))
 }
 
 /// Gets or creates the file-backed stream for subject `name`.

@@ -6,7 +6,7 @@ use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use async_trait::async_trait;
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
-use super::{check_name, connect, connect_client, ensure_stream, NatsConfig, BROKER};
+use super::{check_name, connect_client, open_stream, NatsConfig, BROKER};
 use crate::BrokerError;
 
 /// How many publishes are in flight before waiting for their acks.
@@ -132,9 +132,7 @@ impl NatsPublisher {
         client: async_nats::Client,
         config: &NatsConfig,
     ) -> Result<Self, BrokerError> {
-        check_name(&config.name)?;
-        let js = jetstream::new(client);
-        ensure_stream(&js, &config.name, config.duplicate_window).await?;
+        let (js, _) = open_stream(client, config).await?;
         Ok(Self {
             js,
             subject: config.name.clone(),
@@ -145,15 +143,6 @@ impl NatsPublisher {
     /// a larger event is refused for good (see [`Publisher::publish`]).
     pub fn max_payload(&self) -> usize {
         self.js.client().max_payload()
-    }
-
-    /// Publishes each body as it is (no `Nats-Msg-Id`, so equal bodies stay two
-    /// messages), in order, waiting for every ack.
-    ///
-    /// # Errors
-    /// A failed or unacknowledged publish; bodies before it may have been published.
-    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
-        self.publish_raw_with_headers(bodies, &[]).await
     }
 
     /// As [`publish_raw`](Self::publish_raw), each message with `headers` (NATS
@@ -191,15 +180,18 @@ impl Publisher for NatsPublisher {
     }
 }
 
-/// Publishes each body to subject `name` as it is (see [`NatsPublisher::publish_raw`]).
-///
-/// # Errors
-/// As [`NatsPublisher::connect`] and [`NatsPublisher::publish_raw`].
-pub async fn publish_raw(url: &str, name: &str, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
-    NatsPublisher::connect(url, name)
-        .await?
-        .publish_raw(bodies)
-        .await
+crate::raw::raw_publishing! {
+    /// Publishes each body as it is (no `Nats-Msg-Id`, so equal bodies stay two
+    /// messages), in order, waiting for every ack.
+    ///
+    /// # Errors
+    /// A failed or unacknowledged publish; bodies before it may have been published.
+    method of NatsPublisher;
+    /// Publishes each body to subject `name` as it is (see [`NatsPublisher::publish_raw`]).
+    ///
+    /// # Errors
+    /// As [`NatsPublisher::connect`] and [`NatsPublisher::publish_raw`].
+    fn publish_raw(url: &str, name: &str);
 }
 
 /// What the durable consumer `durable` of `name` has not settled: messages not yet
@@ -213,8 +205,7 @@ pub async fn pending_count(url: &str, name: &str, durable: &str) -> Result<u64, 
     use async_nats::jetstream::context::ConsumerInfoErrorKind;
     check_name(name)?;
     let config = NatsConfig::new(url, name).with_durable(durable);
-    let js = connect(url).await?;
-    let mut stream = ensure_stream(&js, name, config.duplicate_window).await?;
+    let (_, mut stream) = open_stream(connect_client(url).await?, &config).await?;
     match stream.consumer_info(durable).await {
         Ok(info) => Ok(info.num_pending + info.num_ack_pending as u64),
         Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {

@@ -383,16 +383,16 @@ pub(crate) async fn confirm_channel(connection: &Connection) -> Result<Channel, 
 
 pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
     if name.is_empty() || name.len() > 200 {
-        return Err(BrokerError::InvalidName {
-            name: name.to_owned(),
-            reason: "a RabbitMQ queue name is 1 to 200 bytes (room for .dead-letter)".into(),
-        });
+        return Err(BrokerError::invalid_name(
+            name,
+            "a RabbitMQ queue name is 1 to 200 bytes (room for .dead-letter)",
+        ));
     }
     if name.starts_with("amq.") {
-        return Err(BrokerError::InvalidName {
-            name: name.to_owned(),
-            reason: "names starting with amq. are reserved by RabbitMQ".into(),
-        });
+        return Err(BrokerError::invalid_name(
+            name,
+            "names starting with amq. are reserved by RabbitMQ",
+        ));
     }
     Ok(())
 }

@@ -213,15 +213,6 @@ impl RabbitPublisher {
         })
     }
 
-    /// Publishes each body as it is (persistent, confirmed), in order.
-    ///
-    /// # Errors
-    /// A failed publish, a refused confirm or none within the confirm timeout; bodies
-    /// before it may have been published.
-    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
-        self.publish_raw_with_headers(bodies, &[]).await
-    }
-
     /// As [`publish_raw`](Self::publish_raw), each message with `headers` (AMQP long
     /// strings).
     ///
@@ -263,16 +254,19 @@ impl Publisher for RabbitPublisher {
     }
 }
 
-/// Publishes each body to the durable queue `name` as it is (see
-/// [`RabbitPublisher::publish_raw`]).
-///
-/// # Errors
-/// As [`RabbitPublisher::connect`] and [`RabbitPublisher::publish_raw`].
-pub async fn publish_raw(url: &str, name: &str, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
-    RabbitPublisher::connect(url, name)
-        .await?
-        .publish_raw(bodies)
-        .await
+crate::raw::raw_publishing! {
+    /// Publishes each body as it is (persistent, confirmed), in order.
+    ///
+    /// # Errors
+    /// A failed publish, a refused confirm or none within the confirm timeout; bodies
+    /// before it may have been published.
+    method of RabbitPublisher;
+    /// Publishes each body to the durable queue `name` as it is (see
+    /// [`RabbitPublisher::publish_raw`]).
+    ///
+    /// # Errors
+    /// As [`RabbitPublisher::connect`] and [`RabbitPublisher::publish_raw`].
+    fn publish_raw(url: &str, name: &str);
 }
 
 /// The ready messages of queue `name` (0 when it does not exist). AMQP does not report

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 
 use super::config::RedisStreamsConfig;
 use super::{check_name, client_for, connect_like, ensure_group, redis_err, BROKER, PAYLOAD_FIELD};
+use crate::names::carried_to_dead_letter;
 use crate::{dead_letter_name, BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// How often pending entries of silent consumers are looked for.
@@ -626,11 +627,10 @@ impl Acker for RedisStreamsAcker {
         headers: &Headers,
         reason: &RejectReason,
     ) -> Result<(), AckError> {
-        let mut fields: Vec<(String, Value)> = headers
-            .iter()
-            .filter(|(k, _)| k != PAYLOAD_FIELD && k != DEAD_LETTER_REASON_HEADER)
-            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
-            .collect();
+        let mut fields: Vec<(String, Value)> =
+            carried_to_dead_letter(headers, |k| k == PAYLOAD_FIELD)
+                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                .collect();
         fields.push((
             DEAD_LETTER_REASON_HEADER.to_owned(),
             Value::from(reason.to_string()),
@@ -661,18 +661,9 @@ impl Acker for RedisStreamsAcker {
 
     /// One `XACK` for the whole batch.
     async fn ack_all(items: Vec<(Self, AckProof)>) -> Vec<Result<(), AckError>> {
-        let n = items.len();
-        let Some((first, _)) = items.first() else {
-            return Vec::new();
+        let Some(shared) = crate::batch::one_connection(&items, |a| &a.shared) else {
+            return Self::ack_each(items).await;
         };
-        let shared = Arc::clone(&first.shared);
-        if !items.iter().all(|(a, _)| Arc::ptr_eq(&a.shared, &shared)) {
-            let mut out = Vec::with_capacity(n);
-            for (a, proof) in items {
-                out.push(a.ack(proof).await);
-            }
-            return out;
-        }
         let ids: Vec<String> = items
             .into_iter()
             .map(|(a, _)| {
@@ -680,11 +671,6 @@ impl Acker for RedisStreamsAcker {
                 a.id.clone()
             })
             .collect();
-        match shared.xack(ids).await {
-            Ok(()) => (0..n).map(|_| Ok(())).collect(),
-            Err(e) => (0..n)
-                .map(|_| Err(AckError::new(e.message.clone(), e.retryable, None)))
-                .collect(),
-        }
+        crate::batch::each_of(ids.len(), shared.xack(ids).await)
     }
 }

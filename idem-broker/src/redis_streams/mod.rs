@@ -74,10 +74,7 @@ pub const PAYLOAD_FIELD: &str = "payload";
 
 pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
     if name.is_empty() {
-        return Err(BrokerError::InvalidName {
-            name: name.to_owned(),
-            reason: "empty".into(),
-        });
+        return Err(BrokerError::invalid_name(name, "empty"));
     }
     Ok(())
 }

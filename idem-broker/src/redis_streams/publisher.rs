@@ -99,14 +99,6 @@ impl RedisStreamsPublisher {
         Ok(())
     }
 
-    /// Appends each body as it is, in order.
-    ///
-    /// # Errors
-    /// A refused or failed `XADD`; bodies before it may have been appended.
-    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
-        self.publish_raw_with_headers(bodies, &[]).await
-    }
-
     /// As [`publish_raw`](Self::publish_raw), each entry with `headers` as fields
     /// beside the body (a header named [`PAYLOAD_FIELD`] is left out: that field is the
     /// body).
@@ -159,16 +151,18 @@ impl Publisher for RedisStreamsPublisher {
     }
 }
 
-/// Appends each body to stream `name` as it is (see
-/// [`RedisStreamsPublisher::publish_raw`]).
-///
-/// # Errors
-/// As [`RedisStreamsPublisher::connect`] and [`RedisStreamsPublisher::publish_raw`].
-pub async fn publish_raw(url: &str, name: &str, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
-    RedisStreamsPublisher::connect(url, name)
-        .await?
-        .publish_raw(bodies)
-        .await
+crate::raw::raw_publishing! {
+    /// Appends each body as it is, in order.
+    ///
+    /// # Errors
+    /// A refused or failed `XADD`; bodies before it may have been appended.
+    method of RedisStreamsPublisher;
+    /// Appends each body to stream `name` as it is (see
+    /// [`RedisStreamsPublisher::publish_raw`]).
+    ///
+    /// # Errors
+    /// As [`RedisStreamsPublisher::connect`] and [`RedisStreamsPublisher::publish_raw`].
+    fn publish_raw(url: &str, name: &str);
 }
 
 /// What group `group` of stream `name` has not settled: its lag (entries not yet

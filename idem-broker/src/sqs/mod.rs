@@ -148,13 +148,7 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrokerError> {
     } else {
         None
     };
-    match reason {
-        Some(r) => Err(BrokerError::InvalidName {
-            name: name.to_owned(),
-            reason: r.into(),
-        }),
-        None => Ok(()),
-    }
+    BrokerError::refuse_name(name, reason)
 }
 
 /// An operation error with the SDK's full context (its `Display` alone says little).
@@ -393,6 +387,11 @@ pub(crate) fn client_of(sdk: &SdkConfig) -> Result<Client, BrokerError> {
     Ok(Client::new(sdk))
 }
 
+/// A client of `config`'s AWS configuration ([`sdk_config_for`], [`client_of`]).
+pub(crate) async fn client_for(config: &SqsConfig) -> Result<Client, BrokerError> {
+    client_of(&sdk_config_for(config).await?)
+}
+
 /// A client for `endpoint` (or the AWS configuration's, see the module docs), with the
 /// default timeouts. Without a region anywhere, its requests fail.
 pub(crate) async fn client(endpoint: Option<&str>) -> Client {
@@ -600,6 +599,18 @@ pub(crate) async fn ensure_queues(
         check_source(client, &url, config, &dead_arn).await?;
     }
     Ok((url, dead_url))
+}
+
+/// The application's `client` made ready for `config`'s queue: a copy with `config`'s
+/// timeouts ([`with_timeouts`]), and the URLs of the queue and of its dead-letter queue
+/// ([`ensure_queues`]).
+pub(crate) async fn open_queues(
+    client: &Client,
+    config: &SqsConfig,
+) -> Result<(Client, String, String), BrokerError> {
+    let client = with_timeouts(client, config);
+    let (url, dead_url) = ensure_queues(&client, config).await?;
+    Ok((client, url, dead_url))
 }
 
 /// Checks an existing source queue against `config` (see [`ensure_queues`]).

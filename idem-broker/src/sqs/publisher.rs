@@ -13,8 +13,8 @@ use futures::{StreamExt, TryStreamExt};
 use idem_core::{OutboxEvent, PublishError, Publisher};
 
 use super::{
-    attributes, body_text, client, client_of, ensure_queues, is_fifo, queue_url, sdk_config_for,
-    sdk_err, with_timeouts, SqsConfig, BROKER,
+    attributes, body_text, client, client_for, client_of, is_fifo, open_queues, queue_url, sdk_err,
+    SqsConfig, BROKER,
 };
 use crate::BrokerError;
 
@@ -105,8 +105,7 @@ impl SqsPublisher {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn connect_config(config: &SqsConfig) -> Result<Self, BrokerError> {
-        let sdk = sdk_config_for(config).await?;
-        Self::from_sdk_config(&sdk, config).await
+        Self::from_client(client_for(config).await?, config).await
     }
 
     /// As [`connect_config`](Self::connect_config), with an AWS configuration the
@@ -152,8 +151,7 @@ impl SqsPublisher {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn from_client(client: Client, config: &SqsConfig) -> Result<Self, BrokerError> {
-        let client = with_timeouts(&client, config);
-        let (queue_url, _) = ensure_queues(&client, config).await?;
+        let (client, queue_url, _) = open_queues(&client, config).await?;
         Ok(Self {
             client,
             queue_url,
@@ -212,16 +210,6 @@ impl SqsPublisher {
         Ok(())
     }
 
-    /// Sends each body as it is (SQS bodies are text: each must be UTF-8). On a FIFO
-    /// queue all go to one message group, in order, deduplicated by content.
-    ///
-    /// # Errors
-    /// A body that is not UTF-8 (nothing is sent); a refused or failed send, after which
-    /// some bodies may have been sent.
-    pub async fn publish_raw(&self, bodies: &[Vec<u8>]) -> Result<(), BrokerError> {
-        self.publish_raw_with_headers(bodies, &[]).await
-    }
-
     /// As [`publish_raw`](Self::publish_raw), each message with `headers` as string
     /// message attributes (those SQS can carry: a valid attribute name, a non-empty
     /// value, at most 10).
@@ -274,19 +262,19 @@ impl Publisher for SqsPublisher {
     }
 }
 
-/// Sends each body to queue `name` as it is (see [`SqsPublisher::publish_raw`]).
-///
-/// # Errors
-/// As [`SqsPublisher::connect`] and [`SqsPublisher::publish_raw`].
-pub async fn publish_raw(
-    endpoint: Option<&str>,
-    name: &str,
-    bodies: &[Vec<u8>],
-) -> Result<(), BrokerError> {
-    SqsPublisher::connect(endpoint, name)
-        .await?
-        .publish_raw(bodies)
-        .await
+crate::raw::raw_publishing! {
+    /// Sends each body as it is (SQS bodies are text: each must be UTF-8). On a FIFO
+    /// queue all go to one message group, in order, deduplicated by content.
+    ///
+    /// # Errors
+    /// A body that is not UTF-8 (nothing is sent); a refused or failed send, after which
+    /// some bodies may have been sent.
+    method of SqsPublisher;
+    /// Sends each body to queue `name` as it is (see [`SqsPublisher::publish_raw`]).
+    ///
+    /// # Errors
+    /// As [`SqsPublisher::connect`] and [`SqsPublisher::publish_raw`].
+    fn publish_raw(endpoint: Option<&str>, name: &str);
 }
 
 /// What queue `name` has not settled: messages visible, in flight (received, not

@@ -9,6 +9,32 @@ use crate::any::{BrokerKind, BrokerUrl};
 use crate::setting::{self, duration_in, number_in};
 use crate::BrokerError;
 
+/// A keyword setting's names, each written once, for `NAMES` (what [`keyword`] reads),
+/// `as_str` (librdkafka's name of the `$what`) and `FromStr` (that name, in any case).
+macro_rules! keywords {
+    ($ty:ident, $what:literal: $($variant:ident => $name:literal),+ $(,)?) => {
+        impl $ty {
+            const NAMES: &'static [(&'static str, Self)] = &[$(($name, Self::$variant)),+];
+
+            #[doc = concat!("librdkafka's name of the ", $what, ".")]
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)+
+                }
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = String;
+
+            #[doc = concat!("librdkafka's name of the ", $what, ", in any case.")]
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                keyword(s, Self::NAMES)
+            }
+        }
+    };
+}
+
 mod security;
 #[cfg(test)]
 mod tests;
@@ -88,35 +114,13 @@ pub enum Compression {
     Zstd,
 }
 
-impl Compression {
-    const NAMES: &'static [(&'static str, Self)] = &[
-        ("none", Self::None),
-        ("gzip", Self::Gzip),
-        ("lz4", Self::Lz4),
-        ("snappy", Self::Snappy),
-        ("zstd", Self::Zstd),
-    ];
-
-    /// librdkafka's name of the codec.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Gzip => "gzip",
-            Self::Lz4 => "lz4",
-            Self::Snappy => "snappy",
-            Self::Zstd => "zstd",
-        }
-    }
-}
-
-impl std::str::FromStr for Compression {
-    type Err = String;
-
-    /// librdkafka's name of the codec, in any case.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        keyword(s, Self::NAMES)
-    }
-}
+keywords!(Compression, "codec":
+    None => "none",
+    Gzip => "gzip",
+    Lz4 => "lz4",
+    Snappy => "snappy",
+    Zstd => "zstd",
+);
 
 /// A Kafka topic and how to consume it.
 ///

@@ -20,24 +20,14 @@ pub enum SecurityProtocol {
     SaslSsl,
 }
 
+keywords!(SecurityProtocol, "protocol":
+    Plaintext => "plaintext",
+    Ssl => "ssl",
+    SaslPlaintext => "sasl_plaintext",
+    SaslSsl => "sasl_ssl",
+);
+
 impl SecurityProtocol {
-    const NAMES: &'static [(&'static str, Self)] = &[
-        ("plaintext", Self::Plaintext),
-        ("ssl", Self::Ssl),
-        ("sasl_plaintext", Self::SaslPlaintext),
-        ("sasl_ssl", Self::SaslSsl),
-    ];
-
-    /// librdkafka's name of the protocol.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Plaintext => "plaintext",
-            Self::Ssl => "ssl",
-            Self::SaslPlaintext => "sasl_plaintext",
-            Self::SaslSsl => "sasl_ssl",
-        }
-    }
-
     /// Whether the connection is TLS.
     pub fn is_tls(self) -> bool {
         matches!(self, Self::Ssl | Self::SaslSsl)
@@ -46,15 +36,6 @@ impl SecurityProtocol {
     /// Whether the client authenticates with SASL.
     pub fn is_sasl(self) -> bool {
         matches!(self, Self::SaslPlaintext | Self::SaslSsl)
-    }
-}
-
-impl std::str::FromStr for SecurityProtocol {
-    type Err = String;
-
-    /// librdkafka's name of the protocol, in any case.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        keyword(s, Self::NAMES)
     }
 }
 
@@ -73,31 +54,11 @@ pub enum SaslMechanism {
     ScramSha512,
 }
 
-impl SaslMechanism {
-    const NAMES: &'static [(&'static str, Self)] = &[
-        ("PLAIN", Self::Plain),
-        ("SCRAM-SHA-256", Self::ScramSha256),
-        ("SCRAM-SHA-512", Self::ScramSha512),
-    ];
-
-    /// librdkafka's name of the mechanism.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Plain => "PLAIN",
-            Self::ScramSha256 => "SCRAM-SHA-256",
-            Self::ScramSha512 => "SCRAM-SHA-512",
-        }
-    }
-}
-
-impl std::str::FromStr for SaslMechanism {
-    type Err = String;
-
-    /// librdkafka's name of the mechanism, in any case.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        keyword(s, Self::NAMES)
-    }
-}
+keywords!(SaslMechanism, "mechanism":
+    Plain => "PLAIN",
+    ScramSha256 => "SCRAM-SHA-256",
+    ScramSha512 => "SCRAM-SHA-512",
+);
 
 /// Whether the client checks that the broker's certificate names the host it dialled
 /// (librdkafka's `ssl.endpoint.identification.algorithm`).
@@ -110,26 +71,10 @@ pub enum EndpointIdentification {
     None,
 }
 
-impl EndpointIdentification {
-    const NAMES: &'static [(&'static str, Self)] = &[("https", Self::Https), ("none", Self::None)];
-
-    /// librdkafka's name of the check.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Https => "https",
-            Self::None => "none",
-        }
-    }
-}
-
-impl std::str::FromStr for EndpointIdentification {
-    type Err = String;
-
-    /// `https` or `none`, in any case.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        keyword(s, Self::NAMES)
-    }
-}
+keywords!(EndpointIdentification, "check":
+    Https => "https",
+    None => "none",
+);
 
 /// How every client of the adapter (consumer, producers, metadata and admin clients)
 /// reaches the brokers: TLS and SASL. The default is plain TCP without authentication.

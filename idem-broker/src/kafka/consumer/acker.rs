@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use super::committer::{Retry, Settle, Shared};
 use super::{DEAD_LETTER_RETRY_DELAY, DEAD_LETTER_TRIES, KEY_HEADER};
 use crate::kafka::BROKER;
+use crate::names::carried_to_dead_letter;
 use crate::{BrokerError, DEAD_LETTER_REASON_HEADER};
 
 /// A delivery's place for its claim transaction, with positions stored.
@@ -229,10 +230,7 @@ impl Acker for KafkaAcker {
         }
         let reason = reason.to_string();
         let mut h = OwnedHeaders::new();
-        for (k, v) in headers
-            .iter()
-            .filter(|(k, _)| k != DEAD_LETTER_REASON_HEADER && k != KEY_HEADER)
-        {
+        for (k, v) in carried_to_dead_letter(headers, |k| k == KEY_HEADER) {
             h = h.insert(Header {
                 key: k,
                 value: Some(v.as_bytes()),

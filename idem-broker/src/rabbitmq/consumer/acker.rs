@@ -12,6 +12,7 @@ use lapin::types::AMQPValue;
 use super::plan::{plan, Frame, Plan, Settle};
 use super::shared::{Shared, TagGuard};
 use super::DELIVERY_COUNT_HEADER;
+use crate::names::carried_to_dead_letter;
 use crate::rabbitmq::config::QueueType;
 use crate::rabbitmq::publisher::OutMessage;
 use crate::rabbitmq::BROKER;
@@ -247,13 +248,10 @@ impl Acker for RabbitAcker {
         headers: &Headers,
         reason: &RejectReason,
     ) -> Result<(), AckError> {
-        let mut out: Vec<(String, String)> = headers
-            .iter()
-            .filter(|(k, _)| {
-                k != "message-id" && k != DEAD_LETTER_REASON_HEADER && k != DELIVERY_COUNT_HEADER
-            })
-            .cloned()
-            .collect();
+        let mut out: Vec<(String, String)> =
+            carried_to_dead_letter(headers, |k| k == "message-id" || k == DELIVERY_COUNT_HEADER)
+                .cloned()
+                .collect();
         out.push((DEAD_LETTER_REASON_HEADER.to_owned(), reason.to_string()));
         let msg = OutMessage {
             payload,
@@ -277,32 +275,15 @@ impl Acker for RabbitAcker {
     /// the channel's oldest outstanding deliveries that are all in the batch, one ack
     /// each for the rest.
     async fn ack_all(items: Vec<(Self, AckProof)>) -> Vec<Result<(), AckError>> {
-        let n = items.len();
-        let Some((first, _)) = items.first() else {
-            return Vec::new();
+        let Some(shared) = crate::batch::one_connection(&items, |a| &a.guard.shared) else {
+            return Self::ack_each(items).await;
         };
-        let shared = first.shared();
-        if !items
-            .iter()
-            .all(|(a, _)| Arc::ptr_eq(&a.guard.shared, &shared))
-        {
-            let mut out = Vec::with_capacity(n);
-            for (acker, proof) in items {
-                out.push(acker.ack(proof).await);
-            }
-            return out;
-        }
         let mut ackers: Vec<Self> = items.into_iter().map(|(a, _)| a).collect();
         let tags: BTreeSet<u64> = ackers.iter().map(|a| a.guard.tag).collect();
         let r = shared.ack_many(&tags).await;
         for a in &mut ackers {
             a.guard.disarm();
         }
-        match r {
-            Ok(()) => (0..n).map(|_| Ok(())).collect(),
-            Err(e) => (0..n)
-                .map(|_| Err(AckError::new(e.message.clone(), e.retryable, None)))
-                .collect(),
-        }
+        crate::batch::each_of(ackers.len(), r)
     }
 }

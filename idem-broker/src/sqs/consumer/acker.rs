@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 
 use super::tasks::delete_batch;
 use super::{secs_i32, sqs_text, Shared, SQS_BATCH};
+use crate::names::carried_to_dead_letter;
 use crate::sqs::{attributes, body_text, sdk_err};
 use crate::DEAD_LETTER_REASON_HEADER;
 
@@ -184,9 +185,7 @@ impl Acker for SqsAcker {
         headers: &Headers,
         reason: &RejectReason,
     ) -> Result<(), AckError> {
-        let mut kept: Headers = headers
-            .iter()
-            .filter(|(k, _)| k != DEAD_LETTER_REASON_HEADER)
+        let mut kept: Headers = carried_to_dead_letter(headers, |_| false)
             .take(9)
             .cloned()
             .collect();
@@ -220,20 +219,11 @@ impl Acker for SqsAcker {
 
     /// One `DeleteMessageBatch` per 10 messages.
     async fn ack_all(items: Vec<(Self, AckProof)>) -> Vec<Result<(), AckError>> {
-        let n = items.len();
-        let Some((first, _)) = items.first() else {
-            return Vec::new();
+        let Some(shared) = crate::batch::one_connection(&items, |a| &a.shared) else {
+            return Self::ack_each(items).await;
         };
-        let shared = Arc::clone(&first.shared);
-        if !items.iter().all(|(a, _)| Arc::ptr_eq(&a.shared, &shared)) {
-            let mut out = Vec::with_capacity(n);
-            for (a, proof) in items {
-                out.push(a.ack(proof).await);
-            }
-            return out;
-        }
         let receipts: Vec<String> = items.iter().map(|(a, _)| a.receipt.clone()).collect();
-        let mut out: Vec<Result<(), AckError>> = Vec::with_capacity(n);
+        let mut out: Vec<Result<(), AckError>> = Vec::with_capacity(items.len());
         let chunks = receipts
             .chunks(SQS_BATCH)
             .map(|chunk| delete_batch(&shared.client, &shared.queue_url, chunk));

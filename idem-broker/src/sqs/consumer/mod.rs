@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::config::SqsConfig;
-use super::{client_of, ensure_queues, receive_client, sdk_config_for, with_timeouts};
+use super::{client_for, client_of, open_queues, receive_client};
 use crate::BrokerError;
 
 mod acker;
@@ -202,8 +202,7 @@ impl SqsConsumer {
     /// [`BrokerError::Config`] when an existing queue is set up differently in a way that
     /// matters.
     pub async fn connect(config: &SqsConfig) -> Result<Self, BrokerError> {
-        let sdk = sdk_config_for(config).await?;
-        Self::from_sdk_config(&sdk, config).await
+        Self::from_client(client_for(config).await?, config).await
     }
 
     /// As [`connect`](Self::connect), with an AWS configuration the application loaded
@@ -264,8 +263,7 @@ impl SqsConsumer {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn from_client(client: Client, config: &SqsConfig) -> Result<Self, BrokerError> {
-        let client = with_timeouts(&client, config);
-        let (queue_url, dead_letter_url) = ensure_queues(&client, config).await?;
+        let (client, queue_url, dead_letter_url) = open_queues(&client, config).await?;
         let receiver = receive_client(&client, config);
         let (back, handed_back) = mpsc::unbounded_channel();
         let (deletes, requests) = mpsc::unbounded_channel();
