@@ -260,7 +260,7 @@ fn main() {
 }
 
 #[cfg(test)]
-#[path = "../tests/common/doc_commands.rs"]
+#[path = "../tests/cli/common/doc_commands.rs"]
 mod doc_commands;
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! mark-before-commit filter does lose one. Its marks are scoped: filters on different
 //! stores never see each other's marks, and a store whose identity went back in time (a
 //! restore) or was copied gets a new identity. (The same on real Postgres and SQLite
-//! stores, through the `idem` binary: `idem-cli/tests/filter_scoping.rs`.)
+//! stores, through the `idem` binary: `idem-cli/tests/cli/filter_scoping.rs`.)
 
 mod common;
 

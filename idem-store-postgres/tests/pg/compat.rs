@@ -194,7 +194,7 @@ async fn table_names_are_quoted_and_qualified() {
 /// Every migration is plain ASCII, comments included: the server converts the whole script
 /// to the database's encoding, and a `LATIN1` database refuses characters it has no
 /// equivalent for (SQLSTATE 22P05) — a dash or an ellipsis in a comment would stop
-/// `migrate` there (`idem-cli/tests/refused_bodies.rs` runs one on such a database).
+/// `migrate` there (`idem-cli/tests/cli/refused_bodies.rs` runs one on such a database).
 #[test]
 fn every_migration_is_ascii() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-mod common;
+use crate::common;
 
 fn idem<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     common::idem(args)

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 /// Names the dashboard and rules use that idem does not export yet. Each is asserted
 /// absent from the scrape, so the entry must go once it is exported.
@@ -252,7 +252,7 @@ fn every_metric_the_dashboard_and_alerts_use_is_exported() {
             if pending {
                 assert!(
                     !exports.contains(name),
-                    "{name} is exported now: take it off PENDING in idem-cli/tests/ops.rs"
+                    "{name} is exported now: take it off PENDING in idem-cli/tests/cli/ops.rs"
                 );
             } else if !exports.contains(name) {
                 missing.push(format!("{file}: {name}"));

@@ -1,11 +1,3 @@
-#![cfg(all(
-    feature = "tls",
-    feature = "postgres",
-    feature = "redis-streams",
-    feature = "nats",
-    feature = "rabbitmq"
-))]
-
 //! `idem` against servers that speak TLS only, started by these tests with their own CA
 //! (`idem_test_support::tls`): a Postgres cluster with `ssl = on` and only `hostssl` entries,
 //! and per test one broker — Redis with only a TLS port, NATS with `--tls`, a RabbitMQ
@@ -22,7 +14,7 @@ use std::process::{Command, Output};
 
 use idem_test_support::tls::{Pki, TlsServer};
 
-mod common;
+use crate::common;
 
 use common::{ok, output_within, report_value, tag, text, COMMAND_LIMIT};
 

@@ -19,7 +19,7 @@ use idem_broker::any::{pending_count, AnyConsumer, BrokerUrl};
 use idem_broker::until_idle;
 use idem_engine::TraceParent;
 
-mod common;
+use crate::common;
 use common::{amqp_url, idem, ok, pg_url, psql, report_value, rt, text};
 
 /// The W3C example trace, as a sender would put it on the submission.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use idem_store_postgres::{PgConfig, PgStore};
 
-mod common;
+use crate::common;
 
 use common::report_value;
 

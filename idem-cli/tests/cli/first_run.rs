@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
 use common::{output_within, text, COMMAND_LIMIT};
 

@@ -12,7 +12,7 @@ use std::process::Command;
 use idem_broker::any::{pending_count, BrokerUrl};
 use idem_engine::IdempotencyKey;
 
-mod common;
+use crate::common;
 use common::{amqp_url, idem, ok, pg_url, psql, read_queue, report_value, rt, tag, text};
 
 /// What one run left: the disbursed amounts (sorted), the dead letters, consume's report.

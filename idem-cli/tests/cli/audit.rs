@@ -8,7 +8,7 @@ use idem_engine::{
 };
 use idem_store_postgres::{PgConfig, PgStore};
 
-mod common;
+use crate::common;
 
 fn idem(args: &[&str]) -> Output {
     common::idem(args)

@@ -7,7 +7,7 @@ use std::net::TcpListener;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 /// A local port with nothing listening on it.
 fn closed_port() -> u16 {

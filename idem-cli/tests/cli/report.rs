@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 use idem_broker::any::{pending_count, BrokerUrl};
 use idem_store_postgres::{PgConfig, PgStore};
 
-mod common;
+use crate::common;
 
 fn idem(args: &[&str]) -> Output {
     common::idem(args)

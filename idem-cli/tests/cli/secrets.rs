@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
 use common::{amqp_url, ok, output_within, pg_url, tag, text, COMMAND_LIMIT};
 

@@ -1,6 +1,6 @@
 //! The documented `idem` command lines: every `idem …` or `cargo run … -p idem-cli -- …`
 //! line of a `sh`, `bash`, `console` or `shell` block in `README.md`, `CHANGELOG.md`,
-//! `docs/*.md` and every `README.md` of the workspace. Shared by `tests/docs.rs` (links,
+//! `docs/*.md` and every `README.md` of the workspace. Shared by `tests/cli/docs.rs` (links,
 //! paths) and the `idem` binary's own unit test, which parses each line with the real
 //! command-line parser.
 #![allow(dead_code)]

@@ -1,5 +1,5 @@
 //! Helpers shared by the tests that drive the `idem` binary on real services. Each test
-//! binary uses a subset of them.
+//! module uses a subset of them.
 #![allow(dead_code)]
 
 use std::io::Read as _;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use idem_broker::any::{pending_count, BrokerUrl};
 
-mod common;
+use crate::common;
 use common::{amqp_url, idem, ok, pg_url, psql_at, read_queue, rt, tag, text};
 
 /// A LATIN1 database beside the test database (created once; kept for later runs).

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use idem_broker::any::{pending_count, BrokerUrl};
 use idem_engine::IdempotencyKey;
 
-mod common;
+use crate::common;
 use common::{amqp_url, idem, ok, pg_url, psql, read_queue, report_value, rt, tag, text};
 
 fn nats_url() -> String {

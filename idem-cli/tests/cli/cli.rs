@@ -2,7 +2,7 @@
 
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
 fn idem(args: &[&str]) -> Output {
     common::idem(args)
