@@ -135,6 +135,10 @@ pub(crate) struct StoreSpec {
     /// (`idem migrate --layout`); an existing table keeps its own.
     #[cfg(feature = "postgres")]
     pub(crate) pg_layout: Option<idem_store_postgres::PgLayout>,
+    /// `idem migrate --outbox cdc`: the schema's outbox is read by change data capture
+    /// from now on (an existing schema keeps what it records otherwise).
+    #[cfg(feature = "postgres")]
+    pub(crate) pg_outbox: Option<idem_store_postgres::OutboxMode>,
     /// Months of partitions created before / after the current one (partitioned layout).
     #[cfg(feature = "postgres")]
     pub(crate) pg_partition_window: Option<(u32, u32)>,
@@ -172,6 +176,8 @@ impl StoreSpec {
             grant_tables: false,
             #[cfg(feature = "postgres")]
             pg_layout: None,
+            #[cfg(feature = "postgres")]
+            pg_outbox: None,
             #[cfg(feature = "postgres")]
             pg_partition_window: None,
         })
@@ -226,6 +232,9 @@ pub(crate) async fn open<V: StoreVisitor>(
             }
             if let Some(layout) = spec.pg_layout {
                 config = config.with_layout(layout);
+            }
+            if let Some(outbox) = spec.pg_outbox {
+                config = config.with_outbox(outbox);
             }
             if let Some((back, ahead)) = spec.pg_partition_window {
                 config = config.with_partition_window(back, ahead);

@@ -94,6 +94,13 @@ pub struct PgConfig {
     /// finds, whatever this says; [`PgStore::from_pool`](crate::PgStore::from_pool) uses
     /// this one.
     pub layout: PgLayout,
+    /// Who reads the outbox: idem's relay (the default) or a change-data-capture
+    /// connector ([`OutboxMode::ChangeDataCapture`]). [`PgStore::migrate`](crate::PgStore::migrate)
+    /// records [`OutboxMode::ChangeDataCapture`] in the schema when asked; a store
+    /// connected with [`PgStore::connect`](crate::PgStore::connect) follows what the schema
+    /// records, whatever this says; [`PgStore::from_pool`](crate::PgStore::from_pool)
+    /// uses this one.
+    pub outbox: OutboxMode,
     /// Months of partitions created before the current one by
     /// [`PgStore::ensure_partitions`](crate::PgStore::ensure_partitions) (partitioned
     /// layout only). Default 12.
@@ -173,6 +180,57 @@ impl std::str::FromStr for PgLayout {
     }
 }
 
+/// Who reads the outbox (see `docs/stores.md`, "Change data capture").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum OutboxMode {
+    /// idem's relay (`idem relay`, [`PgOutboxSource`](crate::PgOutboxSource)): each event
+    /// is queued for it (`outbox_pending`, filled by a trigger), its writers take a lock per
+    /// subject so that a subject's ids follow commit order, and the relay marks
+    /// `published_at` when the broker confirms.
+    #[default]
+    Relay,
+    /// A change-data-capture connector (Debezium's outbox event router, or any reader of
+    /// the write-ahead log) reads the outbox's inserts in commit order: events are written
+    /// with `published_at` set to their transaction's time (handed to the log at commit),
+    /// nothing is queued, no subject lock is taken, no relay wakes. The relay refuses such
+    /// a schema. Recorded in the schema (`idem_outbox_cdc`, `migrations/0014_outbox_cdc.sql`)
+    /// so that every writer agrees; a schema switches to it only with an empty relay queue,
+    /// and never back.
+    ChangeDataCapture,
+}
+
+impl OutboxMode {
+    /// `relay` or `cdc`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Relay => "relay",
+            Self::ChangeDataCapture => "cdc",
+        }
+    }
+}
+
+impl std::fmt::Display for OutboxMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for OutboxMode {
+    type Err = PgError;
+
+    fn from_str(s: &str) -> Result<Self, PgError> {
+        match s {
+            "relay" => Ok(Self::Relay),
+            "cdc" => Ok(Self::ChangeDataCapture),
+            other => Err(PgError::InvalidOption(format!(
+                "unknown outbox mode {:?}: expected relay or cdc",
+                other.chars().take(40).collect::<String>()
+            ))),
+        }
+    }
+}
+
 impl Default for PgConfig {
     fn default() -> Self {
         Self {
@@ -187,6 +245,7 @@ impl Default for PgConfig {
             notify_interval: Duration::from_millis(10),
             audit_indexes: true,
             layout: PgLayout::Plain,
+            outbox: OutboxMode::Relay,
             partition_months_back: 12,
             partition_months_ahead: 3,
         }
@@ -271,6 +330,13 @@ impl PgConfig {
     #[must_use]
     pub fn with_layout(mut self, layout: PgLayout) -> Self {
         self.layout = layout;
+        self
+    }
+
+    /// Sets [`outbox`](PgConfig::outbox).
+    #[must_use]
+    pub fn with_outbox(mut self, outbox: OutboxMode) -> Self {
+        self.outbox = outbox;
         self
     }
 

@@ -103,7 +103,7 @@ pub mod store;
 mod warm;
 
 pub use audit::AuditSummary;
-pub use config::{PgConfig, PgLayout};
+pub use config::{OutboxMode, PgConfig, PgLayout};
 pub use error::PgError;
 pub use identity::{PgIdentitySession, StoreIdentity};
 pub use inspect::{ClaimRecord, OutboxRecord, Timestamp};

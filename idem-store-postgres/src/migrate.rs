@@ -50,6 +50,10 @@ const OUTCOME_COUNTS: &str = include_str!("../migrations/0008_outcome_counts.sql
 const OUTBOX_TRACEPARENT: &str = include_str!("../migrations/0007_outbox_traceparent.sql");
 /// The relay's queue beside the outbox, filled by a trigger (every layout).
 const OUTBOX_PENDING: &str = include_str!("../migrations/0010_outbox_pending.sql");
+/// The outbox read by change data capture (`idem_outbox_cdc`,
+/// [`OutboxMode::ChangeDataCapture`](crate::OutboxMode::ChangeDataCapture)), when asked
+/// or already recorded.
+const OUTBOX_CDC: &str = include_str!("../migrations/0014_outbox_cdc.sql");
 /// The record of the last migration run (`idem_migrations`).
 const SCHEMA_VERSION: &str = include_str!("../migrations/0011_schema_version.sql");
 /// The reruns' record (`idem_runs`, `ClaimStore::note_run`), every layout.
@@ -116,8 +120,11 @@ struct Expected {
 }
 
 impl Expected {
-    fn of(layout: PgLayout, audit_indexes: bool) -> Self {
+    fn of(layout: PgLayout, audit_indexes: bool, cdc: bool) -> Self {
         let mut relations = RELATIONS.to_vec();
+        if cdc {
+            relations.push("idem_outbox_cdc");
+        }
         match layout {
             PgLayout::Plain => {}
             PgLayout::Partitioned => relations.push(crate::partition::DEFAULT_PARTITION),
@@ -172,6 +179,11 @@ impl PgStore {
     /// to run from several processes at once (an advisory lock serialises them). Business
     /// tables (`disbursements`, …) are their owners' to create.
     ///
+    /// With [`PgConfig::outbox`] at [`OutboxMode::ChangeDataCapture`](crate::OutboxMode::ChangeDataCapture),
+    /// or on a schema that records it, it records that a change-data-capture connector
+    /// reads the outbox (`migrations/0014_outbox_cdc.sql`): on an existing schema only
+    /// while the relay's queue is empty (else an error that says so), and for good.
+    ///
     /// It runs no DDL, and so takes no lock that a claim waits for, when the schema is
     /// already migrated by this version (see [the module](crate::migrate)); when DDL is
     /// needed it waits at most [`MIGRATE_LOCK_TIMEOUT`] for each lock, tried
@@ -180,6 +192,7 @@ impl PgStore {
     ///
     /// [`PgConfig::audit_indexes`]: crate::PgConfig::audit_indexes
     /// [`PgConfig::layout`]: crate::PgConfig::layout
+    /// [`PgConfig::outbox`]: crate::PgConfig::outbox
     ///
     /// # Errors
     /// [`StoreError`] from the database; [`StoreError::Conflict`] naming SQLSTATE 55P03
@@ -205,8 +218,12 @@ impl PgStore {
             )));
         }
         let layout = self.layout();
+        let cdc = self.wants_cdc();
+        if cdc && !shared.is_cdc() {
+            self.check_queue_empty().await?;
+        }
         let sql = self.migration_sql();
-        let expected = Expected::of(layout, shared.config.audit_indexes);
+        let expected = Expected::of(layout, shared.config.audit_indexes, cdc);
         let tried = self.run_ddl(&sql, Some(&expected)).await?;
         if matches!(tried, Tried::Ran) {
             tracing::info!(target: "idem::migrate", schema = self.schema(), "schema migrated");
@@ -217,12 +234,52 @@ impl PgStore {
         shared
             .traceparent
             .store(true, std::sync::atomic::Ordering::Relaxed);
+        if cdc {
+            shared.cdc.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         self.ensure_partitions().await?;
         if layout == PgLayout::Distributed {
             // After the commit, in a transaction of its own (crate::distributed).
             self.distribute_tables().await?;
         }
         Ok(())
+    }
+
+    /// Before a schema's outbox turns to change data capture: no event may still wait for
+    /// the relay, which would then never publish it. The script checks it again under a
+    /// lock (`migrations/0014_outbox_cdc.sql`); this check gives the error its words.
+    async fn check_queue_empty(&self) -> Result<(), StoreError> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(self.table("outbox_pending"))
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| map_sqlx(e, "find the relay's queue"))?;
+        if !exists {
+            return Ok(());
+        }
+        let queue = self.sql_table("outbox_pending");
+        let queued: i64 = sqlx::query_scalar(statement(idem_core::sql!(
+            "SELECT count(*) FROM {queue}",
+            queue
+        )))
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| map_sqlx(e, "count the relay's queue"))?;
+        if queued > 0 {
+            return Err(StoreError::Config(format!(
+                "{queued} events of schema {:?} are still queued for the relay: run `idem relay` \
+                 until its queue is empty, then switch the outbox to change data capture",
+                self.schema()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether [`migrate`](PgStore::migrate) records (or keeps) change data capture: asked
+    /// by the config, or found in the schema at connect.
+    fn wants_cdc(&self) -> bool {
+        let shared = self.shared();
+        shared.is_cdc() || shared.config.outbox == crate::OutboxMode::ChangeDataCapture
     }
 
     /// The script [`migrate`](PgStore::migrate) runs for this store's layout and config.
@@ -259,6 +316,9 @@ impl PgStore {
             SCHEMA_VERSION,
         ] {
             sql.push(SqlText::render(script, &[("schema", schema)]));
+        }
+        if self.wants_cdc() {
+            sql.push(SqlText::render(OUTBOX_CDC, &[("schema", schema)]));
         }
         if shared.config.audit_indexes {
             let indexes = match layout {

@@ -230,9 +230,8 @@ impl PgTx {
             payloads.push(payload_text(ev)?);
         }
         let shared = self.shared_arc();
-        let notify = shared.take_notify();
+        let (slot, notify) = shared.outbox_slot();
         let traced = shared.has_traceparent();
-        let slot = usize::from(!notify);
         // The outbox's own parameters come first: the events' columns, the traceparents,
         // the channel; the rows' columns follow.
         let own = 5 + usize::from(traced) + usize::from(notify);
@@ -301,14 +300,14 @@ impl OutboxWriter for PgTx {
     async fn enqueue(&mut self, event: &OutboxEvent) -> Result<(), StoreError> {
         let payload = payload_text(event)?;
         let shared = self.shared_arc();
-        let notify = shared.take_notify();
+        let (slot, notify) = shared.outbox_slot();
         let traced = shared.has_traceparent();
         let sql = if traced {
             &shared.sql.enqueue_traced
         } else {
             &shared.sql.enqueue
         };
-        let mut q = sqlx::query(sql[usize::from(!notify)].clone())
+        let mut q = sqlx::query(sql[slot].clone())
             .bind(event.event_id.to_string())
             .bind(event.event_type.as_str())
             .bind(event.subject.as_str())

@@ -386,6 +386,15 @@ impl OutboxSource for PgOutboxSource {
     type Batch = PgOutboxBatch;
 
     async fn lease(&self, max: usize) -> Result<PgOutboxBatch, StoreError> {
+        if self.store.shared().is_cdc() {
+            // Its events are written published and queued for no relay: a relay here
+            // would publish nothing, and say nothing of it.
+            return Err(StoreError::Config(format!(
+                "the outbox of schema {:?} is read by change data capture (idem migrate \
+                 --outbox cdc): its events are published by the connector, not by a relay",
+                self.store.schema()
+            )));
+        }
         let limit = i64::try_from(max.max(1)).unwrap_or(i64::MAX);
         loop {
             let mut tx = self

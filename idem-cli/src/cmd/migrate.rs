@@ -44,6 +44,15 @@ pub(crate) struct Args {
     #[cfg(feature = "postgres")]
     #[arg(long, value_parser = parse_layout)]
     layout: Option<idem_store_postgres::PgLayout>,
+    /// Who reads the outbox (Postgres only): `relay` (`idem relay`, the default) or `cdc`, a
+    /// change-data-capture connector such as Debezium's outbox event router: events are
+    /// then written published at commit, queued for no relay, and the relay refuses the
+    /// schema (docs/stores.md, "Change data capture"). An existing schema switches to
+    /// `cdc` only while the relay's queue is empty, and never back; without the flag a
+    /// schema keeps what it records.
+    #[cfg(feature = "postgres")]
+    #[arg(long, value_parser = parse_outbox)]
+    outbox: Option<idem_store_postgres::OutboxMode>,
     /// Partitioned layout: months of partitions to create before the current one (for
     /// history about to be loaded; older months go to the default partition).
     #[cfg(feature = "postgres")]
@@ -53,6 +62,12 @@ pub(crate) struct Args {
     #[cfg(feature = "postgres")]
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=1200))]
     partition_months_ahead: u32,
+}
+
+#[cfg(feature = "postgres")]
+fn parse_outbox(s: &str) -> Result<idem_store_postgres::OutboxMode, String> {
+    s.parse()
+        .map_err(|e: idem_store_postgres::PgError| e.to_string())
 }
 
 #[cfg(feature = "postgres")]
@@ -93,6 +108,14 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
                 ));
             }
             spec.pg_layout = Some(layout);
+        }
+        if let Some(outbox) = args.outbox {
+            if !spec.url.is_postgres() {
+                return Err(CliError::usage(
+                    "--outbox applies to postgres:// stores only",
+                ));
+            }
+            spec.pg_outbox = Some(outbox);
         }
         if spec.url.is_postgres() {
             spec.pg_partition_window =
@@ -140,7 +163,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
 /// The Postgres-only steps.
 #[cfg(feature = "postgres")]
 mod postgres {
-    use idem_store_postgres::{PgConfig, PgLayout, PgStore};
+    use idem_store_postgres::{OutboxMode, PgConfig, PgLayout, PgStore};
 
     use crate::stores::StoreSpec;
     use crate::CliError;
@@ -167,6 +190,16 @@ mod postgres {
         }
         let store = connect(spec, url).await?;
         println!("layout: {}", store.layout());
+        if store.outbox_mode() == OutboxMode::ChangeDataCapture {
+            if spec.pg_outbox == Some(OutboxMode::Relay) {
+                return Err(CliError::usage(
+                    "--outbox relay: the outbox of this schema is read by change data \
+                     capture, which is for good (its events are written published, and a \
+                     relay would never see them): give the relay a new schema",
+                ));
+            }
+            println!("outbox: read by change data capture (no relay)");
+        }
         if store.layout() == PgLayout::Distributed {
             // What the migration did with the tables (PgStore::migrate's Citus step).
             let citus = if store.citus_installed().await? {

@@ -434,3 +434,75 @@ fn least_privilege_roles_consume_and_relay_with_no_migrate() {
         format!("DROP ROLE {relay}"),
     ]);
 }
+
+/// `idem migrate --outbox cdc`: the consumer writes its events published and queued for no
+/// relay, and `idem relay` refuses the schema (exit 2, saying why) instead of publishing
+/// nothing; the schema never goes back to the relay.
+#[test]
+fn an_outbox_read_by_change_data_capture_takes_no_relay() {
+    let run = Run::new("cdc", 3, 1);
+    let Run {
+        schema,
+        stream,
+        out,
+        pg,
+        redis,
+        ..
+    } = &run;
+    let migrated = ok(&idem(&[
+        "migrate", "--store", pg, "--schema", schema, "--outbox", "cdc",
+    ]));
+    assert!(
+        migrated.contains("outbox: read by change data capture"),
+        "{migrated}"
+    );
+    let consumed = ok(&idem(&consume_args(
+        redis,
+        stream,
+        pg,
+        schema,
+        &["--exit-when-idle", "2"],
+    )));
+    assert_eq!(report_value(&consumed, "processed"), 3, "{consumed}");
+    let counts = rt().block_on(async {
+        let store = PgStore::connect(pg, PgConfig::new(schema.as_str()).expect("schema"))
+            .await
+            .expect("connect");
+        let count = |sql: String| {
+            let pool = store.pool().clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(&pool)
+                    .await
+                    .expect("count")
+            }
+        };
+        (
+            count(format!(
+                "SELECT count(*) FROM {schema}.outbox WHERE published_at IS NOT NULL"
+            ))
+            .await,
+            count(format!("SELECT count(*) FROM {schema}.outbox_pending")).await,
+        )
+    });
+    assert_eq!(counts, (3, 0), "(published events, queued events)");
+
+    let relayed = idem(&relay_args(
+        pg,
+        schema,
+        redis,
+        out,
+        &["--exit-when-idle", "2"],
+    ));
+    let stderr = String::from_utf8_lossy(&relayed.stderr);
+    assert_eq!(relayed.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("change data capture"), "{stderr}");
+
+    let back = idem(&[
+        "migrate", "--store", pg, "--schema", schema, "--outbox", "relay",
+    ]);
+    let stderr = String::from_utf8_lossy(&back.stderr);
+    assert_eq!(back.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("is for good"), "{stderr}");
+    sql(&[format!("DROP SCHEMA \"{schema}\" CASCADE")]);
+}

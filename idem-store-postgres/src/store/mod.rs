@@ -235,9 +235,10 @@ impl PgStore {
         )
         .await?;
         let traceparent = has_column(&pool, &config.schema, "outbox", "traceparent").await?;
+        let cdc = has_column(&pool, &config.schema, "idem_outbox_cdc", "singleton").await?;
         Ok(Self {
             pool,
-            shared: Arc::new(Shared::new(config, layout, identity, traceparent)?),
+            shared: Arc::new(Shared::new(config, layout, identity, traceparent, cdc)?),
         })
     }
 
@@ -254,9 +255,21 @@ impl PgStore {
             pool,
             shared: {
                 let layout = config.layout;
-                Arc::new(Shared::new(config, layout, true, true)?)
+                let cdc = config.outbox == crate::OutboxMode::ChangeDataCapture;
+                Arc::new(Shared::new(config, layout, true, true, cdc)?)
             },
         })
+    }
+
+    /// Who reads the outbox: what the schema recorded at connect (or
+    /// [`migrate`](PgStore::migrate) since), or [`PgConfig::outbox`] for a store made by
+    /// [`from_pool`](PgStore::from_pool).
+    pub fn outbox_mode(&self) -> crate::OutboxMode {
+        if self.shared.is_cdc() {
+            crate::OutboxMode::ChangeDataCapture
+        } else {
+            crate::OutboxMode::Relay
+        }
     }
 
     /// The pool.
@@ -434,7 +447,9 @@ impl ClaimStore for PgStore {
 
 /// Whether `schema.table` has `column` (false when the table does not exist yet): the
 /// identity column of `migrations/0006_claim_identity.sql` on `processed_messages`, the
-/// `traceparent` column of `migrations/0007_outbox_traceparent.sql` on `outbox`.
+/// `traceparent` column of `migrations/0007_outbox_traceparent.sql` on `outbox`, the
+/// change-data-capture mark of `migrations/0014_outbox_cdc.sql` (its table, never without
+/// its row: both are made in one transaction).
 async fn has_column(
     pool: &PgPool,
     schema: &str,

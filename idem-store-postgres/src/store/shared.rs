@@ -31,21 +31,22 @@ pub(crate) struct Sql {
     /// After an identity claim inserted nothing: the key's own row (`o = 0`: duplicate),
     /// else the identity's (`o = 1`: conflict), per item.
     pub(crate) classify: SqlStr,
-    /// `[with pg_notify, without]`; `$1..$5` the event, `$6` the channel.
-    pub(crate) enqueue: [SqlStr; 2],
-    /// `[with pg_notify, without]`; `$1..$5` the events, `$6` the channel.
-    pub(crate) enqueue_many: [SqlStr; 2],
+    /// By [`Shared::outbox_slot`]: `[relay with pg_notify, relay without, change data
+    /// capture]`; `$1..$5` the event, `$6` the channel (the first only).
+    pub(crate) enqueue: [SqlStr; 3],
+    /// As `enqueue`; `$1..$5` the events, `$6` the channel.
+    pub(crate) enqueue_many: [SqlStr; 3],
     /// As `enqueue`, with the `traceparent` column (migration 0007) as `$6` and the
     /// channel as `$7`.
-    pub(crate) enqueue_traced: [SqlStr; 2],
+    pub(crate) enqueue_traced: [SqlStr; 3],
     /// As `enqueue_many`, with the `traceparent` column as `$6` and the channel as `$7`.
-    pub(crate) enqueue_many_traced: [SqlStr; 2],
+    pub(crate) enqueue_many_traced: [SqlStr; 3],
     /// `enqueue_many`'s text after its leading `WITH `: the common table expressions and
     /// the final query, for a statement that puts one more expression before them
     /// ([`crate::PgRows`]).
-    pub(crate) enqueue_many_ctes: [SqlText; 2],
+    pub(crate) enqueue_many_ctes: [SqlText; 3],
     /// `enqueue_many_traced`'s text after its leading `WITH `.
-    pub(crate) enqueue_many_traced_ctes: [SqlText; 2],
+    pub(crate) enqueue_many_traced_ctes: [SqlText; 3],
 }
 
 #[derive(Debug)]
@@ -64,6 +65,10 @@ pub(crate) struct Shared {
     /// Whether `outbox` has the `traceparent` column (migration 0007): events are then
     /// written with their trace context. Found at connect, set by `migrate`.
     pub(crate) traceparent: std::sync::atomic::AtomicBool,
+    /// Whether a change-data-capture connector reads the outbox
+    /// ([`OutboxMode::ChangeDataCapture`](crate::OutboxMode::ChangeDataCapture)):
+    /// recorded in the schema, found at connect, set by `migrate`.
+    pub(crate) cdc: std::sync::atomic::AtomicBool,
     /// When the last notifying insert was sent, in microseconds since `epoch`.
     last_notify: std::sync::atomic::AtomicU64,
     epoch: std::time::Instant,
@@ -89,9 +94,28 @@ impl Shared {
         self.traceparent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether a change-data-capture connector reads the outbox.
+    pub(crate) fn is_cdc(&self) -> bool {
+        self.cdc.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Which of the outbox statements the next insert sends (the index into
+    /// [`Sql::enqueue`] and its siblings), and whether it binds the relay's channel:
+    /// `(0, true)` for a relay's insert that wakes it, `(1, false)` for one that does not
+    /// ([`take_notify`](Self::take_notify)), `(2, false)` under change data capture.
+    pub(crate) fn outbox_slot(&self) -> (usize, bool) {
+        if self.is_cdc() {
+            (2, false)
+        } else if self.take_notify() {
+            (0, true)
+        } else {
+            (1, false)
+        }
+    }
+
     /// Whether this outbox insert should carry a `pg_notify` (see
     /// [`PgConfig::notify_interval`]).
-    pub(crate) fn take_notify(&self) -> bool {
+    fn take_notify(&self) -> bool {
         use std::sync::atomic::Ordering;
         if !self.config.notify {
             return false;
@@ -127,6 +151,7 @@ impl Shared {
         layout: PgLayout,
         identity: bool,
         traceparent: bool,
+        cdc: bool,
     ) -> Result<Self, StoreError> {
         config.validate()?;
         let schema = Ident::new(&config.schema).map_err(crate::PgError::from)?;
@@ -178,35 +203,75 @@ impl Shared {
             award,
             month
         );
+        // The outbox statements, by `Shared::outbox_slot`: a relay's insert takes its
+        // subjects' locks before its ids are drawn (crate::outbox) and, in the first
+        // variant, wakes the relay; under change data capture the log's commit order is
+        // the subjects' order, so the insert takes no lock, and its events are handed to
+        // the log at commit (`published_at`), queued for no relay.
+        let variants =
+            |notify: &'static str| [(true, notify), (true, quiet_tail), (false, quiet_tail)];
+        let published = |lock: bool| {
+            if lock {
+                ("", "")
+            } else {
+                (", published_at", ", now()")
+            }
+        };
         // The many-event statements without their leading `WITH ` (see `Sql`).
-        let enqueue_many_ctes = [notify_tail, quiet_tail].map(|tail| {
-            sql!(
-                "l AS (SELECT pg_advisory_xact_lock({space}, h) FROM \
-                       (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
-                     ins AS (INSERT INTO {ob} \
-                     (event_id, event_type, subject, idempotency_key, payload, created_at) \
-                     SELECT e, t, s, k, p::jsonb, now() \
-                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
-                     WITH ORDINALITY AS u(e, t, s, k, p, n) \
-                     WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", space, ob, event_key, tail
-            )
-        });
-        let enqueue_many_traced_ctes = [notify_tail_traced, quiet_tail].map(|tail| {
-            sql!(
-                "l AS (SELECT pg_advisory_xact_lock({space}, h) FROM \
-                       (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), \
-                     ins AS (INSERT INTO {ob} \
-                     (event_id, event_type, subject, idempotency_key, payload, created_at, \
-                      traceparent) \
-                     SELECT e, t, s, k, p::jsonb, now(), tp \
-                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                       $6::text[]) \
-                     WITH ORDINALITY AS u(e, t, s, k, p, tp, n) \
-                     WHERE (SELECT count(*) FROM l) >= 0 ORDER BY n \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", space, ob, event_key, tail
-            )
-        });
+        let many_ctes = |notify: &'static str,
+                         trace_col: &'static str,
+                         trace_arr: &'static str,
+                         trace_var: &'static str| {
+            variants(notify).map(|(lock, tail)| {
+                let (lock_cte, lock_where) = if lock {
+                    (
+                        sql!(
+                            "l AS (SELECT pg_advisory_xact_lock({space}, h) FROM \
+                             (SELECT DISTINCT hashtext(x) AS h FROM unnest($3::text[]) AS x ORDER BY 1) q), ",
+                            space
+                        ),
+                        "WHERE (SELECT count(*) FROM l) >= 0 ",
+                    )
+                } else {
+                    (SqlText::new(), "")
+                };
+                let (pc, pv) = published(lock);
+                sql!(
+                    "{lock_cte}ins AS (INSERT INTO {ob} \
+                     (event_id, event_type, subject, idempotency_key, payload, created_at{trace_col}{pc}) \
+                     SELECT e, t, s, k, p::jsonb, now(){trace_var}{pv} \
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]{trace_arr}) \
+                     WITH ORDINALITY AS u(e, t, s, k, p{trace_var}, n) \
+                     {lock_where}ORDER BY n \
+                     ON CONFLICT {event_key} DO NOTHING{tail}",
+                    lock_cte, ob, trace_col, pc, trace_var, pv, trace_arr, lock_where, event_key, tail
+                )
+            })
+        };
+        let enqueue_many_ctes = many_ctes(notify_tail, "", "", "");
+        let enqueue_many_traced_ctes =
+            many_ctes(notify_tail_traced, ", traceparent", ", $6::text[]", ", tp");
+        // The one-event statements.
+        let one = |notify: &'static str, trace_col: &'static str, trace_val: &'static str| {
+            variants(notify).map(|(lock, tail)| {
+                let (lock_cte, from_l) = if lock {
+                    (
+                        sql!("l AS (SELECT pg_advisory_xact_lock({space}, hashtext($3))), ", space),
+                        " FROM l",
+                    )
+                } else {
+                    (SqlText::new(), "")
+                };
+                let (pc, pv) = published(lock);
+                statement(sql!(
+                    "WITH {lock_cte}ins AS (INSERT INTO {ob} \
+                     (event_id, event_type, subject, idempotency_key, payload, created_at{trace_col}{pc}) \
+                     SELECT $1, $2, $3, $4, $5::jsonb, now(){trace_val}{pv}{from_l} \
+                     ON CONFLICT {event_key} DO NOTHING{tail}",
+                    lock_cte, ob, trace_col, pc, trace_val, pv, from_l, event_key, tail
+                ))
+            })
+        };
         let sql = Sql {
             claim: match layout {
                 PgLayout::Plain => statement(sql!(
@@ -319,30 +384,11 @@ impl Shared {
                      {lookup}", months, m, lookup
                 ))
             },
-            // Per-subject order: see crate::outbox (a transaction-scoped advisory lock per
-            // subject, taken before the row's id is drawn).
-            enqueue: [notify_tail, quiet_tail].map(|tail| {
-                statement(sql!(
-                    "WITH l AS (SELECT pg_advisory_xact_lock({space}, hashtext($3))), \
-                     ins AS (INSERT INTO {ob} \
-                     (event_id, event_type, subject, idempotency_key, payload, created_at) \
-                     SELECT $1, $2, $3, $4, $5::jsonb, now() FROM l \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", space, ob, event_key, tail
-                ))
-            }),
+            enqueue: one(notify_tail, "", ""),
             enqueue_many: enqueue_many_ctes
                 .clone()
                 .map(|ctes| statement(sql!("WITH {ctes}", ctes))),
-            enqueue_traced: [notify_tail_traced, quiet_tail].map(|tail| {
-                statement(sql!(
-                    "WITH l AS (SELECT pg_advisory_xact_lock({space}, hashtext($3))), \
-                     ins AS (INSERT INTO {ob} \
-                     (event_id, event_type, subject, idempotency_key, payload, created_at, \
-                      traceparent) \
-                     SELECT $1, $2, $3, $4, $5::jsonb, now(), $6 FROM l \
-                     ON CONFLICT {event_key} DO NOTHING{tail}", space, ob, event_key, tail
-                ))
-            }),
+            enqueue_traced: one(notify_tail_traced, ", traceparent", ", $6"),
             enqueue_many_traced: enqueue_many_traced_ctes
                 .clone()
                 .map(|ctes| statement(sql!("WITH {ctes}", ctes))),
@@ -379,6 +425,7 @@ impl Shared {
             sql,
             identity: std::sync::atomic::AtomicBool::new(identity),
             traceparent: std::sync::atomic::AtomicBool::new(traceparent),
+            cdc: std::sync::atomic::AtomicBool::new(cdc),
             last_notify: std::sync::atomic::AtomicU64::new(0),
             warm: Warm::default(),
             epoch: std::time::Instant::now(),

@@ -14,6 +14,7 @@
 mod common;
 
 mod append_only;
+mod cdc;
 mod claims;
 mod compat;
 mod conflicts;

@@ -1,0 +1,142 @@
+# scripts/lib/bench-postgres.sh — what scripts/bench-postgres and scripts/bench-price share:
+# the idem binary, the schemas of a run, and one measured run of pgbench or of `idem demo`
+# with what it cost the database per submission. Sourced after these are set: ROOT, URL,
+# TAG (every schema of the run starts with it), SECONDS_PER_RUN (pgbench), SUBMISSIONS and
+# BATCH_SUBMISSIONS (demo runs whose name starts with b), TWIN_DIR, TWIN_SCHEMA, PGB_SCHEMA,
+# GRD_SCHEMA; NAME, the sourcing script's name for its messages.
+
+for f in message.sql batch100.sql bare_tables.sql bare_message.sql bare_batch100.sql \
+    guarded_tables.sql; do
+  [[ -f "$TWIN_DIR/$f" ]] || { echo "$NAME: missing $TWIN_DIR/$f" >&2; exit 2; }
+done
+command -v pgbench >/dev/null || { echo "$NAME: pgbench not found" >&2; exit 2; }
+command -v psql >/dev/null || { echo "$NAME: psql not found" >&2; exit 2; }
+
+if [[ -z "${IDEM_BIN:-}" ]]; then
+  (cd "$ROOT" && cargo build --release -q -p idem-cli)
+  TARGET_DIR=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+  IDEM_BIN="$TARGET_DIR/release/idem"
+fi
+[[ -x "$IDEM_BIN" ]] || { echo "$NAME: no idem binary at $IDEM_BIN" >&2; exit 2; }
+
+# Every schema the run made (each starts with $TAG), dropped on exit.
+cleanup() {
+  psql "$URL" -qAtX -c "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, '$TAG')" 2>/dev/null \
+    | while read -r s; do
+        psql "$URL" -qAtX -c "DROP SCHEMA IF EXISTS \"$s\" CASCADE" >/dev/null 2>&1 || true
+      done
+}
+trap cleanup EXIT
+
+psql "$URL" -qAtX -v ON_ERROR_STOP=1 -c "CREATE SCHEMA \"$PGB_SCHEMA\"" >/dev/null
+PGOPTIONS="-c search_path=$PGB_SCHEMA" psql "$URL" -qAtX -v ON_ERROR_STOP=1 -f "$TWIN_DIR/bare_tables.sql" >/dev/null
+psql "$URL" -qAtX -v ON_ERROR_STOP=1 -c "CREATE SCHEMA \"$GRD_SCHEMA\"" >/dev/null
+PGOPTIONS="-c search_path=$GRD_SCHEMA" psql "$URL" -qAtX -v ON_ERROR_STOP=1 -f "$TWIN_DIR/guarded_tables.sql" >/dev/null
+
+# The server's CPU so far (µs; "nan" for a server elsewhere): scripts/server-cpu.
+server_cpu_us() { "$ROOT/scripts/server-cpu" "$URL"; }
+
+# What the database has written and spent so far, as "WAL_BYTES_LSN WAL_RECORDS
+# INDEX_ENTRIES SERVER_CPU_US" for SCHEMA's tables (see the header), read before a run
+# (pre) or after it (post): the server's CPU is read after this query before a run and
+# before it after, so that its own cost counts in neither. pg_stat_* are flushed by each
+# backend at most once a second, and by a client's backend when it exits: read after the
+# run's clients exited.
+db_counters() {
+  sleep 1.2
+  local cpu=
+  [[ $2 == post ]] && cpu=$(server_cpu_us)
+  local counts
+  counts=$(psql "$URL" -qAtX -v ON_ERROR_STOP=1 -F ' ' <<SQL
+CREATE FUNCTION pg_temp.held_share(rel oid, pred text) RETURNS float8 LANGUAGE plpgsql AS \$f\$
+DECLARE r float8;
+BEGIN
+  IF pred IS NULL THEN RETURN 1; END IF;
+  EXECUTE format('SELECT coalesce(avg((%s)::int), 1)::float8 FROM %s', pred, rel::regclass) INTO r;
+  RETURN r;
+END \$f\$;
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
+       (SELECT wal_records FROM pg_stat_wal),
+       coalesce((SELECT round(sum(t.n_tup_ins * pg_temp.held_share(i.indrelid, pg_get_expr(i.indpred, i.indrelid))))
+                 FROM pg_stat_user_tables t
+                 JOIN pg_index i ON i.indrelid = t.relid
+                 JOIN pg_class c ON c.oid = i.indexrelid
+                 JOIN pg_am a ON a.oid = c.relam
+                 WHERE t.schemaname = '$1' AND a.amname <> 'brin'), 0)::bigint;
+SQL
+)
+  [[ $2 == pre ]] && cpu=$(server_cpu_us)
+  echo "$counts $cpu"
+}
+
+# cost BEFORE AFTER SUBMISSIONS -> "WAL_BYTES WAL_RECORDS INDEX_ENTRIES SERVER_CPU_US" per
+# submission
+cost() {
+  python3 -c "import sys; b=sys.argv[1].split(); a=sys.argv[2].split(); n=float(sys.argv[3]); print(' '.join(f'{(float(y)-float(x))/n:.1f}' for x, y in zip(b, a)))" "$1" "$2" "$3"
+}
+
+# pgbench SCHEMA SCRIPT CLIENTS [OPTION...] -> "TPS TRANSACTIONS"
+pgbench_run() {
+  local schema=$1 script=$2 clients=$3 jobs=$(( $3 < 2 ? 1 : 2 ))
+  shift 3
+  PGOPTIONS="-c search_path=$schema" pgbench -n "$@" -f "$script" -c "$clients" -j "$jobs" \
+    -T "$SECONDS_PER_RUN" "$URL" 2>/dev/null \
+    | awk '/^number of transactions actually processed: / { n = $6 } /^tps = / { print $3, n; exit }'
+}
+
+# demo_run NAME ARGS... -> "MSG_PER_S WAL_BYTES WAL_RECORDS INDEX_ENTRIES SERVER_CPU_US" (per
+# submission): idem demo ARGS on the new schema ${TAG}_demoNAME, which must end with
+# exactly-once: OK
+demo_run() {
+  local schema="${TAG}_demo$1" submissions=$SUBMISSIONS
+  [[ $1 == b* ]] && submissions=$BATCH_SUBMISSIONS
+  shift
+  local out before after
+  before=$(db_counters "$schema" pre)
+  if ! out=$("$IDEM_BIN" demo --store "$URL" --schema "$schema" --submissions "$submissions" \
+      --crash-rate 0 --redeliveries 0.25 "$@" 2>/dev/null); then
+    echo "$NAME: idem demo $* failed:" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  grep -q '^exactly-once: OK' <<<"$out" || { echo "$NAME: demo $* did not report exactly-once: OK" >&2; echo "$out" >&2; exit 1; }
+  after=$(db_counters "$schema" post)
+  echo "$(awk -F': *' '/^throughput_msgs_per_s:/ { print $2; exit }' <<<"$out") $(cost "$before" "$after" "$submissions")"
+}
+
+ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}' if b else 'n/a')" "$1" "$2"; }
+
+# measured SCHEMA SCRIPT CLIENTS SUBMISSIONS_PER_TX [OPTION...] -> "MSG_PER_S WAL_BYTES
+# WAL_RECORDS INDEX_ENTRIES SERVER_CPU_US" (per submission)
+measured() {
+  local schema=$1 script=$2 clients=$3 per_tx=$4 before after run
+  shift 4
+  before=$(db_counters "$schema" pre)
+  run=$(pgbench_run "$schema" "$script" "$clients" "$@")
+  after=$(db_counters "$schema" post)
+  python3 -c "import sys; t, n = sys.argv[1].split(); print(float(t) * float(sys.argv[2]), float(n) * float(sys.argv[2]))" "$run" "$per_tx" | {
+    read -r rate subs
+    echo "$rate $(cost "$before" "$after" "$subs")"
+  }
+}
+# Each idem run sits between its twin runs; the twin's figure is their mean (its costs are
+# the first run's). Like each demo run, each twin run starts on a new schema, made by
+# `idem migrate` (the default layout). The twins carry the demo's redeliveries:
+# message.sql one transaction in five (4 submissions per 5), batch100.sql 20 of each 100
+# deliveries (80 submissions); so do the bare design's scripts.
+twin() { # SCRIPT CLIENTS SUBMISSIONS_PER_TX -> as measured
+  PGOPTIONS="-c client_min_messages=warning" \
+    psql "$URL" -qAtX -c "DROP SCHEMA IF EXISTS \"$TWIN_SCHEMA\" CASCADE" >/dev/null
+  "$IDEM_BIN" migrate --handler grant --store "$URL" --schema "$TWIN_SCHEMA" >/dev/null
+  # Prepared statements, as sqlx sends them (parsed once per connection).
+  measured "$TWIN_SCHEMA" "$TWIN_DIR/$1" "$2" "$3" -M prepared -D prev=0 -D c=0
+}
+bare() { # SCRIPT CLIENTS SUBMISSIONS_PER_TX -> as measured
+  measured "$PGB_SCHEMA" "$TWIN_DIR/$1" "$2" "$3" -M prepared -D prev=0 -D c=0
+}
+guarded() { # SCRIPT CLIENTS SUBMISSIONS_PER_TX -> as measured
+  measured "$GRD_SCHEMA" "$TWIN_DIR/$1" "$2" "$3" -M prepared -D prev=0 -D c=0
+}
+rate() { cut -d' ' -f1 <<<"$1"; }
+mean() { python3 -c "import sys; print((float(sys.argv[1].split()[0]) + float(sys.argv[2].split()[0])) / 2)" "$1" "$2"; }
