@@ -442,31 +442,18 @@ impl PgStore {
             days.push(c.day.as_str());
             outcomes.push(c.outcome.as_str());
             reasons.push(c.reason.as_str());
-            ns.push(i64::try_from(c.count).map_err(|_| {
-                StoreError::Config(format!("an outcome count of {} is too large", c.count))
-            })?);
+            ns.push(c.stored_count()?);
         }
-        let seq = flush
-            .map(|f| {
-                i64::try_from(f.seq()).map_err(|_| {
-                    StoreError::Config(format!(
-                        "a flush sequence number of {} is too large",
-                        f.seq()
-                    ))
-                })
-            })
-            .transpose()?;
-        let mut tx = self
-            .pool()
-            .begin()
-            .await
-            .map_err(|e| map_sqlx(e, "adding outcome counts"))?;
+        let seq = flush.map(FlushId::stored_seq).transpose()?;
         let ms = OUTCOME_FLUSH_TIMEOUT.as_millis();
-        sqlx::query("SELECT set_config('statement_timeout', $1, true)")
-            .bind(format!("{ms}ms"))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx(e, "adding outcome counts"))?;
+        let mut tx = self
+            .begin_with(
+                sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+                    .bind(format!("{ms}ms")),
+                "adding outcome counts",
+                "adding outcome counts",
+            )
+            .await?;
         if seq == Some(1) {
             let flushes = self.sql_table("idem_outcome_flushes");
             sqlx::query(statement(sql!(

@@ -363,9 +363,7 @@ impl SqliteStore {
         }
         let mut rows = Vec::with_capacity(counts.len());
         for c in counts {
-            let n = i64::try_from(c.count).map_err(|_| {
-                StoreError::Config(format!("an outcome count of {} is too large", c.count))
-            })?;
+            let n = c.stored_count()?;
             // Days sort as text: keep them in one form.
             if c.day.len() != 10 || Timestamp::parse_rfc3339(&c.day).is_none() {
                 return Err(StoreError::Config(format!(
@@ -382,12 +380,7 @@ impl SqliteStore {
             .await
             .map_err(|e| map("adding outcome counts", e))?;
         if let Some(f) = flush {
-            let seq = i64::try_from(f.seq()).map_err(|_| {
-                StoreError::Config(format!(
-                    "a flush sequence number of {} is too large",
-                    f.seq()
-                ))
-            })?;
+            let seq = f.stored_seq()?;
             if seq == 1 {
                 sqlx::query(
                     "DELETE FROM idem_outcome_flushes \
