@@ -576,35 +576,7 @@ impl<T: SqlTx> Handler<T> for SqlHandler {
         payload: &[u8],
         headers: &Headers,
     ) -> Result<Submission<SqlMessage>, RejectReason> {
-        if payload.is_empty() {
-            return Err(RejectReason::new("empty_body", "the body is empty"));
-        }
-        if payload.len() > self.max_body {
-            return Err(RejectReason::new(
-                "too_large",
-                format!(
-                    "the body is {} bytes, over the {}-byte limit",
-                    payload.len(),
-                    self.max_body
-                ),
-            ));
-        }
-        let text = std::str::from_utf8(payload).map_err(|e| {
-            RejectReason::new(
-                "not_utf8",
-                format!("the body is not UTF-8 (at byte {})", e.valid_up_to()),
-            )
-        })?;
-        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            RejectReason::new(
-                "not_json",
-                format!(
-                    "the body is not JSON (line {}, column {})",
-                    e.line(),
-                    e.column()
-                ),
-            )
-        })?;
+        let (text, value) = idem_grant::json_body(payload, self.max_body)?;
         let canonical;
         let hashed = match self.derivation {
             KeyDerivation::Reference => payload,
