@@ -760,6 +760,29 @@ mod tests {
         assert_eq!(headers_json(&h), r#"{"a":"1","b":"x\"y"}"#);
     }
 
+    /// The crash suites' handler: `script` per order, identified by its id and creation
+    /// time, keyed as the reference does.
+    fn orders_handler(script: &str) -> Result<SqlHandler, Box<dyn std::error::Error>> {
+        let script = SqlScript::parse("orders.sql", script, Some("order.recorded".into()))?;
+        let identity: IdentitySpec = "/order_id,/created_at".parse()?;
+        Ok(SqlHandler::new(script, identity, KeyDerivation::Reference))
+    }
+
+    /// The `orders` rows `(key, order id, amount)` a crash suite read, as its effects.
+    fn order_effects(
+        rows: Vec<(String, String, i64)>,
+    ) -> Result<Vec<idem_sim::Effect>, Box<dyn std::error::Error>> {
+        rows.into_iter()
+            .map(|(key, subject, amount)| {
+                Ok(idem_sim::Effect {
+                    key: key.parse()?,
+                    subject,
+                    amount,
+                })
+            })
+            .collect()
+    }
+
     /// The crash suite's messages: eight orders, every other one sent twice, one whose
     /// amount the table refuses, one without an identity.
     fn crash_orders() -> Vec<idem_sim::sim::Message> {
@@ -793,7 +816,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_crash_suite_leaves_one_order_each_on_sqlite() {
         use idem_sim::sim::crash_suite;
-        use idem_sim::Effect;
         use idem_store_sqlite::{SqliteConfig, SqliteStore};
         type Error = Box<dyn std::error::Error>;
         const SCRIPT: &str = "INSERT INTO orders (order_id, amount, idempotency_key) \
@@ -815,10 +837,7 @@ mod tests {
                 )
                 .execute(store.pool())
                 .await?;
-                let script = SqlScript::parse("orders.sql", SCRIPT, Some("order.recorded".into()))?;
-                let identity: IdentitySpec = "/order_id,/created_at".parse()?;
-                let handler = SqlHandler::new(script, identity, KeyDerivation::Reference);
-                Ok::<_, Error>((store, handler))
+                Ok::<_, Error>((store, orders_handler(SCRIPT)?))
             }
         };
         let read = |store: SqliteStore| async move {
@@ -827,15 +846,7 @@ mod tests {
                     .fetch_all(store.pool())
                     .await?;
             store.pool().close().await;
-            rows.into_iter()
-                .map(|(key, subject, amount)| {
-                    Ok(Effect {
-                        key: key.parse()?,
-                        subject,
-                        amount,
-                    })
-                })
-                .collect::<Result<Vec<_>, Error>>()
+            order_effects(rows)
         };
         let report = crash_suite(&messages, fresh, read)
             .await
@@ -849,7 +860,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_crash_suite_leaves_one_order_each_on_postgres() {
         use idem_sim::sim::crash_suite;
-        use idem_sim::Effect;
         use idem_store_postgres::{PgConfig, PgStore};
         type Error = Box<dyn std::error::Error>;
         let url = std::env::var("IDEM_TEST_POSTGRES_URL")
@@ -874,10 +884,7 @@ mod tests {
                      VALUES ($1->>'order_id', ($1->>'amount')::bigint, $2) \
                      RETURNING order_id, amount"
                 );
-                let script = SqlScript::parse("orders.sql", &text, Some("order.recorded".into()))?;
-                let identity: IdentitySpec = "/order_id,/created_at".parse()?;
-                let handler = SqlHandler::new(script, identity, KeyDerivation::Reference);
-                Ok::<_, Error>((store, handler))
+                Ok::<_, Error>((store, orders_handler(&text)?))
             }
         };
         let read = |store: PgStore| async move {
@@ -893,15 +900,7 @@ mod tests {
             .execute(store.pool())
             .await?;
             store.pool().close().await;
-            rows.into_iter()
-                .map(|(key, subject, amount)| {
-                    Ok(Effect {
-                        key: key.parse()?,
-                        subject,
-                        amount,
-                    })
-                })
-                .collect::<Result<Vec<_>, Error>>()
+            order_effects(rows)
         };
         let report = crash_suite(&messages, fresh, read)
             .await
