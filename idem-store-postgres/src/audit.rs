@@ -245,9 +245,7 @@ impl PgStore {
             .await
             .map_err(store("audit stats per day"))?;
         for r in rows {
-            let n = |i: usize| -> Result<u64, PgError> {
-                Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
-            };
+            let n = |i: usize| count(&r, i);
             stats
                 .days
                 .push(DayCounts::new(r.try_get(0)?, n(1)?, n(2)?, n(3)?));
@@ -287,9 +285,7 @@ impl PgStore {
             .fetch_one(self.pool())
             .await
             .map_err(store("reconcile claims with the business table"))?;
-        let n = |i: usize| -> Result<u64, PgError> {
-            Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
-        };
+        let n = |i: usize| count(&r, i);
         let rec = &mut stats.reconciliation;
         rec.claims = n(0)?;
         rec.rows = n(1)?;
@@ -313,9 +309,7 @@ impl PgStore {
         .fetch_one(self.pool())
         .await
         .map_err(store("retention status"))?;
-        let n = |i: usize| -> Result<u64, PgError> {
-            Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
-        };
+        let n = |i: usize| count(&r, i);
         let ret = &mut stats.retention;
         ret.oldest_claim = r
             .try_get::<Option<i64>, _>(0)?
@@ -543,6 +537,11 @@ impl OutcomeCountStore for PgStore {
 
 /// A data exception (SQLSTATE class 22) on the window's bounds is the caller's bad
 /// timestamp; anything else is a store error.
+/// Column `i` of `r`, a `bigint` count, as a `u64` (0 below zero).
+fn count(r: &sqlx::postgres::PgRow, i: usize) -> Result<u64, PgError> {
+    Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
+}
+
 fn timestamp_error(e: sqlx::Error, since: &str, until: &str) -> PgError {
     match sqlstate(&e) {
         Some(code) if code.starts_with("22") => {
