@@ -71,10 +71,8 @@ pub(crate) struct Args {
     /// The queue / stream to consume (created if missing).
     #[arg(long, value_name = "NAME")]
     source: String,
-    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
-    /// a password out of the process list and the shell's history)
-    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-    store: String,
+    #[command(flatten)]
+    store: super::StoreArg,
     /// The Postgres schema (created if missing).
     #[arg(long)]
     schema: Option<String>,
@@ -289,7 +287,11 @@ fn chosen(args: &Args, store: &StoreUrl) -> Result<Chosen, CliError> {
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
-    let mut spec = StoreSpec::new(&args.store, args.schema.clone(), args.front_filter.clone())?;
+    let mut spec = StoreSpec::new(
+        &args.store.url,
+        args.schema.clone(),
+        args.front_filter.clone(),
+    )?;
     let handler = chosen(&args, &spec.url)?;
     // The grant pipeline's table comes with the grant handler.
     spec.grant_tables = matches!(handler, Chosen::Grant(_));

@@ -11,10 +11,8 @@ use crate::CliError;
 /// Arguments of `idem migrate`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
-    /// a password out of the process list and the shell's history)
-    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-    store: String,
+    #[command(flatten)]
+    store: super::StoreArg,
     /// The Postgres schema (created if missing).
     #[arg(long)]
     schema: Option<String>,
@@ -82,7 +80,7 @@ impl StoreVisitor for Done {
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    let mut spec = StoreSpec::new(&args.store, args.schema, None)?;
+    let mut spec = StoreSpec::new(&args.store.url, args.schema, None)?;
     spec.grant_tables = args.handler.is_some();
     #[cfg(feature = "postgres")]
     {
@@ -133,7 +131,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     if let stores::StoreUrl::Postgres(url) = &url {
         postgres::after(&spec, url, args.append_only).await?;
     }
-    println!("migrated: {}", idem_engine::redact_url(&args.store));
+    println!("migrated: {}", idem_engine::redact_url(&args.store.url));
     Ok(())
 }
 

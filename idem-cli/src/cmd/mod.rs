@@ -247,6 +247,22 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
+/// `--store` as `consume`, `migrate`, `purge` and `relay` take it (flattened into their
+/// arguments, at the same place and with the same help).
+#[derive(Debug, clap::Args)]
+pub(crate) struct StoreArg {
+    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
+    /// a password out of the process list and the shell's history)
+    #[arg(
+        id = "store",
+        long = "store",
+        value_name = "STORE",
+        env = "IDEM_STORE",
+        hide_env_values = true
+    )]
+    pub(crate) url: String,
+}
+
 /// `--broker`'s help, one text for every command that takes a broker.
 pub(crate) const BROKER_HELP: &str = "The broker URL: amqp:// (RabbitMQ), nats:// (NATS \
     JetStream), redis:// (Redis Streams), sqs:// (Amazon SQS) or kafka:// (Kafka). idem's \

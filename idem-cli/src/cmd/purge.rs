@@ -29,10 +29,8 @@ use crate::CliError;
 /// Arguments of `idem purge`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
-    /// a password out of the process list and the shell's history)
-    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-    store: String,
+    #[command(flatten)]
+    store: super::StoreArg,
     /// The Postgres schema.
     #[arg(long)]
     schema: Option<String>,
@@ -69,7 +67,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    let store = StoreUrl::parse(&args.store)?;
+    let store = StoreUrl::parse(&args.store.url)?;
     if matches!(store, StoreUrl::Memory) {
         return Err(CliError::usage("idem purge needs a durable store"));
     }
