@@ -286,6 +286,25 @@ impl PgStore {
         Ok(tx)
     }
 
+    /// Begins a transaction that holds the advisory lock `lock` (`pg_advisory_xact_lock`
+    /// of its `hashtext`), as a migration does so that concurrent ones cannot deadlock:
+    /// an error says `begin {what}` or `lock for {what}`.
+    ///
+    /// # Errors
+    /// As [`begin_with`](PgStore::begin_with).
+    pub async fn begin_locked(
+        &self,
+        lock: String,
+        what: &str,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        self.begin_with(
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))").bind(lock),
+            &format!("begin {what}"),
+            &format!("lock for {what}"),
+        )
+        .await
+    }
+
     /// The configuration.
     pub fn config(&self) -> &PgConfig {
         &self.shared.config
