@@ -110,12 +110,7 @@ impl PgStore {
         ));
         // The bounds first, on their own: a bad one is the caller's error, whatever the
         // state of the tables.
-        sqlx::query("SELECT $1::timestamptz, $2::timestamptz")
-            .bind(since)
-            .bind(until)
-            .execute(self.pool())
-            .await
-            .map_err(|e| timestamp_error(e, since, until))?;
+        self.check_bounds(since, until).await?;
         let mut summary = AuditSummary::default();
         let mut cursor: Option<(Timestamp, String)> = None;
         loop {
@@ -209,12 +204,7 @@ impl PgStore {
         cutoff: Timestamp,
         sample: usize,
     ) -> Result<AuditStats, PgError> {
-        sqlx::query("SELECT $1::timestamptz, $2::timestamptz")
-            .bind(since)
-            .bind(until)
-            .execute(self.pool())
-            .await
-            .map_err(|e| timestamp_error(e, since, until))?;
+        self.check_bounds(since, until).await?;
         let pm = self.sql_table("processed_messages");
         let ob = self.sql_table("outbox");
         let biz = self.shared().table_ident(&business.table);
@@ -537,6 +527,20 @@ impl OutcomeCountStore for PgStore {
 
 /// A data exception (SQLSTATE class 22) on the window's bounds is the caller's bad
 /// timestamp; anything else is a store error.
+impl PgStore {
+    /// The bounds of a window, read by the server on their own: a bad one is the
+    /// caller's error ([`PgError::InvalidTimestamp`]), whatever the state of the tables.
+    async fn check_bounds(&self, since: &str, until: &str) -> Result<(), PgError> {
+        sqlx::query("SELECT $1::timestamptz, $2::timestamptz")
+            .bind(since)
+            .bind(until)
+            .execute(self.pool())
+            .await
+            .map_err(|e| timestamp_error(e, since, until))?;
+        Ok(())
+    }
+}
+
 /// Column `i` of `r`, a `bigint` count, as a `u64` (0 below zero).
 fn count(r: &sqlx::postgres::PgRow, i: usize) -> Result<u64, PgError> {
     Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
