@@ -10,12 +10,10 @@ use crate::CliError;
 
 /// Arguments of `idem migrate`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("schema", |a| a.help(super::SCHEMA_CREATED_HELP)))]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: super::StoreArg,
-    /// The Postgres schema (created if missing).
-    #[arg(long)]
-    schema: Option<String>,
+    store: super::StoreArgs,
     /// Also make processed_messages append-only evidence (Postgres only): a trigger
     /// refuses UPDATE, DELETE and TRUNCATE except through `idem purge`.
     #[arg(long)]
@@ -80,7 +78,7 @@ impl StoreVisitor for Done {
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    let mut spec = StoreSpec::new(&args.store.url, args.schema, None)?;
+    let mut spec = StoreSpec::new(&args.store.url, args.store.schema, None)?;
     spec.grant_tables = args.handler.is_some();
     #[cfg(feature = "postgres")]
     {

@@ -30,10 +30,7 @@ use crate::CliError;
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: super::StoreArg,
-    /// The Postgres schema.
-    #[arg(long)]
-    schema: Option<String>,
+    store: super::StoreArgs,
     /// Delete what is older than this (30d, 3y, 1200d, …; a year is a calendar year, as
     /// in --retention-floor).
     #[arg(long, value_parser = parse_age)]
@@ -71,7 +68,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     if matches!(store, StoreUrl::Memory) {
         return Err(CliError::usage("idem purge needs a durable store"));
     }
-    if args.schema.is_some() && !store.is_postgres() {
+    if args.store.schema.is_some() && !store.is_postgres() {
         return Err(CliError::usage(
             "--schema applies to postgres:// stores only",
         ));
@@ -79,7 +76,11 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let opened = match store {
         #[cfg(feature = "postgres")]
         StoreUrl::Postgres(url) => {
-            let schema = args.schema.clone().unwrap_or_else(|| "public".to_owned());
+            let schema = args
+                .store
+                .schema
+                .clone()
+                .unwrap_or_else(|| "public".to_owned());
             let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
             Opened::Pg(PgStore::connect(&url, config).await?)
         }
