@@ -76,17 +76,5 @@ impl From<idem_store_sqlite::SqliteError> for CliError {
     }
 }
 
-/// An error and its sources on one line.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        let t = src.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = src.source();
-    }
-    s
-}
+/// An error and its sources on one line (`idem-core`'s, as the relay stores them).
+pub(crate) use idem_engine::error::error_chain;

@@ -576,35 +576,7 @@ impl<T: SqlTx> Handler<T> for SqlHandler {
         payload: &[u8],
         headers: &Headers,
     ) -> Result<Submission<SqlMessage>, RejectReason> {
-        if payload.is_empty() {
-            return Err(RejectReason::new("empty_body", "the body is empty"));
-        }
-        if payload.len() > self.max_body {
-            return Err(RejectReason::new(
-                "too_large",
-                format!(
-                    "the body is {} bytes, over the {}-byte limit",
-                    payload.len(),
-                    self.max_body
-                ),
-            ));
-        }
-        let text = std::str::from_utf8(payload).map_err(|e| {
-            RejectReason::new(
-                "not_utf8",
-                format!("the body is not UTF-8 (at byte {})", e.valid_up_to()),
-            )
-        })?;
-        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            RejectReason::new(
-                "not_json",
-                format!(
-                    "the body is not JSON (line {}, column {})",
-                    e.line(),
-                    e.column()
-                ),
-            )
-        })?;
+        let (text, value) = idem_grant::json_body(payload, self.max_body)?;
         let canonical;
         let hashed = match self.derivation {
             KeyDerivation::Reference => payload,
@@ -788,6 +760,29 @@ mod tests {
         assert_eq!(headers_json(&h), r#"{"a":"1","b":"x\"y"}"#);
     }
 
+    /// The crash suites' handler: `script` per order, identified by its id and creation
+    /// time, keyed as the reference does.
+    fn orders_handler(script: &str) -> Result<SqlHandler, Box<dyn std::error::Error>> {
+        let script = SqlScript::parse("orders.sql", script, Some("order.recorded".into()))?;
+        let identity: IdentitySpec = "/order_id,/created_at".parse()?;
+        Ok(SqlHandler::new(script, identity, KeyDerivation::Reference))
+    }
+
+    /// The `orders` rows `(key, order id, amount)` a crash suite read, as its effects.
+    fn order_effects(
+        rows: Vec<(String, String, i64)>,
+    ) -> Result<Vec<idem_sim::Effect>, Box<dyn std::error::Error>> {
+        rows.into_iter()
+            .map(|(key, subject, amount)| {
+                Ok(idem_sim::Effect {
+                    key: key.parse()?,
+                    subject,
+                    amount,
+                })
+            })
+            .collect()
+    }
+
     /// The crash suite's messages: eight orders, every other one sent twice, one whose
     /// amount the table refuses, one without an identity.
     fn crash_orders() -> Vec<idem_sim::sim::Message> {
@@ -821,7 +816,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_crash_suite_leaves_one_order_each_on_sqlite() {
         use idem_sim::sim::crash_suite;
-        use idem_sim::Effect;
         use idem_store_sqlite::{SqliteConfig, SqliteStore};
         type Error = Box<dyn std::error::Error>;
         const SCRIPT: &str = "INSERT INTO orders (order_id, amount, idempotency_key) \
@@ -843,10 +837,7 @@ mod tests {
                 )
                 .execute(store.pool())
                 .await?;
-                let script = SqlScript::parse("orders.sql", SCRIPT, Some("order.recorded".into()))?;
-                let identity: IdentitySpec = "/order_id,/created_at".parse()?;
-                let handler = SqlHandler::new(script, identity, KeyDerivation::Reference);
-                Ok::<_, Error>((store, handler))
+                Ok::<_, Error>((store, orders_handler(SCRIPT)?))
             }
         };
         let read = |store: SqliteStore| async move {
@@ -855,15 +846,7 @@ mod tests {
                     .fetch_all(store.pool())
                     .await?;
             store.pool().close().await;
-            rows.into_iter()
-                .map(|(key, subject, amount)| {
-                    Ok(Effect {
-                        key: key.parse()?,
-                        subject,
-                        amount,
-                    })
-                })
-                .collect::<Result<Vec<_>, Error>>()
+            order_effects(rows)
         };
         let report = crash_suite(&messages, fresh, read)
             .await
@@ -877,7 +860,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_crash_suite_leaves_one_order_each_on_postgres() {
         use idem_sim::sim::crash_suite;
-        use idem_sim::Effect;
         use idem_store_postgres::{PgConfig, PgStore};
         type Error = Box<dyn std::error::Error>;
         let url = std::env::var("IDEM_TEST_POSTGRES_URL")
@@ -902,10 +884,7 @@ mod tests {
                      VALUES ($1->>'order_id', ($1->>'amount')::bigint, $2) \
                      RETURNING order_id, amount"
                 );
-                let script = SqlScript::parse("orders.sql", &text, Some("order.recorded".into()))?;
-                let identity: IdentitySpec = "/order_id,/created_at".parse()?;
-                let handler = SqlHandler::new(script, identity, KeyDerivation::Reference);
-                Ok::<_, Error>((store, handler))
+                Ok::<_, Error>((store, orders_handler(&text)?))
             }
         };
         let read = |store: PgStore| async move {
@@ -921,15 +900,7 @@ mod tests {
             .execute(store.pool())
             .await?;
             store.pool().close().await;
-            rows.into_iter()
-                .map(|(key, subject, amount)| {
-                    Ok(Effect {
-                        key: key.parse()?,
-                        subject,
-                        amount,
-                    })
-                })
-                .collect::<Result<Vec<_>, Error>>()
+            order_effects(rows)
         };
         let report = crash_suite(&messages, fresh, read)
             .await

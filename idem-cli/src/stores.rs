@@ -326,66 +326,47 @@ where
     visitor.visit(store, db, extras).await
 }
 
-/// The identity of a Postgres store, for the front filter.
-#[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
-struct PgIdentity(PgStore);
-#[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
-struct PgSession(PgIdentitySession);
+/// The identity of a store for the front filter: `$source` wraps the store and begins
+/// `$session`s, which wrap the store's own identity session. Both stores' sessions have
+/// the same methods (and `idem-core`'s `StoreIdentity`): one piece serves both.
+#[cfg(any(feature = "redis", feature = "redis-rs"))]
+macro_rules! identity_source {
+    ($source:ident($store:ty), $session:ident($inner:ty)) => {
+        struct $source($store);
+        struct $session($inner);
 
-#[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
-#[idem_engine::async_trait]
-impl StoreIdentitySource for PgIdentity {
-    async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
-        Ok(Box::new(PgSession(self.0.begin_identity_session().await?)))
-    }
+        #[idem_engine::async_trait]
+        impl StoreIdentitySource for $source {
+            async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
+                Ok(Box::new($session(self.0.begin_identity_session().await?)))
+            }
+        }
+
+        #[idem_engine::async_trait]
+        impl IdentitySession for $session {
+            fn store_id(&self) -> &str {
+                &self.0.identity().store_id
+            }
+            fn session(&self) -> i64 {
+                self.0.identity().session
+            }
+            async fn rotate(&mut self) -> Result<(), StoreError> {
+                self.0.rotate().await.map(|_| ())
+            }
+            async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+                self.0.commit().await
+            }
+        }
+    };
 }
 
+// The identity of a Postgres store, for the front filter.
 #[cfg(all(feature = "postgres", any(feature = "redis", feature = "redis-rs")))]
-#[idem_engine::async_trait]
-impl IdentitySession for PgSession {
-    fn store_id(&self) -> &str {
-        &self.0.identity().store_id
-    }
-    fn session(&self) -> i64 {
-        self.0.identity().session
-    }
-    async fn rotate(&mut self) -> Result<(), StoreError> {
-        self.0.rotate().await.map(|_| ())
-    }
-    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
-        self.0.commit().await
-    }
-}
+identity_source!(PgIdentity(PgStore), PgSession(PgIdentitySession));
 
-/// The identity of an SQLite store, for the front filter.
+// The identity of an SQLite store, for the front filter.
 #[cfg(any(feature = "redis", feature = "redis-rs"))]
-struct SqliteIdentity(SqliteStore);
-#[cfg(any(feature = "redis", feature = "redis-rs"))]
-struct SqliteSession(SqliteIdentitySession);
-
-#[cfg(any(feature = "redis", feature = "redis-rs"))]
-#[idem_engine::async_trait]
-impl StoreIdentitySource for SqliteIdentity {
-    async fn begin_session(&self) -> Result<Box<dyn IdentitySession>, StoreError> {
-        Ok(Box::new(SqliteSession(
-            self.0.begin_identity_session().await?,
-        )))
-    }
-}
-
-#[cfg(any(feature = "redis", feature = "redis-rs"))]
-#[idem_engine::async_trait]
-impl IdentitySession for SqliteSession {
-    fn store_id(&self) -> &str {
-        &self.0.identity().store_id
-    }
-    fn session(&self) -> i64 {
-        self.0.identity().session
-    }
-    async fn rotate(&mut self) -> Result<(), StoreError> {
-        self.0.rotate().await.map(|_| ())
-    }
-    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
-        self.0.commit().await
-    }
-}
+identity_source!(
+    SqliteIdentity(SqliteStore),
+    SqliteSession(SqliteIdentitySession)
+);

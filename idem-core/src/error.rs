@@ -6,6 +6,27 @@ use std::time::Duration;
 /// A boxed error kept as the source of ours.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// An error and its sources on one line, `: `-separated; a source whose text the line
+/// already holds is left out (an error that prints its source's text too).
+///
+/// ```
+/// let e = std::io::Error::new(std::io::ErrorKind::Other, "disk full");
+/// assert_eq!(idem_core::error::error_chain(&e), "disk full");
+/// ```
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let t = src.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = src.source();
+    }
+    s
+}
+
 /// Why a key could not be derived. Always a problem with the input: never retryable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

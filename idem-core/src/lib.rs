@@ -46,6 +46,7 @@ pub mod position;
 pub mod record;
 pub mod redact;
 pub mod retention;
+pub mod scheme;
 pub mod sql;
 pub mod store;
 pub mod tally;

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use jiff::civil::{Date, DateTime, Time};
 use jiff::SignedDuration;
 
+use crate::error::StoreError;
 use crate::ident::{Ident, InvalidIdent};
 
 /// A point in time, UTC, in microseconds since the Unix epoch. `Display` is RFC 3339
@@ -421,6 +422,47 @@ impl OutcomeCount {
     /// Whether the delivery counted was dead-lettered (`rejected` or `conflict`).
     pub fn is_dead_letter(&self) -> bool {
         self.outcome == "rejected" || self.outcome == "conflict"
+    }
+
+    /// The count as a store writes it (a signed 64-bit integer).
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for a count above `i64::MAX`.
+    pub fn stored_count(&self) -> Result<i64, StoreError> {
+        i64::try_from(self.count).map_err(|_| {
+            StoreError::Config(format!("an outcome count of {} is too large", self.count))
+        })
+    }
+}
+
+/// A store's identity as last read (`idem_store_identity`): a random id created by the
+/// store's `migrate`, and a session counter. A front filter scopes its marks to the id;
+/// `idem-store-postgres` and `idem-store-sqlite` return it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreIdentity {
+    /// 32 lowercase hex characters, random, unique per store (a Postgres schema, an
+    /// SQLite database file) unless the store was copied.
+    pub store_id: String,
+    /// The session counter.
+    pub session: i64,
+}
+
+impl StoreIdentity {
+    /// The identity `store_id` at session `session`.
+    pub fn new(store_id: impl Into<String>, session: i64) -> Self {
+        Self {
+            store_id: store_id.into(),
+            session,
+        }
+    }
+
+    /// The error of a store whose identity table has no row: [`StoreError::Config`],
+    /// telling to run `idem migrate`.
+    pub fn missing() -> StoreError {
+        StoreError::Config(
+            "the store has no identity row (idem_store_identity): run `idem migrate`".into(),
+        )
     }
 }
 

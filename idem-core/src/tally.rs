@@ -35,6 +35,19 @@ impl FlushId {
     pub fn seq(&self) -> u64 {
         self.seq
     }
+
+    /// The sequence number as a store writes it (a signed 64-bit integer).
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for a number above `i64::MAX`.
+    pub fn stored_seq(&self) -> Result<i64, StoreError> {
+        i64::try_from(self.seq).map_err(|_| {
+            StoreError::Config(format!(
+                "a flush sequence number of {} is too large",
+                self.seq
+            ))
+        })
+    }
 }
 
 /// A store that keeps an outcome tally (`idem_outcome_counts`): `idem-store-postgres` and

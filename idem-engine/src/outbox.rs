@@ -14,7 +14,8 @@ use futures::FutureExt;
 pub use idem_core::outbox::*;
 
 use crate::backoff;
-use idem_core::error::{Error, StoreError};
+// An error and its sources: the publisher's reason as stored.
+use idem_core::error::{error_chain, Error, StoreError};
 
 /// Counts of a relay run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -551,19 +552,4 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
             }
         }
     }
-}
-
-/// An error and its sources, `: `-separated (the publisher's reason as stored).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        let t = src.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = src.source();
-    }
-    s
 }

@@ -460,16 +460,8 @@ mod postgres {
             let table = table(self, GRANT_TABLE);
             // Several consumers may start at once: serialise the DDL with an advisory
             // lock, as the store's own migration does, so concurrent CREATEs cannot deadlock.
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| map_sqlx(e, "begin grant migration"))?;
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-                .bind(format!("idem-migrate-grants.{}", self.schema()))
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| map_sqlx(e, "lock for grant migration"))?;
+            let lock = format!("idem-migrate-grants.{}", self.schema());
+            let mut tx = self.begin_locked(lock, "grant migration").await?;
             // On the distributed layout `migrate` has created the table already, keyed
             // (award_id, idempotency_key) for Citus (migrations/0009_distributed.sql): this
             // finds it and leaves it alone.

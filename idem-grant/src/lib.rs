@@ -33,8 +33,8 @@ pub use canonical::{canonical_json, KeyDerivation};
 pub use db::{GrantDb, LedgerRow, GRANT_TABLE};
 pub use handler::{GrantBook, GrantHandler, EVENT_DISBURSEMENT_RECORDED};
 pub use submission::{
-    parse_submission, parse_submission_with, Grant, DEFAULT_MAX_BODY, MAX_AWARD_ID_BYTES,
-    MAX_TIMESTAMP_BYTES,
+    json_body, parse_submission, parse_submission_with, Grant, DEFAULT_MAX_BODY,
+    MAX_AWARD_ID_BYTES, MAX_TIMESTAMP_BYTES,
 };
 
 pub use idem_engine::{IdempotencyKey, RejectReason};

@@ -87,27 +87,20 @@ pub fn parse_submission(body: &[u8], max_body: usize) -> Result<Submission<Grant
     parse_submission_with(body, max_body, KeyDerivation::Reference)
 }
 
-/// [`parse_submission`] with the key derived as `derivation` says: from the body's bytes
-/// ([`KeyDerivation::Reference`], the reference consumer's key) or from its RFC 8785
-/// canonical form ([`KeyDerivation::CanonicalJson`]: the same JSON value, whatever its
-/// spacing or field order, has one key).
+/// The checks every JSON body passes before it is read: not empty (`empty_body`), at most
+/// `max_body` bytes (`too_large`), UTF-8 (`not_utf8`) and JSON (`not_json`). Returns the
+/// text and the parsed value. [`parse_submission_with`] starts with it, and so does the
+/// `idem` CLI's SQL handler.
 ///
 /// ```
-/// use idem_grant::{parse_submission_with, KeyDerivation::*};
-/// let a = br#"{"award_id":"A-1","submission_timestamp":"2026-07-01T09:00:00Z","amount_cents":100}"#;
-/// let b = br#"{ "amount_cents": 100, "submission_timestamp": "2026-07-01T09:00:00Z", "award_id": "A-1" }"#;
-/// let key = |body: &[u8], d| parse_submission_with(body, 1 << 20, d).unwrap().key;
-/// assert_ne!(key(a, Reference), key(b, Reference));
-/// assert_eq!(key(a, CanonicalJson), key(b, CanonicalJson));
+/// let (text, value) = idem_grant::json_body(br#"{"a":1}"#, 1 << 20).unwrap();
+/// assert_eq!((text, value["a"].as_i64()), (r#"{"a":1}"#, Some(1)));
+/// assert_eq!(idem_grant::json_body(b"{", 1 << 20).unwrap_err().code, "not_json");
 /// ```
 ///
 /// # Errors
-/// As [`parse_submission`].
-pub fn parse_submission_with(
-    body: &[u8],
-    max_body: usize,
-    derivation: KeyDerivation,
-) -> Result<Submission<Grant>, RejectReason> {
+/// A [`RejectReason`] with the codes above.
+pub fn json_body(body: &[u8], max_body: usize) -> Result<(&str, Value), RejectReason> {
     if body.is_empty() {
         return Err(RejectReason::new("empty_body", "the body is empty"));
     }
@@ -136,6 +129,31 @@ pub fn parse_submission_with(
             ),
         )
     })?;
+    Ok((text, value))
+}
+
+/// [`parse_submission`] with the key derived as `derivation` says: from the body's bytes
+/// ([`KeyDerivation::Reference`], the reference consumer's key) or from its RFC 8785
+/// canonical form ([`KeyDerivation::CanonicalJson`]: the same JSON value, whatever its
+/// spacing or field order, has one key).
+///
+/// ```
+/// use idem_grant::{parse_submission_with, KeyDerivation::*};
+/// let a = br#"{"award_id":"A-1","submission_timestamp":"2026-07-01T09:00:00Z","amount_cents":100}"#;
+/// let b = br#"{ "amount_cents": 100, "submission_timestamp": "2026-07-01T09:00:00Z", "award_id": "A-1" }"#;
+/// let key = |body: &[u8], d| parse_submission_with(body, 1 << 20, d).unwrap().key;
+/// assert_ne!(key(a, Reference), key(b, Reference));
+/// assert_eq!(key(a, CanonicalJson), key(b, CanonicalJson));
+/// ```
+///
+/// # Errors
+/// As [`parse_submission`].
+pub fn parse_submission_with(
+    body: &[u8],
+    max_body: usize,
+    derivation: KeyDerivation,
+) -> Result<Submission<Grant>, RejectReason> {
+    let (text, value) = json_body(body, max_body)?;
     let Value::Object(obj) = &value else {
         return Err(RejectReason::new(
             "not_object",

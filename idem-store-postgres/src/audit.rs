@@ -110,12 +110,7 @@ impl PgStore {
         ));
         // The bounds first, on their own: a bad one is the caller's error, whatever the
         // state of the tables.
-        sqlx::query("SELECT $1::timestamptz, $2::timestamptz")
-            .bind(since)
-            .bind(until)
-            .execute(self.pool())
-            .await
-            .map_err(|e| timestamp_error(e, since, until))?;
+        self.check_bounds(since, until).await?;
         let mut summary = AuditSummary::default();
         let mut cursor: Option<(Timestamp, String)> = None;
         loop {
@@ -209,12 +204,7 @@ impl PgStore {
         cutoff: Timestamp,
         sample: usize,
     ) -> Result<AuditStats, PgError> {
-        sqlx::query("SELECT $1::timestamptz, $2::timestamptz")
-            .bind(since)
-            .bind(until)
-            .execute(self.pool())
-            .await
-            .map_err(|e| timestamp_error(e, since, until))?;
+        self.check_bounds(since, until).await?;
         let pm = self.sql_table("processed_messages");
         let ob = self.sql_table("outbox");
         let biz = self.shared().table_ident(&business.table);
@@ -245,9 +235,7 @@ impl PgStore {
             .await
             .map_err(store("audit stats per day"))?;
         for r in rows {
-            let n = |i: usize| -> Result<u64, PgError> {
-                Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
-            };
+            let n = |i: usize| count(&r, i);
             stats
                 .days
                 .push(DayCounts::new(r.try_get(0)?, n(1)?, n(2)?, n(3)?));
@@ -287,9 +275,7 @@ impl PgStore {
             .fetch_one(self.pool())
             .await
             .map_err(store("reconcile claims with the business table"))?;
-        let n = |i: usize| -> Result<u64, PgError> {
-            Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
-        };
+        let n = |i: usize| count(&r, i);
         let rec = &mut stats.reconciliation;
         rec.claims = n(0)?;
         rec.rows = n(1)?;
@@ -313,9 +299,7 @@ impl PgStore {
         .fetch_one(self.pool())
         .await
         .map_err(store("retention status"))?;
-        let n = |i: usize| -> Result<u64, PgError> {
-            Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
-        };
+        let n = |i: usize| count(&r, i);
         let ret = &mut stats.retention;
         ret.oldest_claim = r
             .try_get::<Option<i64>, _>(0)?
@@ -442,31 +426,18 @@ impl PgStore {
             days.push(c.day.as_str());
             outcomes.push(c.outcome.as_str());
             reasons.push(c.reason.as_str());
-            ns.push(i64::try_from(c.count).map_err(|_| {
-                StoreError::Config(format!("an outcome count of {} is too large", c.count))
-            })?);
+            ns.push(c.stored_count()?);
         }
-        let seq = flush
-            .map(|f| {
-                i64::try_from(f.seq()).map_err(|_| {
-                    StoreError::Config(format!(
-                        "a flush sequence number of {} is too large",
-                        f.seq()
-                    ))
-                })
-            })
-            .transpose()?;
-        let mut tx = self
-            .pool()
-            .begin()
-            .await
-            .map_err(|e| map_sqlx(e, "adding outcome counts"))?;
+        let seq = flush.map(FlushId::stored_seq).transpose()?;
         let ms = OUTCOME_FLUSH_TIMEOUT.as_millis();
-        sqlx::query("SELECT set_config('statement_timeout', $1, true)")
-            .bind(format!("{ms}ms"))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx(e, "adding outcome counts"))?;
+        let mut tx = self
+            .begin_with(
+                sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+                    .bind(format!("{ms}ms")),
+                "adding outcome counts",
+                "adding outcome counts",
+            )
+            .await?;
         if seq == Some(1) {
             let flushes = self.sql_table("idem_outcome_flushes");
             sqlx::query(statement(sql!(
@@ -556,6 +527,25 @@ impl OutcomeCountStore for PgStore {
 
 /// A data exception (SQLSTATE class 22) on the window's bounds is the caller's bad
 /// timestamp; anything else is a store error.
+impl PgStore {
+    /// The bounds of a window, read by the server on their own: a bad one is the
+    /// caller's error ([`PgError::InvalidTimestamp`]), whatever the state of the tables.
+    async fn check_bounds(&self, since: &str, until: &str) -> Result<(), PgError> {
+        sqlx::query("SELECT $1::timestamptz, $2::timestamptz")
+            .bind(since)
+            .bind(until)
+            .execute(self.pool())
+            .await
+            .map_err(|e| timestamp_error(e, since, until))?;
+        Ok(())
+    }
+}
+
+/// Column `i` of `r`, a `bigint` count, as a `u64` (0 below zero).
+fn count(r: &sqlx::postgres::PgRow, i: usize) -> Result<u64, PgError> {
+    Ok(u64::try_from(r.try_get::<i64, _>(i)?).unwrap_or(0))
+}
+
 fn timestamp_error(e: sqlx::Error, since: &str, until: &str) -> PgError {
     match sqlstate(&e) {
         Some(code) if code.starts_with("22") => {

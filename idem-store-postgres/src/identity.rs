@@ -13,15 +13,9 @@ use crate::error::map_sqlx;
 use crate::sql::statement;
 use crate::store::PgStore;
 
-/// A store's identity as last read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StoreIdentity {
-    /// 32 lowercase hex characters, random, unique per schema (unless copied).
-    pub store_id: String,
-    /// The session counter.
-    pub session: i64,
-}
+// A store's identity as last read: the type is `idem-core`'s, shared with
+// `idem-store-sqlite`.
+pub use idem_core::record::StoreIdentity;
 
 /// An identity session being started: the row is locked and its session incremented,
 /// uncommitted. Register the session elsewhere, then [`commit`](Self::commit) — or
@@ -73,14 +67,8 @@ async fn rotate_in(
     .fetch_optional(&mut **tx)
     .await
     .map_err(|e| map_sqlx(e, "rotate the store identity"))?
-    .ok_or_else(missing)?;
-    Ok(StoreIdentity { store_id, session })
-}
-
-fn missing() -> StoreError {
-    StoreError::Config(
-        "the store has no identity row (idem_store_identity): run `idem migrate`".into(),
-    )
+    .ok_or_else(StoreIdentity::missing)?;
+    Ok(StoreIdentity::new(store_id, session))
 }
 
 impl PgStore {
@@ -97,8 +85,8 @@ impl PgStore {
         .fetch_optional(self.pool())
         .await
         .map_err(|e| map_sqlx(e, "read the store identity"))?;
-        let (store_id, session) = row.ok_or_else(missing)?;
-        Ok(StoreIdentity { store_id, session })
+        let (store_id, session) = row.ok_or_else(StoreIdentity::missing)?;
+        Ok(StoreIdentity::new(store_id, session))
     }
 
     /// Gives the store a new random identity (session 1), committed: front-filter marks
@@ -142,11 +130,11 @@ impl PgStore {
         .fetch_optional(&mut *tx)
         .await
         .map_err(|e| map_sqlx(e, "start an identity session"))?
-        .ok_or_else(missing)?;
+        .ok_or_else(StoreIdentity::missing)?;
         Ok(PgIdentitySession {
             tx,
             table,
-            identity: StoreIdentity { store_id, session },
+            identity: StoreIdentity::new(store_id, session),
         })
     }
 }

@@ -378,16 +378,8 @@ impl PgStore {
     /// timeout. For scripts that take no table lock a claim waits for (the Citus step's
     /// checks); DDL goes through [`run_ddl`](Self::run_ddl).
     pub(crate) async fn run_script(&self, sql: SqlText) -> Result<(), StoreError> {
-        let mut tx = self
-            .pool()
-            .begin()
-            .await
-            .map_err(|e| map_sqlx(e, "begin migration"))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(format!("idem-migrate.{}", self.schema()))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx(e, "lock for migration"))?;
+        let lock = format!("idem-migrate.{}", self.schema());
+        let mut tx = self.begin_locked(lock, "migration").await?;
         // A simple (multi-statement) query: the script has no parameters.
         tx.execute(statement(sql))
             .await

@@ -420,19 +420,15 @@ impl PgStore {
     /// `migrate`s and consumer starts do not race) and a 5 s lock timeout (DDL waits for
     /// running claims, and claims queue behind it).
     async fn ddl_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-        let mut tx = self
-            .pool()
-            .begin()
-            .await
-            .map_err(|e| map_sqlx(e, "begin partition DDL"))?;
-        sqlx::query(
-            "SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', '5s', true)",
+        self.begin_with(
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', '5s', true)",
+            )
+            .bind(format!("idem-migrate.{}", self.schema())),
+            "begin partition DDL",
+            "lock for partition DDL",
         )
-        .bind(format!("idem-migrate.{}", self.schema()))
-        .execute(&mut *tx)
         .await
-        .map_err(|e| map_sqlx(e, "lock for partition DDL"))?;
-        Ok(tx)
     }
 
     /// Detaches and drops the monthly partitions whose month ended at least a day before
@@ -477,14 +473,12 @@ impl PgStore {
             let estimate_sql =
                 "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass($1)";
             let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| map_sqlx(e, "begin partition drop"))?;
-            sqlx::query("SELECT set_config('lock_timeout', '2s', true)")
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| map_sqlx(e, "set lock timeout"))?;
+                .begin_with(
+                    sqlx::query("SELECT set_config('lock_timeout', '2s', true)"),
+                    "begin partition drop",
+                    "set lock timeout",
+                )
+                .await?;
             if !dry_run {
                 tx.execute(statement(sql!(
                     "ALTER TABLE {pm} DETACH PARTITION {part}",

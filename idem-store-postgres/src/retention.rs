@@ -157,14 +157,12 @@ impl PgStore {
                     // the append-only trigger (PgStore::migrate_append_only) lets its
                     // DELETE through.
                     let mut tx = self
-                        .pool()
-                        .begin()
-                        .await
-                        .map_err(|e| map_sqlx(e, "begin purge batch"))?;
-                    sqlx::query("SELECT set_config('idem.purge', 'on', true)")
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| map_sqlx(e, "mark purge transaction"))?;
+                        .begin_with(
+                            sqlx::query("SELECT set_config('idem.purge', 'on', true)"),
+                            "begin purge batch",
+                            "mark purge transaction",
+                        )
+                        .await?;
                     let n = sqlx::query(delete_sql.clone())
                         .bind(cutoff_secs)
                         .bind(batch)

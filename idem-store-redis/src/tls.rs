@@ -64,23 +64,15 @@ pub(crate) fn check_compiled(url: &str) -> Result<(), RedisError> {
     Ok(())
 }
 
-/// For a URL whose scheme asks for TLS (`rediss`, `rediss-cluster`, `valkeys`, …), the
-/// same URL with the scheme's plain-TCP twin (`redis`, `redis-cluster`, `valkey`, …);
-/// `None` for any other. fred reads a TLS URL into a configuration whose TLS connector it
-/// builds with `rustls::ClientConfig::builder()`, which takes rustls's process-wide default
-/// provider and, with one provider compiled in, installs it: the URL is read with this
-/// twin instead (the scheme chooses only the deployment and whether to use TLS), and the
-/// connector is [`rustls_config`]'s.
+// For a URL whose scheme asks for TLS (`rediss`, `rediss-cluster`, `valkeys`, …), the
+// same URL with the scheme's plain-TCP twin (`redis`, `redis-cluster`, `valkey`, …),
+// `idem-core`'s; `None` for any other. fred reads a TLS URL into a configuration whose
+// TLS connector it builds with `rustls::ClientConfig::builder()`, which takes rustls's
+// process-wide default provider and, with one provider compiled in, installs it: the URL
+// is read with this twin instead (the scheme chooses only the deployment and whether to
+// use TLS), and the connector is `rustls_config`'s.
 #[cfg(all(feature = "tls", feature = "fred"))]
-pub(crate) fn plain_twin(url: &str) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    let scheme = scheme.to_ascii_lowercase();
-    let twin = ["rediss", "valkeys"].into_iter().find_map(|tls| {
-        let suffix = scheme.strip_prefix(tls)?;
-        Some(format!("{}{suffix}", &tls[..tls.len() - 1]))
-    })?;
-    Some(format!("{twin}://{rest}"))
-}
+pub(crate) use idem_core::scheme::plain_twin;
 
 /// Installs rustls's `ring` provider as the process default, unless one is installed:
 /// called just before redis-rs opens a connection that may speak TLS, and only then.

@@ -128,6 +128,20 @@ impl SqliteStore {
         Ok(summary)
     }
 
+    /// The claims of `rows` (`idempotency_key, award_id, claimed_at`), in their order,
+    /// each with its events.
+    pub(crate) async fn claims_with_events(
+        &self,
+        rows: &[sqlx::sqlite::SqliteRow],
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        let mut page: Vec<ClaimRecord> = rows
+            .iter()
+            .map(|r| ClaimRecord::new(r.get(0), r.get(1), parse_stored(r.get(2))))
+            .collect();
+        self.attach_events(&mut page).await?;
+        Ok(page)
+    }
+
     /// Fills each record's events (one query for the page, through the key index).
     pub(crate) async fn attach_events(&self, page: &mut [ClaimRecord]) -> Result<(), StoreError> {
         if page.is_empty() {
@@ -306,12 +320,7 @@ impl SqliteStore {
             .fetch_all(self.pool())
             .await
             .map_err(|e| map("audit sample", e))?;
-            let mut page: Vec<ClaimRecord> = rows
-                .iter()
-                .map(|r| ClaimRecord::new(r.get(0), r.get(1), parse_stored(r.get(2))))
-                .collect();
-            self.attach_events(&mut page).await?;
-            stats.sample = page;
+            stats.sample = self.claims_with_events(&rows).await?;
         }
         Ok(stats)
     }
@@ -363,9 +372,7 @@ impl SqliteStore {
         }
         let mut rows = Vec::with_capacity(counts.len());
         for c in counts {
-            let n = i64::try_from(c.count).map_err(|_| {
-                StoreError::Config(format!("an outcome count of {} is too large", c.count))
-            })?;
+            let n = c.stored_count()?;
             // Days sort as text: keep them in one form.
             if c.day.len() != 10 || Timestamp::parse_rfc3339(&c.day).is_none() {
                 return Err(StoreError::Config(format!(
@@ -382,12 +389,7 @@ impl SqliteStore {
             .await
             .map_err(|e| map("adding outcome counts", e))?;
         if let Some(f) = flush {
-            let seq = i64::try_from(f.seq()).map_err(|_| {
-                StoreError::Config(format!(
-                    "a flush sequence number of {} is too large",
-                    f.seq()
-                ))
-            })?;
+            let seq = f.stored_seq()?;
             if seq == 1 {
                 sqlx::query(
                     "DELETE FROM idem_outcome_flushes \

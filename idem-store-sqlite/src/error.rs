@@ -30,36 +30,27 @@ const SQLITE_NOTADB: u32 = 26;
 /// | anything else | [`StoreError::Other`], not retryable |
 pub(crate) fn map(what: &str, e: sqlx::Error) -> StoreError {
     let message = what.to_owned();
-    match &e {
+    // The primary result code of a database error; 0 (SQLITE_OK, never a failure's) for
+    // the driver's own errors.
+    let code = match &e {
         sqlx::Error::Database(db) => {
-            let code = db.code().and_then(|c| c.parse::<u32>().ok()).unwrap_or(0);
-            match code & 0xff {
-                SQLITE_BUSY | SQLITE_LOCKED | SQLITE_FULL | SQLITE_READONLY | SQLITE_NOMEM => {
-                    StoreError::Degraded {
-                        message,
-                        source: Some(Box::new(e)),
-                    }
-                }
-                SQLITE_IOERR | SQLITE_CORRUPT | SQLITE_CANTOPEN | SQLITE_PROTOCOL
-                | SQLITE_NOLFS | SQLITE_NOTADB => StoreError::Unavailable {
-                    message,
-                    source: Some(Box::new(e)),
-                },
-                SQLITE_CONSTRAINT | SQLITE_TOOBIG | SQLITE_MISMATCH | SQLITE_RANGE => {
-                    StoreError::Rejected {
-                        message,
-                        source: Some(Box::new(e)),
-                    }
-                }
-                _ => StoreError::Other {
-                    message,
-                    retryable: false,
-                    source: Some(Box::new(e)),
-                },
-            }
+            db.code().and_then(|c| c.parse::<u32>().ok()).unwrap_or(0) & 0xff
         }
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-            StoreError::Unavailable {
+        _ => 0,
+    };
+    let unreachable = matches!(
+        e,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)
+    );
+    match code {
+        SQLITE_BUSY | SQLITE_LOCKED | SQLITE_FULL | SQLITE_READONLY | SQLITE_NOMEM => {
+            StoreError::degraded(message, e)
+        }
+        SQLITE_IOERR | SQLITE_CORRUPT | SQLITE_CANTOPEN | SQLITE_PROTOCOL | SQLITE_NOLFS
+        | SQLITE_NOTADB => StoreError::unavailable(message, e),
+        _ if unreachable => StoreError::unavailable(message, e),
+        SQLITE_CONSTRAINT | SQLITE_TOOBIG | SQLITE_MISMATCH | SQLITE_RANGE => {
+            StoreError::Rejected {
                 message,
                 source: Some(Box::new(e)),
             }

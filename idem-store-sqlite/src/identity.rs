@@ -8,15 +8,9 @@ use sqlx::{Sqlite, Transaction};
 use crate::error::map;
 use crate::store::SqliteStore;
 
-/// A store's identity as last read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StoreIdentity {
-    /// 32 lowercase hex characters, random, unique per database file (unless copied).
-    pub store_id: String,
-    /// The session counter.
-    pub session: i64,
-}
+// A store's identity as last read: the type is `idem-core`'s, shared with
+// `idem-store-postgres`.
+pub use idem_core::record::StoreIdentity;
 
 /// An identity session being started: the write lock is held (`BEGIN IMMEDIATE`) and the
 /// session incremented, uncommitted. Register the session, then [`commit`](Self::commit)
@@ -30,12 +24,6 @@ pub struct SqliteIdentitySession {
 const ROTATE: &str = "UPDATE idem_store_identity SET store_id = lower(hex(randomblob(16))), \
      session = 1, rotated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
      RETURNING store_id, session";
-
-fn missing() -> StoreError {
-    StoreError::Config(
-        "the store has no identity row (idem_store_identity): run `idem migrate`".into(),
-    )
-}
 
 impl SqliteIdentitySession {
     /// The identity with the new session number.
@@ -52,8 +40,8 @@ impl SqliteIdentitySession {
             .fetch_optional(&mut *self.tx)
             .await
             .map_err(|e| map("rotating the store identity", e))?
-            .ok_or_else(missing)?;
-        self.identity = StoreIdentity { store_id, session };
+            .ok_or_else(StoreIdentity::missing)?;
+        self.identity = StoreIdentity::new(store_id, session);
         Ok(&self.identity)
     }
 
@@ -84,8 +72,8 @@ impl SqliteStore {
             Ok(row) => row,
             Err(e) => return Err(self.identity_error(e, "reading the store identity").await),
         };
-        let (store_id, session) = row.ok_or_else(missing)?;
-        Ok(StoreIdentity { store_id, session })
+        let (store_id, session) = row.ok_or_else(StoreIdentity::missing)?;
+        Ok(StoreIdentity::new(store_id, session))
     }
 
     /// Gives the store a new random identity (session 1), committed: the runbook step
@@ -119,7 +107,7 @@ impl SqliteStore {
         .fetch_optional(&mut *tx)
         .await;
         let (store_id, session) = match row {
-            Ok(row) => row.ok_or_else(missing)?,
+            Ok(row) => row.ok_or_else(StoreIdentity::missing)?,
             Err(e) => {
                 drop(tx);
                 return Err(self.identity_error(e, "starting an identity session").await);
@@ -127,7 +115,7 @@ impl SqliteStore {
         };
         Ok(SqliteIdentitySession {
             tx,
-            identity: StoreIdentity { store_id, session },
+            identity: StoreIdentity::new(store_id, session),
         })
     }
 }
@@ -142,7 +130,7 @@ impl SqliteStore {
         .fetch_one(self.pool())
         .await;
         match exists {
-            Ok(0) => missing(),
+            Ok(0) => StoreIdentity::missing(),
             _ => map(what, e),
         }
     }

@@ -4,9 +4,7 @@
 
 use idem_core::record::ClaimRecord;
 use idem_core::IdempotencyKey;
-use sqlx::Row;
 
-use crate::audit::parse_stored;
 use crate::error::{map, SqliteError};
 use crate::store::SqliteStore;
 
@@ -48,11 +46,6 @@ impl SqliteStore {
             .fetch_all(self.pool())
             .await
             .map_err(|e| map("inspecting dedup records", e))?;
-        let mut records: Vec<ClaimRecord> = rows
-            .iter()
-            .map(|r| ClaimRecord::new(r.get(0), r.get(1), parse_stored(r.get(2))))
-            .collect();
-        self.attach_events(&mut records).await?;
-        Ok(records)
+        Ok(self.claims_with_events(&rows).await?)
     }
 }

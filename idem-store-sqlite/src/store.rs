@@ -100,26 +100,18 @@ impl SqliteStore {
     /// A store error if the DDL fails.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.add_identity_to_reference_table().await?;
-        sqlx::raw_sql(MIGRATION)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map("migrating", e))?;
-        sqlx::raw_sql(IDENTITY)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map("creating the store identity", e))?;
-        sqlx::raw_sql(OUTCOME_COUNTS)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map("creating the outcome tally", e))?;
-        sqlx::raw_sql(RUNS)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map("creating the reruns' record", e))?;
-        sqlx::raw_sql(POSITIONS)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map("creating the log positions", e))?;
+        for (script, what) in [
+            (MIGRATION, "migrating"),
+            (IDENTITY, "creating the store identity"),
+            (OUTCOME_COUNTS, "creating the outcome tally"),
+            (RUNS, "creating the reruns' record"),
+            (POSITIONS, "creating the log positions"),
+        ] {
+            sqlx::raw_sql(script)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| map(what, e))?;
+        }
         Ok(())
     }
 

@@ -48,6 +48,7 @@ impl std::str::FromStr for HandlerArg {
 
 /// Arguments of `idem consume`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("schema", |a| a.help(super::SCHEMA_CREATED_HELP)))]
 pub(crate) struct Args {
     #[arg(long, value_name = "URL", env = "IDEM_BROKER", hide_env_values = true, help = super::BROKER_HELP)]
     broker: String,
@@ -71,13 +72,8 @@ pub(crate) struct Args {
     /// The queue / stream to consume (created if missing).
     #[arg(long, value_name = "NAME")]
     source: String,
-    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
-    /// a password out of the process list and the shell's history)
-    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-    store: String,
-    /// The Postgres schema (created if missing).
-    #[arg(long)]
-    schema: Option<String>,
+    #[command(flatten)]
+    store: super::StoreArgs,
     /// The most deliveries committed in one transaction. Only what is already waiting is
     /// batched (never waits to fill one), so at low load this adds no latency.
     #[arg(long, default_value_t = ConsumerConfig::DEFAULT_BATCH_SIZE, value_name = "N", value_parser = at_least_one)]
@@ -289,7 +285,11 @@ fn chosen(args: &Args, store: &StoreUrl) -> Result<Chosen, CliError> {
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
-    let mut spec = StoreSpec::new(&args.store, args.schema.clone(), args.front_filter.clone())?;
+    let mut spec = StoreSpec::new(
+        &args.store.url,
+        args.store.schema.clone(),
+        args.front_filter.clone(),
+    )?;
     let handler = chosen(&args, &spec.url)?;
     // The grant pipeline's table comes with the grant handler.
     spec.grant_tables = matches!(handler, Chosen::Grant(_));

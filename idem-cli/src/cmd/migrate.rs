@@ -10,14 +10,10 @@ use crate::CliError;
 
 /// Arguments of `idem migrate`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("schema", |a| a.help(super::SCHEMA_CREATED_HELP)))]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
-    /// a password out of the process list and the shell's history)
-    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-    store: String,
-    /// The Postgres schema (created if missing).
-    #[arg(long)]
-    schema: Option<String>,
+    #[command(flatten)]
+    store: super::StoreArgs,
     /// Also make processed_messages append-only evidence (Postgres only): a trigger
     /// refuses UPDATE, DELETE and TRUNCATE except through `idem purge`.
     #[arg(long)]
@@ -97,7 +93,7 @@ impl StoreVisitor for Done {
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    let mut spec = StoreSpec::new(&args.store, args.schema, None)?;
+    let mut spec = StoreSpec::new(&args.store.url, args.store.schema, None)?;
     spec.grant_tables = args.handler.is_some();
     #[cfg(feature = "postgres")]
     {
@@ -156,7 +152,7 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     if let stores::StoreUrl::Postgres(url) = &url {
         postgres::after(&spec, url, args.append_only).await?;
     }
-    println!("migrated: {}", idem_engine::redact_url(&args.store));
+    println!("migrated: {}", idem_engine::redact_url(&args.store.url));
     Ok(())
 }
 

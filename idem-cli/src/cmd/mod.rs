@@ -247,6 +247,29 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
+/// `--store` and `--schema` as `consume`, `migrate`, `purge` and `relay` take them
+/// (flattened into their arguments, at the same place and with the same help; `migrate`
+/// and `consume`, which create a missing schema, say so in theirs: [`SCHEMA_CREATED_HELP`]).
+#[derive(Debug, clap::Args)]
+pub(crate) struct StoreArgs {
+    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
+    /// a password out of the process list and the shell's history)
+    #[arg(
+        id = "store",
+        long = "store",
+        value_name = "STORE",
+        env = "IDEM_STORE",
+        hide_env_values = true
+    )]
+    pub(crate) url: String,
+    /// The Postgres schema.
+    #[arg(long)]
+    pub(crate) schema: Option<String>,
+}
+
+/// The help of `--schema` where the command creates the schema.
+pub(crate) const SCHEMA_CREATED_HELP: &str = "The Postgres schema (created if missing)";
+
 /// `--broker`'s help, one text for every command that takes a broker.
 pub(crate) const BROKER_HELP: &str = "The broker URL: amqp:// (RabbitMQ), nats:// (NATS \
     JetStream), redis:// (Redis Streams), sqs:// (Amazon SQS) or kafka:// (Kafka). idem's \

@@ -29,13 +29,8 @@ use crate::CliError;
 /// Arguments of `idem purge`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
-    /// a password out of the process list and the shell's history)
-    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-    store: String,
-    /// The Postgres schema.
-    #[arg(long)]
-    schema: Option<String>,
+    #[command(flatten)]
+    store: super::StoreArgs,
     /// Delete what is older than this (30d, 3y, 1200d, …; a year is a calendar year, as
     /// in --retention-floor).
     #[arg(long, value_parser = parse_age)]
@@ -69,11 +64,11 @@ pub(crate) struct Args {
 }
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
-    let store = StoreUrl::parse(&args.store)?;
+    let store = StoreUrl::parse(&args.store.url)?;
     if matches!(store, StoreUrl::Memory) {
         return Err(CliError::usage("idem purge needs a durable store"));
     }
-    if args.schema.is_some() && !store.is_postgres() {
+    if args.store.schema.is_some() && !store.is_postgres() {
         return Err(CliError::usage(
             "--schema applies to postgres:// stores only",
         ));
@@ -81,7 +76,11 @@ pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let opened = match store {
         #[cfg(feature = "postgres")]
         StoreUrl::Postgres(url) => {
-            let schema = args.schema.clone().unwrap_or_else(|| "public".to_owned());
+            let schema = args
+                .store
+                .schema
+                .clone()
+                .unwrap_or_else(|| "public".to_owned());
             let config = PgConfig::new(schema).map_err(|e| CliError::usage(e.to_string()))?;
             Opened::Pg(PgStore::connect(&url, config).await?)
         }

@@ -32,13 +32,8 @@ const POLL: Duration = Duration::from_millis(200);
 /// Arguments of `idem relay`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The store: sqlite://PATH or postgres://… (or IDEM_STORE, else DATABASE_URL: keeps
-    /// a password out of the process list and the shell's history)
-    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-    store: String,
-    /// The Postgres schema.
-    #[arg(long)]
-    schema: Option<String>,
+    #[command(flatten)]
+    store: super::StoreArgs,
     #[arg(long, value_name = "URL", env = "IDEM_BROKER", hide_env_values = true, help = super::BROKER_HELP)]
     broker: String,
     /// The queue / stream to publish to (created if missing).
@@ -68,7 +63,7 @@ pub(crate) struct Args {
 
 pub(crate) async fn run(args: Args) -> Result<(), CliError> {
     let broker = BrokerUrl::parse(&args.broker).map_err(|e| broker_error("--broker", &e))?;
-    let spec = StoreSpec::new(&args.store, args.schema.clone(), None)?;
+    let spec = StoreSpec::new(&args.store.url, args.store.schema.clone(), None)?;
     let timeout = args.reconnect_timeout;
     let publisher = super::connect_publisher(broker, &args.destination, timeout).await?;
     let counters = Arc::new(RelayMetrics::default());

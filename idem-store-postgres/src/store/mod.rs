@@ -277,6 +277,47 @@ impl PgStore {
         &self.pool
     }
 
+    /// Begins a transaction on the pool and runs `setup` in it first (a `set_config` of
+    /// the transaction, an advisory lock): the store's migrations, purges and flushes start
+    /// so, and so can a tool's own DDL. An error is mapped as the store's own
+    /// ([`map_sqlx`](crate::error::map_sqlx)), with `begin` or `what` as what was being
+    /// done.
+    ///
+    /// # Errors
+    /// [`StoreError`] from the database (the transaction is rolled back).
+    pub async fn begin_with(
+        &self,
+        setup: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        begin: &str,
+        what: &str,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(|e| map_sqlx(e, begin))?;
+        setup
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx(e, what))?;
+        Ok(tx)
+    }
+
+    /// Begins a transaction that holds the advisory lock `lock` (`pg_advisory_xact_lock`
+    /// of its `hashtext`), as a migration does so that concurrent ones cannot deadlock:
+    /// an error says `begin {what}` or `lock for {what}`.
+    ///
+    /// # Errors
+    /// As [`begin_with`](PgStore::begin_with).
+    pub async fn begin_locked(
+        &self,
+        lock: String,
+        what: &str,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        self.begin_with(
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))").bind(lock),
+            &format!("begin {what}"),
+            &format!("lock for {what}"),
+        )
+        .await
+    }
+
     /// The configuration.
     pub fn config(&self) -> &PgConfig {
         &self.shared.config
