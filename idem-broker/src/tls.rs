@@ -87,19 +87,9 @@ pub(crate) fn scheme_asks_for_tls(url: &str) -> Option<&str> {
     (s == "amqps" || s.starts_with("rediss") || s.starts_with("valkeys")).then_some(scheme)
 }
 
-/// For a Redis URL whose scheme asks for TLS (`rediss`, `rediss-cluster`,
-/// `valkeys-sentinel`, …), the same URL with the scheme's plain-TCP twin (`redis`,
-/// `redis-cluster`, `valkey-sentinel`, …); `None` for any other.
-#[allow(dead_code)] // used by the Redis Streams feature
-pub(crate) fn plain_twin(url: &str) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    let scheme = scheme.to_ascii_lowercase();
-    let twin = ["rediss", "valkeys"].into_iter().find_map(|tls| {
-        let suffix = scheme.strip_prefix(tls)?;
-        Some(format!("{}{suffix}", &tls[..tls.len() - 1]))
-    })?;
-    Some(format!("{twin}://{rest}"))
-}
+/// The plain-TCP twin of a Redis TLS URL (`idem_core::scheme::plain_twin`).
+#[allow(unused_imports)] // used by the Redis Streams feature
+pub(crate) use idem_core::scheme::plain_twin;
 
 /// Refuses a TLS URL when TLS is not compiled in.
 #[allow(dead_code)] // used by the broker features
