@@ -1,7 +1,7 @@
 //! The outbox relay: publishes the events a claim's transaction wrote, at least once, with
 //! their deterministic [`EventId`]s, so the next consumer dedups the same way. The event
 //! types and the store's side ([`OutboxSource`], [`Publisher`]) are the contract's, in
-//! [`idem_engine::outbox`], re-exported here.
+//! [`idem_core::outbox`], re-exported here.
 
 use std::fmt;
 use std::future::Future;

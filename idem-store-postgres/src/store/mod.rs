@@ -280,7 +280,7 @@ impl PgStore {
     /// Begins a transaction on the pool and runs `setup` in it first (a `set_config` of
     /// the transaction, an advisory lock): the store's migrations, purges and flushes start
     /// so, and so can a tool's own DDL. An error is mapped as the store's own
-    /// ([`map_sqlx`](crate::error::map_sqlx)), with `begin` or `what` as what was being
+    /// ([`map_sqlx`]), with `begin` or `what` as what was being
     /// done.
     ///
     /// # Errors
