@@ -102,14 +102,26 @@ fn pg_identity(schema: &str) -> String {
     ))
 }
 
+/// The identity row of the SQLite file at `path`, read through the driver, read-only (no
+/// `sqlite3` program needed: a fresh machine has none).
 fn sqlite_identity(path: &Path) -> String {
-    let out = Command::new("sqlite3")
-        .arg(path)
-        .arg("SELECT store_id FROM idem_store_identity")
-        .output()
-        .expect("run sqlite3");
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    text(&out.stdout).trim().to_owned()
+    use sqlx::ConnectOptions as _;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(path)
+                .read_only(true)
+                .connect()
+                .await
+                .expect("open the SQLite file");
+            sqlx::query_scalar::<_, String>("SELECT store_id FROM idem_store_identity")
+                .fetch_one(&mut conn)
+                .await
+                .expect("read the store identity")
+        })
 }
 
 fn drop_schema(schema: &str) {
