@@ -34,47 +34,8 @@ PGOPTIONS="-c search_path=$PGB_SCHEMA" psql "$URL" -qAtX -v ON_ERROR_STOP=1 -f "
 psql "$URL" -qAtX -v ON_ERROR_STOP=1 -c "CREATE SCHEMA \"$GRD_SCHEMA\"" >/dev/null
 PGOPTIONS="-c search_path=$GRD_SCHEMA" psql "$URL" -qAtX -v ON_ERROR_STOP=1 -f "$TWIN_DIR/guarded_tables.sql" >/dev/null
 
-# The server's CPU so far (µs; "nan" for a server elsewhere): scripts/server-cpu.
-server_cpu_us() { "$ROOT/scripts/server-cpu" "$URL"; }
-
-# What the database has written and spent so far, as "WAL_BYTES_LSN WAL_RECORDS
-# INDEX_ENTRIES SERVER_CPU_US" for SCHEMA's tables (see the header), read before a run
-# (pre) or after it (post): the server's CPU is read after this query before a run and
-# before it after, so that its own cost counts in neither. pg_stat_* are flushed by each
-# backend at most once a second, and by a client's backend when it exits: read after the
-# run's clients exited.
-db_counters() {
-  sleep 1.2
-  local cpu=
-  [[ $2 == post ]] && cpu=$(server_cpu_us)
-  local counts
-  counts=$(psql "$URL" -qAtX -v ON_ERROR_STOP=1 -F ' ' <<SQL
-CREATE FUNCTION pg_temp.held_share(rel oid, pred text) RETURNS float8 LANGUAGE plpgsql AS \$f\$
-DECLARE r float8;
-BEGIN
-  IF pred IS NULL THEN RETURN 1; END IF;
-  EXECUTE format('SELECT coalesce(avg((%s)::int), 1)::float8 FROM %s', pred, rel::regclass) INTO r;
-  RETURN r;
-END \$f\$;
-SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
-       (SELECT wal_records FROM pg_stat_wal),
-       coalesce((SELECT round(sum(t.n_tup_ins * pg_temp.held_share(i.indrelid, pg_get_expr(i.indpred, i.indrelid))))
-                 FROM pg_stat_user_tables t
-                 JOIN pg_index i ON i.indrelid = t.relid
-                 JOIN pg_class c ON c.oid = i.indexrelid
-                 JOIN pg_am a ON a.oid = c.relam
-                 WHERE t.schemaname = '$1' AND a.amname <> 'brin'), 0)::bigint;
-SQL
-)
-  [[ $2 == pre ]] && cpu=$(server_cpu_us)
-  echo "$counts $cpu"
-}
-
-# cost BEFORE AFTER SUBMISSIONS -> "WAL_BYTES WAL_RECORDS INDEX_ENTRIES SERVER_CPU_US" per
-# submission
-cost() {
-  python3 -c "import sys; b=sys.argv[1].split(); a=sys.argv[2].split(); n=float(sys.argv[3]); print(' '.join(f'{(float(y)-float(x))/n:.1f}' for x, y in zip(b, a)))" "$1" "$2" "$3"
-}
+# shellcheck source=scripts/lib/pg-cost.sh
+source "$ROOT/scripts/lib/pg-cost.sh"
 
 # pgbench SCHEMA SCRIPT CLIENTS [OPTION...] -> "TPS TRANSACTIONS"
 pgbench_run() {
@@ -85,7 +46,7 @@ pgbench_run() {
     | awk '/^number of transactions actually processed: / { n = $6 } /^tps = / { print $3, n; exit }'
 }
 
-# demo_run NAME ARGS... -> "MSG_PER_S WAL_BYTES WAL_RECORDS INDEX_ENTRIES SERVER_CPU_US" (per
+# demo_run NAME ARGS... -> "MSG_PER_S WAL_BYTES WAL_RECORDS INDEX_ENTRIES SERVER_CPU_US FPI" (per
 # submission): idem demo ARGS on the new schema ${TAG}_demoNAME, which must end with
 # exactly-once: OK
 demo_run() {
@@ -108,7 +69,7 @@ demo_run() {
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}' if b else 'n/a')" "$1" "$2"; }
 
 # measured SCHEMA SCRIPT CLIENTS SUBMISSIONS_PER_TX [OPTION...] -> "MSG_PER_S WAL_BYTES
-# WAL_RECORDS INDEX_ENTRIES SERVER_CPU_US" (per submission)
+# WAL_RECORDS INDEX_ENTRIES SERVER_CPU_US FPI" (per submission)
 measured() {
   local schema=$1 script=$2 clients=$3 per_tx=$4 before after run
   shift 4
