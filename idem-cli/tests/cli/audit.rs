@@ -9,6 +9,7 @@ use idem_engine::{
 use idem_store_postgres::{PgConfig, PgStore};
 
 use crate::common;
+use common::rt;
 
 fn idem(args: &[&str]) -> Output {
     common::idem(args)
@@ -25,13 +26,6 @@ fn schema() -> String {
         std::process::id(),
         rand::random::<u32>()
     )
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// Claims `A-<i>` at `2026-07-01T09:00:0<i>Z` (an event for each even i), and one more

@@ -106,22 +106,18 @@ fn pg_identity(schema: &str) -> String {
 /// `sqlite3` program needed: a fresh machine has none).
 fn sqlite_identity(path: &Path) -> String {
     use sqlx::ConnectOptions as _;
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async {
-            let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(path)
-                .read_only(true)
-                .connect()
-                .await
-                .expect("open the SQLite file");
-            sqlx::query_scalar::<_, String>("SELECT store_id FROM idem_store_identity")
-                .fetch_one(&mut conn)
-                .await
-                .expect("read the store identity")
-        })
+    common::rt().block_on(async {
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(true)
+            .connect()
+            .await
+            .expect("open the SQLite file");
+        sqlx::query_scalar::<_, String>("SELECT store_id FROM idem_store_identity")
+            .fetch_one(&mut conn)
+            .await
+            .expect("read the store identity")
+    })
 }
 
 fn drop_schema(schema: &str) {

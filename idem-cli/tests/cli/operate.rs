@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use idem_store_postgres::{PgConfig, PgStore};
 
 use crate::common;
+use common::rt;
 
 use common::report_value;
 
@@ -147,13 +148,6 @@ fn relay_args(s: &str, n: &str, b: &str, q: &str, extra: &[&str]) -> Vec<String>
         q,
     ];
     argv(&words, extra)
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 /// Runs `sql` statements on the test database (as the connecting superuser).

@@ -16,6 +16,7 @@ use idem_broker::any::{pending_count, BrokerUrl};
 use idem_store_postgres::{PgConfig, PgStore};
 
 use crate::common;
+use common::rt;
 
 fn idem(args: &[&str]) -> Output {
     common::idem(args)
@@ -36,13 +37,6 @@ fn ok(out: &Output) -> String {
 fn pg_url() -> String {
     std::env::var("IDEM_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 /// Where screenshots are kept: under the target directory.
