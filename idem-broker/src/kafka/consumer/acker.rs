@@ -208,7 +208,7 @@ impl Acker for KafkaAcker {
     }
 
     async fn dead_letter(
-        mut self,
+        self,
         payload: &[u8],
         headers: &Headers,
         reason: &RejectReason,
@@ -264,27 +264,14 @@ impl Acker for KafkaAcker {
         }
         // Not dead-lettered: hand the delivery back to this consumer's stream (its
         // offset stays uncommitted), so it is rejected and dead-lettered again rather
-        // than holding the partition's commits back until a restart.
+        // than holding the partition's commits back until a restart. Through
+        // `hand_back`, which counts it as held until the stream takes it again.
         let e = BrokerError::op(
             BROKER,
             "produce dead-letter",
             last.map_or_else(|| "no attempt".to_owned(), |e| e.to_string()),
         );
-        self.disarm();
-        let retry = Retry {
-            partition: self.partition,
-            generation: self.generation,
-            offset: self.offset,
-            deferred: false,
-            key: self.key.take(),
-            payload: std::mem::take(&mut self.payload),
-            headers: std::mem::take(&mut self.headers),
-        };
-        let tx = self.shared.retry.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(DEAD_LETTER_RETRY_DELAY).await;
-            let _ = tx.send(retry);
-        });
+        self.hand_back(Some(DEAD_LETTER_RETRY_DELAY), false)?;
         Err(e.into())
     }
 

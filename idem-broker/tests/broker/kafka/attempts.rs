@@ -142,6 +142,62 @@ async fn deferrals_that_fill_the_prefetch_stop_the_fetching() {
     }
 }
 
+/// A dead letter that cannot be produced (the broker unreachable, or here a dead letter
+/// over librdkafka's `message.max.bytes`, which it refuses at once) hands the delivery
+/// back to the stream a second later, so it is rejected and dead-lettered again, and the
+/// stream goes on taking new deliveries. That hand-back was not counted among the held
+/// deliveries while its return was: the count wrapped below zero, the stream never took
+/// a polled delivery again, and the member kept its partitions, fetched and unsettled,
+/// for good (the partition's committed offset stuck at the next delivery).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_that_cannot_be_produced_comes_back_and_the_stream_goes_on() {
+    use idem_broker::kafka::KafkaConsumer;
+    use idem_engine::{Acker as _, RejectReason};
+    let config = one_partition(&common::fresh_name("dl-unproduced")).with_prefetch(2);
+    let bodies: Vec<Vec<u8>> = (0..4).map(|i| format!("m-{i}").into_bytes()).collect();
+    publish_all(&config, &bodies).await;
+    let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
+    let d = take_n(&mut consumer, 1, Duration::from_secs(120))
+        .await
+        .remove(0);
+    assert_eq!(d.payload, b"m-0");
+    let too_large = vec![b'x'; 1_100_000];
+    let refused = d
+        .acker
+        .dead_letter(
+            &too_large,
+            &d.headers,
+            &RejectReason::new("test", "a dead letter Kafka refuses"),
+        )
+        .await;
+    assert!(refused.is_err(), "the dead letter was not produced");
+    // The stream goes on meanwhile; m-0 comes back after a second, among the rest.
+    let got = take_n(&mut consumer, 4, Duration::from_secs(30)).await;
+    let mut payloads: Vec<&[u8]> = got.iter().map(|d| d.payload.as_slice()).collect();
+    payloads.sort_unstable();
+    let want: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
+    assert_eq!(
+        payloads, want,
+        "m-0 handed back to the stream, the rest delivered"
+    );
+    let back = got.iter().find(|d| d.payload == b"m-0").expect("m-0 back");
+    assert_eq!(back.attempt, Some(2), "a failed dead letter counts a run");
+    let gate = Gate::new(idem_testkit::MemoryStore::new(), common::Plain::default());
+    for o in gate.process_batch(got).await {
+        assert!(o.settle_error().is_none(), "{o:?}");
+    }
+    // Published after the hand-back came back: the stream still takes new deliveries.
+    let later: Vec<Vec<u8>> = (4..6).map(|i| format!("m-{i}").into_bytes()).collect();
+    publish_all(&config, &later).await;
+    let rest = take_n(&mut consumer, 2, Duration::from_secs(30)).await;
+    let payloads: Vec<&[u8]> = rest.iter().map(|d| d.payload.as_slice()).collect();
+    let want: Vec<&[u8]> = later.iter().map(Vec::as_slice).collect();
+    assert_eq!(payloads, want, "the stream goes on after the hand-back");
+    for o in gate.process_batch(rest).await {
+        assert!(o.settle_error().is_none(), "{o:?}");
+    }
+}
+
 /// Keyed publishing (`idem publish` keys each record by its subject): the bodies of one
 /// key land on one partition in the order given, each delivery carrying its key, so a
 /// group delivers a subject's payloads in publish order.
