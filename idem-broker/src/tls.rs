@@ -15,8 +15,15 @@
 
 use crate::BrokerError;
 
+// Each helper is compiled where a client uses it: NATS always (async-nats speaks TLS
+// without the feature), RabbitMQ and Redis Streams with `tls` (Redis Streams presents no
+// client certificate).
+
 /// A client certificate chain and its private key.
-#[cfg(any(feature = "tls", feature = "nats"))]
+#[cfg(any(
+    feature = "nats",
+    all(feature = "tls", any(feature = "rabbitmq", feature = "redis-streams"))
+))]
 pub(crate) type Identity = (
     Vec<rustls::pki_types::CertificateDer<'static>>,
     rustls::pki_types::PrivateKeyDer<'static>,
@@ -25,7 +32,10 @@ pub(crate) type Identity = (
 /// A rustls client configuration with the `ring` provider named in it (not taken from,
 /// nor installed as, the process default), rustls's safe default protocol versions,
 /// verifying servers against `roots`, and presenting `identity` when given.
-#[cfg(any(feature = "tls", feature = "nats"))]
+#[cfg(any(
+    feature = "nats",
+    all(feature = "tls", any(feature = "rabbitmq", feature = "redis-streams"))
+))]
 pub(crate) fn client_config(
     roots: rustls::RootCertStore,
     identity: Option<Identity>,
@@ -42,13 +52,16 @@ pub(crate) fn client_config(
 
 /// The system's root certificates, as rustls-native-certs finds them (`SSL_CERT_FILE` /
 /// `SSL_CERT_DIR` name others), read again at each call, with the errors met on the way.
-#[cfg(any(feature = "tls", feature = "nats"))]
+#[cfg(any(
+    feature = "nats",
+    all(feature = "tls", any(feature = "rabbitmq", feature = "redis-streams"))
+))]
 pub(crate) fn system_roots() -> rustls_native_certs::CertificateResult {
     rustls_native_certs::load_native_certs()
 }
 
 /// The certificates of a PEM file's contents (none is not an error).
-#[cfg(any(feature = "tls", feature = "nats"))]
+#[cfg(any(feature = "nats", all(feature = "tls", feature = "rabbitmq")))]
 pub(crate) fn pem_certificates(
     pem: &[u8],
 ) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
@@ -59,7 +72,7 @@ pub(crate) fn pem_certificates(
 }
 
 /// The private key of a PEM file's contents (PKCS#8, PKCS#1 or SEC1).
-#[cfg(any(feature = "tls", feature = "nats"))]
+#[cfg(any(feature = "nats", all(feature = "tls", feature = "rabbitmq")))]
 pub(crate) fn pem_private_key(
     pem: &[u8],
 ) -> Result<rustls::pki_types::PrivateKeyDer<'static>, String> {
