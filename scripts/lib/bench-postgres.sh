@@ -2,8 +2,8 @@
 # the idem binary, the schemas of a run, and one measured run of pgbench or of `idem demo`
 # with what it cost the database per submission. Sourced after these are set: ROOT, URL,
 # TAG (every schema of the run starts with it), SECONDS_PER_RUN (pgbench), SUBMISSIONS and
-# BATCH_SUBMISSIONS (demo runs whose name starts with b), TWIN_DIR, TWIN_SCHEMA, PGB_SCHEMA,
-# GRD_SCHEMA; NAME, the sourcing script's name for its messages.
+# BATCH_SUBMISSIONS (demo runs whose name starts with b), TWIN_DIR, TWIN_SCHEMA; NAME, the
+# sourcing script's name for its messages.
 
 for f in message.sql batch100.sql bare_tables.sql bare_message.sql bare_batch100.sql \
     guarded_tables.sql; do
@@ -28,11 +28,6 @@ cleanup() {
       done
 }
 trap cleanup EXIT
-
-psql "$URL" -qAtX -v ON_ERROR_STOP=1 -c "CREATE SCHEMA \"$PGB_SCHEMA\"" >/dev/null
-PGOPTIONS="-c search_path=$PGB_SCHEMA" psql "$URL" -qAtX -v ON_ERROR_STOP=1 -f "$TWIN_DIR/bare_tables.sql" >/dev/null
-psql "$URL" -qAtX -v ON_ERROR_STOP=1 -c "CREATE SCHEMA \"$GRD_SCHEMA\"" >/dev/null
-PGOPTIONS="-c search_path=$GRD_SCHEMA" psql "$URL" -qAtX -v ON_ERROR_STOP=1 -f "$TWIN_DIR/guarded_tables.sql" >/dev/null
 
 # shellcheck source=scripts/lib/pg-cost.sh
 source "$ROOT/scripts/lib/pg-cost.sh"
@@ -93,11 +88,20 @@ twin() { # SCRIPT CLIENTS SUBMISSIONS_PER_TX -> as measured
   # Prepared statements, as sqlx sends them (parsed once per connection).
   measured "$TWIN_SCHEMA" "$TWIN_DIR/$1" "$2" "$3" -M prepared -D prev=0 -D c=0
 }
-bare() { # SCRIPT CLIENTS SUBMISSIONS_PER_TX -> as measured
-  measured "$PGB_SCHEMA" "$TWIN_DIR/$1" "$2" "$3" -M prepared -D prev=0 -D c=0
+# design_run TABLES SCRIPT CLIENTS SUBMISSIONS_PER_TX -> as measured: pgbench SCRIPT on a
+# new schema made from TABLES (bare_tables.sql or guarded_tables.sql), dropped after it.
+# Like each demo and twin run, each run of a design starts empty: on one schema for every
+# run its tables would grow by up to half a million rows a run, and its later runs would
+# meet deeper indexes than the idem run they are compared with.
+design_run() {
+  local tables=$1 script=$2 clients=$3 per_tx=$4 schema="${TAG}_design_${BASHPID}"
+  psql "$URL" -qAtX -v ON_ERROR_STOP=1 -c "CREATE SCHEMA \"$schema\"" >/dev/null
+  PGOPTIONS="-c search_path=$schema" psql "$URL" -qAtX -v ON_ERROR_STOP=1 -f "$TWIN_DIR/$tables" >/dev/null
+  measured "$schema" "$TWIN_DIR/$script" "$clients" "$per_tx" -M prepared -D prev=0 -D c=0
+  PGOPTIONS="-c client_min_messages=warning" \
+    psql "$URL" -qAtX -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" >/dev/null
 }
-guarded() { # SCRIPT CLIENTS SUBMISSIONS_PER_TX -> as measured
-  measured "$GRD_SCHEMA" "$TWIN_DIR/$1" "$2" "$3" -M prepared -D prev=0 -D c=0
-}
+bare() { design_run bare_tables.sql "$@"; }       # SCRIPT CLIENTS SUBMISSIONS_PER_TX
+guarded() { design_run guarded_tables.sql "$@"; } # SCRIPT CLIENTS SUBMISSIONS_PER_TX
 rate() { cut -d' ' -f1 <<<"$1"; }
 mean() { python3 -c "import sys; print((float(sys.argv[1].split()[0]) + float(sys.argv[2].split()[0])) / 2)" "$1" "$2"; }
