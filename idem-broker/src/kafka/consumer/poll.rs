@@ -285,6 +285,20 @@ pub(super) async fn unreachable(
     }
 }
 
+/// One hand-back taken again: counted off `holding`, which each hand-back raised when it
+/// was made (`KafkaAcker::hand_back`). One not counted would make a plain decrement wrap,
+/// and the stream would never take a polled delivery again (its member keeping its
+/// partitions, their commits stuck); the count stays at zero instead, and a debug build
+/// fails loudly.
+fn taken_back(holding: &std::sync::atomic::AtomicUsize) {
+    let before = holding
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            Some(n.saturating_sub(1))
+        })
+        .unwrap_or_default();
+    debug_assert!(before > 0, "a hand-back came back that was not counted");
+}
+
 pub(super) struct Reader {
     /// The delivery polled while joining, handed out first.
     pub(super) joined: Option<Delivery<KafkaAcker>>,
@@ -312,7 +326,7 @@ impl crate::pull::Pull for Reader {
                 biased;
                 Some(d) = self.dropped.recv() => self.convert.dropped(d).await?,
                 Some(r) = self.retries.recv() => {
-                    self.convert.shared.holding.fetch_sub(1, Ordering::AcqRel);
+                    taken_back(&self.convert.shared.holding);
                     if let Some(d) = self.convert.retried(r) {
                         return Ok(self.convert.counted(d).await);
                     }
