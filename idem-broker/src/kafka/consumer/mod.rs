@@ -66,9 +66,10 @@ const PAUSE_AFTER_MAX: Duration = Duration::from_secs(1);
 /// a while (a tenth of `max.poll.interval.ms`, at most 1 s) it pauses the assigned
 /// partitions and keeps polling (so the member stays in the group however slow the
 /// handler: `max.poll.interval.ms` is met), and resumes them once there is room.
-/// Deliveries handed back (deferred, or nacked with a delay) count against the prefetch
-/// until they come back: while they fill it the stream takes nothing new, so the
-/// partitions pause and memory stays bounded however long the store makes them wait.
+/// Deliveries handed back (deferred, nacked with a delay, or whose dead letter could not
+/// be produced) count against the prefetch until they come back: while they fill it the
+/// stream takes nothing new, so the partitions pause and memory stays bounded however
+/// long the store makes them wait.
 pub struct KafkaConsumer {
     inner: BoxStream<'static, Result<Delivery<KafkaAcker>, BrokerError>>,
     name: String,
