@@ -7,9 +7,9 @@
 server_cpu_us() { "$ROOT/scripts/server-cpu" "$URL"; }
 
 # What the database has written and spent so far, as "WAL_BYTES_LSN WAL_RECORDS
-# INDEX_ENTRIES SERVER_CPU_US WAL_FULL_PAGE_IMAGES" for SCHEMA's tables (see the header), read before a run
-# (pre) or after it (post): the server's CPU is read after this query before a run and
-# before it after, so that its own cost counts in neither. pg_stat_* are flushed by each
+# INDEX_ENTRIES SERVER_CPU_US WAL_FULL_PAGE_IMAGES" for SCHEMA's tables (see the header),
+# read before a run (pre) or after it (post): the server's CPU is read after this query
+# before a run and before it after, so that its own cost counts in neither. pg_stat_* are flushed by each
 # backend at most once a second, and by a client's backend when it exits: read after the
 # run's clients exited.
 db_counters() {
