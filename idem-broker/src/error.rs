@@ -152,8 +152,12 @@ impl BrokerError {
     }
 }
 
+/// [`BrokerError::Config`] is [`AckError::config`]: the consumer stops.
 impl From<BrokerError> for AckError {
     fn from(e: BrokerError) -> Self {
+        if matches!(e, BrokerError::Config { .. }) {
+            return AckError::config(e.to_string(), Some(Box::new(e)));
+        }
         let retryable = e.is_retryable();
         AckError::new(e.to_string(), retryable, Some(Box::new(e)))
     }

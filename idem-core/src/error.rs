@@ -128,8 +128,9 @@ pub enum ErrorClass {
     /// This message can never succeed (bad bytes, a value no column holds, a handler's
     /// refusal): roll back and dead-letter it with the reason.
     Permanent,
-    /// The deployment is wrong (a missing table or privilege): no message can succeed until
-    /// an operator acts, so the consumer stops and acks nothing.
+    /// The deployment is wrong (a missing table or privilege, a dead-letter destination
+    /// that refuses dead letters): no message can succeed until an operator acts, so the
+    /// consumer stops and acks nothing more.
     Config,
 }
 
@@ -220,6 +221,9 @@ pub struct AckError {
     /// The client's error.
     #[source]
     pub source: Option<BoxError>,
+    /// The broker's setup refuses the settlement, whatever the message: see
+    /// [`AckError::config`].
+    config: bool,
 }
 
 impl AckError {
@@ -229,12 +233,38 @@ impl AckError {
             message: message.into(),
             retryable,
             source,
+            config: false,
+        }
+    }
+
+    /// A settlement the broker's setup refuses, so that no delivery like it can be
+    /// settled until an operator acts (a dead-letter destination that refuses the dead
+    /// letter for good: too small a size limit, a missing permission). Not retryable, and
+    /// of [`ErrorClass::Config`]: the consumer stops rather than take the delivery
+    /// again and again. The acker that returns it leaves the delivery unsettled, neither
+    /// acked nor handed back, so the broker delivers it again after the fix.
+    pub fn config(message: impl Into<String>, source: Option<BoxError>) -> Self {
+        Self {
+            config: true,
+            ..Self::new(message, false, source)
         }
     }
 
     /// Whether a retry can help.
     pub fn is_retryable(&self) -> bool {
         self.retryable
+    }
+
+    /// What the failure means: [`ErrorClass::Config`] for [`AckError::config`], else
+    /// transient when retryable, permanent when not.
+    pub fn class(&self) -> ErrorClass {
+        if self.config {
+            ErrorClass::Config
+        } else if self.retryable {
+            ErrorClass::Transient
+        } else {
+            ErrorClass::Permanent
+        }
     }
 }
 
@@ -364,6 +394,7 @@ impl Error {
             Self::Key(_) => ErrorClass::Permanent,
             Self::Store(e) => e.class(),
             Self::Handler(e) => e.class(),
+            Self::Ack(e) => e.class(),
             other if other.is_retryable() => ErrorClass::Transient,
             _ => ErrorClass::Permanent,
         }

@@ -10,7 +10,7 @@ use futures::future::Shared;
 use futures::{FutureExt as _, Stream, StreamExt};
 
 use crate::delivery::{Acker, Delivery};
-use crate::error::{BoxError, Error, ErrorClass, StoreError};
+use crate::error::{AckError, BoxError, Error, ErrorClass, StoreError};
 use crate::gate::{Gate, Handler, Identified, Outcome, OutcomeKind};
 use crate::store::ClaimStore;
 
@@ -196,6 +196,20 @@ impl Turnstile {
     }
 }
 
+/// The error that stops the loop, if `o` met one: a configuration error of the store or
+/// the handler ([`StoreError::Config`]), or a settlement the broker's setup refuses
+/// ([`AckError::config`]: a dead-letter destination that refuses the dead letter).
+fn config_failure(o: &Outcome) -> Option<Error> {
+    if let Outcome::Failed { error, .. } = o {
+        if error.class() == ErrorClass::Config {
+            return Some(Error::Store(StoreError::Config(error.to_string())));
+        }
+    }
+    o.settle_error()
+        .filter(|e| e.class() == ErrorClass::Config)
+        .map(|e| Error::Ack(AckError::config(e.message.clone(), None)))
+}
+
 /// Runs `gate` over `deliveries` until the stream ends, it fails, or `shutdown` completes.
 ///
 /// - At most `config.concurrency` batches are in flight; each holds whatever deliveries
@@ -216,7 +230,9 @@ impl Turnstile {
 /// - A delivery that fails with a configuration error ([`ErrorClass::Config`]: a missing
 ///   table or privilege) is nacked, and the loop stops as on shutdown: no delivery can get
 ///   past such an error until an operator acts, so acking or dead-lettering them would be
-///   wrong and retrying them would spin.
+///   wrong and retrying them would spin. So does a settlement the broker's setup refuses
+///   ([`AckError::config`]: a dead letter its destination refuses for good), the
+///   delivery left unsettled for the broker to deliver again after the fix.
 ///
 /// # Performance
 /// On tokio's multi-thread runtime, spawn this future (`tokio::spawn`) rather than
@@ -227,7 +243,9 @@ impl Turnstile {
 ///
 /// # Errors
 /// [`Error::Stream`] when the delivery stream yields an error; [`Error::Store`] with
-/// [`StoreError::Config`] after a configuration error. In-flight work is finished first.
+/// [`StoreError::Config`] after a configuration error; [`Error::Ack`] with an
+/// [`AckError::config`] after a settlement the broker's setup refuses. In-flight work is
+/// finished first.
 pub async fn run<S, H, A, St, E>(
     gate: &Gate<S, H>,
     deliveries: St,
@@ -244,7 +262,7 @@ where
 {
     let counters = Counters::default();
     let stream_error: Mutex<Option<BoxError>> = Mutex::new(None);
-    let config_error: Mutex<Option<String>> = Mutex::new(None);
+    let config_error: Mutex<Option<Error>> = Mutex::new(None);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let stop_tx = Mutex::new(Some(stop_tx));
     let config = ConsumerConfig::new(config.concurrency, config.batch_size);
@@ -308,14 +326,12 @@ where
                     for o in &outcomes {
                         counters.record(o);
                         observe(o);
-                        if let Outcome::Failed { error, .. } = o {
-                            if error.class() == ErrorClass::Config {
-                                if let Ok(mut slot) = config_error.lock() {
-                                    slot.get_or_insert_with(|| error.to_string());
-                                }
-                                if let Some(tx) = stop_tx.lock().ok().and_then(|mut s| s.take()) {
-                                    let _ = tx.send(());
-                                }
+                        if let Some(stop) = config_failure(o) {
+                            if let Ok(mut slot) = config_error.lock() {
+                                slot.get_or_insert(stop);
+                            }
+                            if let Some(tx) = stop_tx.lock().ok().and_then(|mut s| s.take()) {
+                                let _ = tx.send(());
                             }
                         }
                     }
@@ -324,8 +340,8 @@ where
         )
         .await;
 
-    if let Some(msg) = config_error.lock().ok().and_then(|mut s| s.take()) {
-        return Err(Error::Store(StoreError::Config(msg)));
+    if let Some(e) = config_error.lock().ok().and_then(|mut s| s.take()) {
+        return Err(e);
     }
     let err = stream_error.lock().ok().and_then(|mut s| s.take());
     match err {

@@ -14,8 +14,8 @@
 //!   flight then get five seconds to settle and are dropped unsettled (their
 //!   transactions roll back, the broker redelivers them);
 //! - an error [`consumer::run`] returns that no retry fixes (a `Config`-class failure: a
-//!   missing table or privilege) ends the run at once with [`SuperviseError::Consumer`],
-//!   nothing more acked;
+//!   missing table or privilege, a dead-letter destination that refuses dead letters for
+//!   good) ends the run at once with [`SuperviseError::Consumer`], nothing more acked;
 //! - a connection refused for good ([`Attempt::Final`]) ends it with
 //!   [`SuperviseError::Connect`].
 

@@ -22,9 +22,18 @@
 //! - `nack(delay)` hands the message back to this consumer's stream after the delay (its
 //!   offset stays uncommitted). `dead_letter` produces it to `NAME.dead-letter` with the
 //!   reason in the [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header
-//!   (three tries), then settles it; if the produce keeps failing the delivery comes back
-//!   to the stream after a second, so it is rejected and dead-lettered again instead of
-//!   holding the partition's commits back until a restart.
+//!   (three tries), then settles it; if the produce keeps failing (the broker cut off)
+//!   the delivery comes back to the stream after a second, so it is rejected and
+//!   dead-lettered again instead of holding the partition's commits back until a
+//!   restart. A dead letter refused for good (its size over the dead-letter topic's
+//!   `max.message.bytes`, its form, the producer's right to write the topic) is a
+//!   [`BrokerError::Config`](crate::BrokerError::Config) as an
+//!   [`AckError::config`](idem_core::AckError::config): the delivery is left unsettled
+//!   and idem-engine's `consumer::run` stops, since every retry would be refused the
+//!   same way. The consumer's producer takes records up to librdkafka's
+//!   `receive.message.max.bytes` (100,000,000), so that any record the consumer received
+//!   can be dead-lettered; librdkafka's own default, 1,000,000, is below Kafka's for a
+//!   topic.
 //! - **Attempts**: [`Delivery::attempt`](idem_core::Delivery::attempt) counts the
 //!   deliveries of an offset in the group: fetches, nacks, and the partition coming back
 //!   before the offset was committed; a deferral ([`defer`](idem_core::Acker::defer))
@@ -197,6 +206,29 @@ pub(crate) fn producer(config: &KafkaConfig) -> Result<FutureProducer, BrokerErr
         .producer_config()
         .create()
         .map_err(|e| BrokerError::connect(BROKER, e))
+}
+
+/// The largest record a consumer can be delivered: librdkafka's
+/// `receive.message.max.bytes`, the largest response it reads (default 100,000,000).
+const RECEIVABLE_BYTES: u32 = 100_000_000;
+
+/// The consumer's producer, of its dead letters and delivery counts: librdkafka's
+/// `message.max.bytes` raised to [`RECEIVABLE_BYTES`] unless the application sets it
+/// ([`KafkaConfig::with_client_setting`]), so that a dead letter of any record the
+/// consumer received is refused, if at all, by the dead-letter topic's own
+/// `max.message.bytes`. librdkafka's default, 1,000,000, is below Kafka's own for a topic
+/// (1,048,588): a record between the two, published by another client, could be received
+/// and never dead-lettered.
+pub(crate) fn consumer_producer(config: &KafkaConfig) -> Result<FutureProducer, BrokerError> {
+    let mut c = config.producer_config();
+    if !config
+        .client_settings
+        .iter()
+        .any(|(k, _)| k == "message.max.bytes")
+    {
+        c.set("message.max.bytes", RECEIVABLE_BYTES.to_string());
+    }
+    c.create().map_err(|e| BrokerError::connect(BROKER, e))
 }
 
 /// Partitions of `topic` as the cluster reports them (0 when it does not know the topic).

@@ -163,7 +163,7 @@ impl KafkaPublisher {
 /// Whether Kafka (or librdkafka, before sending) refuses the record itself — its size,
 /// its form — so that no retry can help: the relay then moves the event aside rather than
 /// retrying its batch forever.
-fn refused_for_good(e: &KafkaError) -> bool {
+pub(crate) fn refused_for_good(e: &KafkaError) -> bool {
     matches!(
         e.rdkafka_error_code(),
         Some(

@@ -877,6 +877,25 @@ impl Acker for NatsAcker {
         .await;
         match published {
             Ok(()) => self.settle(AckKind::Term, "term").await,
+            Err(e) if !e.is_retryable() => {
+                // Refused for good (over the dead-letter stream's `max_msg_size`): a
+                // hand-back would loop for ever. Left unsettled (dropped, it is no longer
+                // kept alive: the server delivers it again after the ack wait) and the
+                // consumer stops.
+                Err(BrokerError::Config {
+                    broker: BROKER,
+                    detail: format!(
+                        "the dead-letter stream of {:?} refuses the dead letter ({} bytes \
+                         and more) for good: {}; it is left unsettled and the consumer \
+                         stops: raise that stream's max_msg_size to the source stream's, \
+                         then start it again",
+                        self.shared.dead_letter_subject,
+                        payload.len(),
+                        idem_core::error::error_chain(&e)
+                    ),
+                }
+                .into())
+            }
             Err(e) => {
                 // Not dead-lettered: hand it back rather than lose it, after a pause (at
                 // once it would loop as fast as the gate rejects it), as a failed attempt.

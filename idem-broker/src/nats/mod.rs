@@ -12,7 +12,10 @@
 //!   awaited): `ack` → a double ack; `dead_letter` → a confirmed publish to
 //!   `NAME.dead-letter` with the reason in the
 //!   [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER) header, then `+TERM`
-//!   (no more redeliveries; a failed publish hands the delivery back after 5 s, as a nack).
+//!   (no more redeliveries; a failed publish hands the delivery back after 5 s, as a nack;
+//!   one the dead-letter stream refuses for good, over its `max_msg_size`, is a
+//!   [`BrokerError::Config`] as an [`AckError::config`](idem_core::AckError::config): the
+//!   delivery is left unsettled, and the consumer loop stops).
 //!   Missed heartbeats (a server that stays down) end the stream with an error, so a
 //!   supervisor reconnects and its timeout applies.
 //! - **The prefetch** ([`NatsConfig::prefetch`]; `idem consume` asks 2 × concurrency ×

@@ -78,12 +78,40 @@ fn header_value(name: &str, value: &str) -> Result<HeaderValue, BrokerError> {
 
 async fn wait_all(pending: Vec<PublishAckFuture>) -> Result<(), BrokerError> {
     for ack in pending {
-        ack.await.map_err(|e| BrokerError::NotConfirmed {
-            broker: BROKER,
-            detail: e.to_string(),
+        ack.await.map_err(|e| {
+            if refused_for_good(&e) {
+                // Over the stream's `max_msg_size` (payload, or headers): no retry helps.
+                BrokerError::Operation {
+                    broker: BROKER,
+                    action: "publish",
+                    retryable: false,
+                    source: Box::new(e),
+                }
+            } else {
+                BrokerError::NotConfirmed {
+                    broker: BROKER,
+                    detail: e.to_string(),
+                }
+            }
         })?;
     }
     Ok(())
+}
+
+/// Whether the stream refused the message itself, so that no retry can help: JetStream's
+/// "message size exceeds maximum allowed" (10054) or "header size exceeds maximum
+/// allowed" (10097), a stream's `max_msg_size` below the message.
+fn refused_for_good(e: &jetstream::context::PublishError) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .is_some_and(|j| {
+            matches!(
+                j.error_code(),
+                ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
+                    | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM
+            )
+        })
 }
 
 /// Publishes outbox events to a JetStream stream.

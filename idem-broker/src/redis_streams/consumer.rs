@@ -655,6 +655,16 @@ impl Acker for RedisStreamsAcker {
         self.shared.forget(self.reg);
         match added {
             Ok(_) => self.shared.xack(vec![self.id.clone()]).await,
+            Err(e) if refused_for_good(&e) => Err(BrokerError::Config {
+                broker: BROKER,
+                detail: format!(
+                    "the dead-letter stream {:?} refuses the dead letter for good: {e}; it \
+                     is left pending and the consumer stops: make that key a stream (or \
+                     delete it) and let this user XADD to it, then start it again",
+                    self.shared.dead_letter
+                ),
+            }
+            .into()),
             Err(e) => Err(redis_err("XADD dead-letter", self.shared.command_timeout, e).into()),
         }
     }
@@ -673,4 +683,12 @@ impl Acker for RedisStreamsAcker {
             .collect();
         crate::batch::each_of(ids.len(), shared.xack(ids).await)
     }
+}
+
+/// Whether Redis refuses a dead letter's `XADD` for good, whatever the message: the
+/// dead-letter key holds another type (`WRONGTYPE`), or the user may not write it
+/// (`NOPERM`, an ACL). A retry cannot help, and a dead letter left pending would come
+/// back after `min_idle` for ever.
+fn refused_for_good(e: &Error) -> bool {
+    matches!(e.kind(), fred::error::ErrorKind::InvalidArgument) || e.details().starts_with("NOPERM")
 }

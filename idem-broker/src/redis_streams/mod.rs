@@ -19,8 +19,10 @@
 //!   `dead_letter` → `XADD NAME.dead-letter` with the payload, the original fields and
 //!   the reason in the [`DEAD_LETTER_REASON_HEADER`](crate::DEAD_LETTER_REASON_HEADER)
 //!   field, then `XACK` (a failed `XADD` leaves the entry pending, taken again after
-//!   `min_idle`). An acker dropped unsettled stops its keep-alive; the entry is taken
-//!   over after `min_idle`.
+//!   `min_idle`; one refused for good, `WRONGTYPE` or `NOPERM`, is a
+//!   [`BrokerError::Config`] as an [`AckError::config`](idem_core::AckError::config),
+//!   and the consumer loop stops). An acker dropped unsettled stops its keep-alive; the
+//!   entry is taken over after `min_idle`.
 //! - **Publishing** ([`RedisStreamsPublisher`]): `XADD` with the payload, the event id in
 //!   the [`EVENT_ID_HEADER`](idem_core::outbox::EVENT_ID_HEADER) field and the event type
 //!   (pipelined, then every reply awaited).

@@ -453,3 +453,108 @@ async fn a_message_that_kills_its_consumer_is_dead_lettered_unrun_before_max_del
     })
     .await;
 }
+
+/// A dead letter that the dead-letter stream refuses for good (its `max_msg_size` below
+/// the message: "message size exceeds maximum allowed") stops the consumer with a
+/// configuration error naming the setting, where the delivery was held alive and handed
+/// back every few seconds for ever (no `max_deliver` ends a hand-back). Left unsettled,
+/// the message is delivered again after the ack wait, and once the stream takes it, it
+/// is dead-lettered, whole and once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_delivery_unsettled() {
+    use async_nats::jetstream::stream;
+    use idem_engine::{Error, ErrorClass};
+    common::within(async {
+        let url = url();
+        let name = fresh_name("nats-dl-refused");
+        let dl = dead_letter_name(&name);
+        let js = async_nats::jetstream::new(async_nats::connect(server()).await.expect("connect"));
+        let config = stream::Config {
+            name: stream_name(&dl),
+            subjects: vec![dl.clone()],
+            max_message_size: 200,
+            ..Default::default()
+        };
+        js.create_stream(config.clone())
+            .await
+            .expect("a small dead-letter stream");
+        // Not UTF-8: poison to the test's handler, dead-lettered before any claim.
+        let poison = vec![0xff; 1_000];
+        publish_raw(&url, &name, &[poison.clone()])
+            .await
+            .expect("publish");
+        let gate = Gate::new(MemoryStore::new(), Plain::default());
+        let deliveries = AnyConsumer::connect(&url, &name, 2)
+            .await
+            .expect("consumer");
+        let stopped = tokio::time::timeout(
+            Duration::from_secs(30),
+            consumer::run(
+                &gate,
+                deliveries,
+                ConsumerConfig::new(1, 1),
+                std::future::pending::<()>(),
+                |_| {},
+            ),
+        )
+        .await
+        .expect("the consumer stops")
+        .expect_err("a configuration error");
+        assert_eq!(stopped.class(), ErrorClass::Config, "{stopped}");
+        assert!(matches!(stopped, Error::Ack(_)), "{stopped:?}");
+        assert!(
+            stopped.to_string().contains("max_msg_size"),
+            "names the setting: {stopped}"
+        );
+        let held = |js: async_nats::jetstream::Context, s: String| async move {
+            js.get_stream(s)
+                .await
+                .expect("stream")
+                .info()
+                .await
+                .expect("info")
+                .state
+                .messages
+        };
+        assert_eq!(
+            held(js.clone(), stream_name(&dl)).await,
+            0,
+            "nothing dead-lettered"
+        );
+
+        // The operator raises the limit; the next run dead-letters the message once.
+        js.update_stream(stream::Config {
+            max_message_size: -1,
+            ..config
+        })
+        .await
+        .expect("limit raised");
+        let deliveries = AnyConsumer::connect(&url, &name, 2)
+            .await
+            .expect("consumer");
+        let stats = consumer::run(
+            &gate,
+            idem_broker::until_idle(deliveries, ACK_WAIT * 3),
+            ConsumerConfig::new(1, 1),
+            std::future::pending::<()>(),
+            |_| {},
+        )
+        .await
+        .expect("consumer run");
+        assert_eq!(stats.rejected, 1, "{stats:?}");
+        assert_eq!(
+            held(js.clone(), stream_name(&dl)).await,
+            1,
+            "dead-lettered once"
+        );
+        let letter = js
+            .get_stream(stream_name(&dl))
+            .await
+            .expect("stream")
+            .get_raw_message(1)
+            .await
+            .expect("the dead letter");
+        assert!(letter.payload == poison, "whole");
+    })
+    .await;
+}

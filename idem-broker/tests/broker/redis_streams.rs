@@ -78,6 +78,79 @@ mod lease {
         .await;
     }
 
+    /// A dead letter Redis refuses for good (the dead-letter key holds a string:
+    /// `WRONGTYPE`) stops the consumer with a configuration error naming the key, where
+    /// the entry was left pending and came back after `min_idle` for ever. Left pending,
+    /// it is taken over by the next consumer once the key is fixed, and dead-lettered
+    /// once, whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_entry_pending() {
+        use idem_engine::{consumer, ConsumerConfig, Error, ErrorClass, Gate};
+        common::within(async {
+            let name = fresh_name("redis-dl-refused");
+            let dl = idem_broker::dead_letter_name(&name);
+            let redis = client().await;
+            let _: () = redis
+                .set(&dl, "not a stream", None, None, false)
+                .await
+                .expect("SET");
+            // Not UTF-8: poison to the test's handler, dead-lettered before any claim.
+            let poison = vec![0xff; 100];
+            publish_raw(&url(), &name, std::slice::from_ref(&poison))
+                .await
+                .expect("publish");
+            let gate = Gate::new(idem_testkit::MemoryStore::new(), common::Plain::default());
+            let deliveries = RedisStreamsConsumer::connect(&config(&name))
+                .await
+                .expect("consumer");
+            let stopped = tokio::time::timeout(
+                Duration::from_secs(30),
+                consumer::run(
+                    &gate,
+                    deliveries,
+                    ConsumerConfig::new(1, 1),
+                    std::future::pending::<()>(),
+                    |_| {},
+                ),
+            )
+            .await
+            .expect("the consumer stops")
+            .expect_err("a configuration error");
+            assert_eq!(stopped.class(), ErrorClass::Config, "{stopped}");
+            assert!(matches!(stopped, Error::Ack(_)), "{stopped:?}");
+            assert!(
+                stopped.to_string().contains(&dl),
+                "names the key: {stopped}"
+            );
+
+            // The operator removes the key; the next consumer takes the entry over.
+            let _: i64 = redis.del(&dl).await.expect("DEL");
+            let deliveries = RedisStreamsConsumer::connect(&config(&name))
+                .await
+                .expect("consumer");
+            let stats = consumer::run(
+                &gate,
+                idem_broker::until_idle(deliveries, Duration::from_secs(4)),
+                ConsumerConfig::new(1, 1),
+                std::future::pending::<()>(),
+                |_| {},
+            )
+            .await
+            .expect("consumer run");
+            assert_eq!(stats.rejected, 1, "{stats:?}");
+            let letters: Vec<(String, HashMap<String, Value>)> =
+                redis.xrange(&dl, "-", "+", None).await.expect("XRANGE");
+            assert_eq!(letters.len(), 1, "dead-lettered once");
+            let body = letters[0]
+                .1
+                .get(idem_broker::redis_streams::PAYLOAD_FIELD)
+                .and_then(Value::as_bytes)
+                .map(<[u8]>::to_vec);
+            assert_eq!(body, Some(poison), "whole");
+        })
+        .await;
+    }
+
     /// The delivery count of entry `id` in the group `idem` of stream `name`.
     async fn delivery_count(redis: &Client, name: &str, id: &str) -> u64 {
         let pending: Vec<(String, String, u64, u64)> = redis

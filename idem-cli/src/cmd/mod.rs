@@ -645,9 +645,41 @@ pub(crate) fn supervise_error(
     match e {
         SuperviseError::Connect(e) => gave_up(what, e),
         SuperviseError::Consumer(idem_engine::Error::Store(e)) => e.into(),
+        SuperviseError::Consumer(idem_engine::Error::Ack(e))
+            if e.class() == idem_engine::ErrorClass::Config =>
+        {
+            CliError::usage(format!("consuming {source}: {}", e.message))
+        }
         e @ (SuperviseError::NotDrained { .. } | SuperviseError::SourceNotDrained { .. }) => {
             CliError::failed(format!("consuming {source}: {e} (--exit-when-idle)"))
         }
         e => CliError::failed(format!("consuming {source}: {e} (--reconnect-timeout)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_runtime::supervise::SuperviseError;
+
+    /// A settlement the broker's setup refuses (a dead letter refused for good) ends
+    /// `idem consume` as a configuration error does: exit 2, the broker's words kept.
+    #[test]
+    fn a_settlement_refused_for_good_exits_2_and_others_exit_1() {
+        let refused = idem_engine::AckError::config("kafka: raise max.message.bytes", None);
+        let e = supervise_error(
+            "the broker",
+            "kafka://k/orders",
+            SuperviseError::Consumer(idem_engine::Error::Ack(refused)),
+        );
+        assert_eq!(e.exit_code(), 2, "{e}");
+        assert!(e.to_string().contains("raise max.message.bytes"), "{e}");
+        let other = idem_engine::AckError::new("closed", false, None);
+        let e = supervise_error(
+            "the broker",
+            "kafka://k/orders",
+            SuperviseError::Consumer(idem_engine::Error::Ack(other)),
+        );
+        assert_eq!(e.exit_code(), 1, "{e}");
     }
 }

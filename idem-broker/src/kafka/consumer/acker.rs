@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{AckError, AckProof, Acker, Headers, PositionMove, RejectReason};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use tokio::sync::oneshot;
@@ -259,7 +260,24 @@ impl Acker for KafkaAcker {
                 .await
             {
                 Ok(_) => return self.settle().await,
-                Err((e, _)) => last = Some(e),
+                Err((e, _)) => {
+                    if let Some(fix) = dead_letter_refused(&e) {
+                        // No retry helps, and a hand-back would loop for ever: the
+                        // delivery stays unsettled (its offset uncommitted, so the next
+                        // member receives it again) and the consumer stops.
+                        self.disarm();
+                        let size = payload.len() + reason.len();
+                        return Err(BrokerError::Config {
+                            broker: BROKER,
+                            detail: format!(
+                                "the dead-letter topic {:?} refuses the dead letter of                                  partition {} offset {} ({size} bytes and more) for good:                                  {e}; it is left unsettled and the consumer stops: {fix},                                  then start it again",
+                                self.shared.dead_letter, self.partition, self.offset
+                            ),
+                        }
+                        .into());
+                    }
+                    last = Some(e);
+                }
             }
         }
         // Not dead-lettered: hand the delivery back to this consumer's stream (its
@@ -288,4 +306,25 @@ impl Acker for KafkaAcker {
         }
         out
     }
+}
+
+/// What an operator must change when Kafka (or librdkafka, before sending) refuses a
+/// dead letter for good: the record's size or form, or the producer's right to write the
+/// topic. `None` for a failure a retry may get past (a broker cut off, a leader moving).
+fn dead_letter_refused(e: &KafkaError) -> Option<&'static str> {
+    if crate::kafka::publisher::refused_for_good(e) {
+        return Some(
+            "raise the dead-letter topic's max.message.bytes to the source topic's (and \
+             librdkafka's message.max.bytes, if set as a client setting)",
+        );
+    }
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::PolicyViolation
+        )
+    )
+    .then_some("let the consumer's principal write the dead-letter topic (its ACLs or policy)")
 }

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, Notify};
 
 use super::attempts::{self, attempts_name};
 use super::config::KafkaConfig;
-use super::{blocking, ensure_topic, ensure_topic_with, producer, BROKER};
+use super::{blocking, consumer_producer, ensure_topic, ensure_topic_with, BROKER};
 use crate::{dead_letter_name, BrokerError};
 
 mod acker;
@@ -161,7 +161,7 @@ impl KafkaConsumer {
             settle: settle_tx,
             retry: retry_tx,
             dropped: dropped_tx,
-            producer: producer(config)?,
+            producer: consumer_producer(config)?,
             positions,
             accept_position_gap: config.accept_position_gap,
             own: Arc::clone(&own),

@@ -142,60 +142,109 @@ async fn deferrals_that_fill_the_prefetch_stop_the_fetching() {
     }
 }
 
-/// A dead letter that cannot be produced (the broker unreachable, or here a dead letter
-/// over librdkafka's `message.max.bytes`, which it refuses at once) hands the delivery
-/// back to the stream a second later, so it is rejected and dead-lettered again, and the
-/// stream goes on taking new deliveries. That hand-back was not counted among the held
-/// deliveries while its return was: the count wrapped below zero, the stream never took
-/// a polled delivery again, and the member kept its partitions, fetched and unsettled,
-/// for good (the partition's committed offset stuck at the next delivery).
+/// A dead letter over librdkafka's default `message.max.bytes` (1,000,000, below Kafka's
+/// own limit for a topic, 1,048,588) is produced whole: the consumer's producer takes any
+/// record the consumer can receive, where it refused such a dead letter before sending it
+/// and the delivery came back once a second for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_letter_that_cannot_be_produced_comes_back_and_the_stream_goes_on() {
+async fn a_dead_letter_over_librdkafkas_default_size_is_produced_whole() {
     use idem_broker::kafka::KafkaConsumer;
     use idem_engine::{Acker as _, RejectReason};
-    let config = one_partition(&common::fresh_name("dl-unproduced")).with_prefetch(2);
-    let bodies: Vec<Vec<u8>> = (0..4).map(|i| format!("m-{i}").into_bytes()).collect();
-    publish_all(&config, &bodies).await;
+    let config = one_partition(&common::fresh_name("dl-large"));
+    publish_all(&config, &[b"m-0".to_vec()]).await;
     let mut consumer = KafkaConsumer::connect(&config).await.expect("connect");
     let d = take_n(&mut consumer, 1, Duration::from_secs(120))
         .await
         .remove(0);
-    assert_eq!(d.payload, b"m-0");
-    let too_large = vec![b'x'; 1_100_000];
-    let refused = d
-        .acker
+    let large: Vec<u8> = (0..1_040_000u32).map(|i| (i % 251) as u8).collect();
+    d.acker
         .dead_letter(
-            &too_large,
+            &large,
             &d.headers,
-            &RejectReason::new("test", "a dead letter Kafka refuses"),
+            &RejectReason::new("test", "a dead letter of 1,040,000 bytes"),
         )
-        .await;
-    assert!(refused.is_err(), "the dead letter was not produced");
-    // The stream goes on meanwhile; m-0 comes back after a second, among the rest.
-    let got = take_n(&mut consumer, 4, Duration::from_secs(30)).await;
-    let mut payloads: Vec<&[u8]> = got.iter().map(|d| d.payload.as_slice()).collect();
-    payloads.sort_unstable();
-    let want: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
-    assert_eq!(
-        payloads, want,
-        "m-0 handed back to the stream, the rest delivered"
-    );
-    let back = got.iter().find(|d| d.payload == b"m-0").expect("m-0 back");
-    assert_eq!(back.attempt, Some(2), "a failed dead letter counts a run");
+        .await
+        .expect("dead-lettered");
+    let letters = one_partition(&idem_broker::dead_letter_name(&config.name));
+    let mut letters = KafkaConsumer::connect(&letters).await.expect("letters");
+    let got = take_n(&mut letters, 1, Duration::from_secs(60)).await;
+    assert!(got[0].payload == large, "the dead letter whole");
+    let reason = got[0]
+        .headers
+        .iter()
+        .find(|(k, _)| k == idem_broker::DEAD_LETTER_REASON_HEADER)
+        .map(|(_, v)| v.as_str());
+    assert_eq!(reason, Some("test: a dead letter of 1,040,000 bytes"));
+}
+
+/// A dead letter Kafka refuses for good (here over a `message.max.bytes` the application
+/// set as a client setting; a dead-letter topic whose `max.message.bytes` is below the
+/// source's is another) stops the consumer with a configuration error, where the
+/// delivery came back once a second for ever and held the partition's commit: no retry
+/// helps. The delivery is left unsettled, so nothing after it is taken, its offset stays
+/// uncommitted, and the next member of the group receives it again, first, and
+/// dead-letters it once the limit is raised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_delivery_unsettled() {
+    use idem_broker::kafka::KafkaConsumer;
+    use idem_engine::{consumer, ConsumerConfig, Error, ErrorClass};
+    let config = one_partition(&common::fresh_name("dl-refused"));
+    // Not UTF-8: poison to the test's handler, dead-lettered before any claim.
+    let poison = vec![0xff; 30_000];
+    publish_all(&config, &[poison.clone(), b"m-1".to_vec()]).await;
+    let small = config
+        .clone()
+        .with_client_setting("message.max.bytes", "20000");
     let gate = Gate::new(idem_testkit::MemoryStore::new(), common::Plain::default());
+    let stream = KafkaConsumer::connect(&small).await.expect("connect");
+    let started = Instant::now();
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(120),
+        consumer::run(
+            &gate,
+            stream,
+            ConsumerConfig::new(1, 1),
+            std::future::pending::<()>(),
+            |_| {},
+        ),
+    )
+    .await
+    .expect("the consumer stops")
+    .expect_err("a configuration error");
+    assert_eq!(stopped.class(), ErrorClass::Config, "{stopped}");
+    assert!(matches!(stopped, Error::Ack(_)), "{stopped:?}");
+    let text = stopped.to_string();
+    assert!(
+        text.contains(".dead-letter")
+            && text.contains("offset 0")
+            && text.contains("max.message.bytes"),
+        "names the topic, the offset and the setting: {text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "at once, not after retries"
+    );
+    // The next member (the limit raised) receives the poison again, first.
+    let mut next = KafkaConsumer::connect(&config).await.expect("connect");
+    let got = take_n(&mut next, 2, Duration::from_secs(60)).await;
+    assert!(got[0].payload == poison, "the refused delivery comes first");
+    assert_eq!(got[1].payload, b"m-1");
     for o in gate.process_batch(got).await {
         assert!(o.settle_error().is_none(), "{o:?}");
     }
-    // Published after the hand-back came back: the stream still takes new deliveries.
-    let later: Vec<Vec<u8>> = (4..6).map(|i| format!("m-{i}").into_bytes()).collect();
-    publish_all(&config, &later).await;
-    let rest = take_n(&mut consumer, 2, Duration::from_secs(30)).await;
-    let payloads: Vec<&[u8]> = rest.iter().map(|d| d.payload.as_slice()).collect();
-    let want: Vec<&[u8]> = later.iter().map(Vec::as_slice).collect();
-    assert_eq!(payloads, want, "the stream goes on after the hand-back");
-    for o in gate.process_batch(rest).await {
-        assert!(o.settle_error().is_none(), "{o:?}");
-    }
+    let letters = one_partition(&idem_broker::dead_letter_name(&config.name));
+    let mut letters = KafkaConsumer::connect(&letters).await.expect("letters");
+    let got = take_n(&mut letters, 1, Duration::from_secs(60)).await;
+    assert!(
+        got[0].payload == poison,
+        "dead-lettered whole once the limit allows"
+    );
+    assert!(
+        next_within(&mut letters, Duration::from_secs(3))
+            .await
+            .is_none(),
+        "dead-lettered once"
+    );
 }
 
 /// Keyed publishing (`idem publish` keys each record by its subject): the bodies of one
