@@ -27,7 +27,7 @@
 //!   dead-lettered again instead of holding the partition's commits back until a
 //!   restart. A dead letter refused for good (its size over the dead-letter topic's
 //!   `max.message.bytes`, its form, the producer's right to write the topic) is a
-//!   [`BrokerError::Config`](crate::BrokerError::Config) as an
+//!   [`BrokerError::Config`] as an
 //!   [`AckError::config`](idem_core::AckError::config): the delivery is left unsettled
 //!   and idem-engine's `consumer::run` stops, since every retry would be refused the
 //!   same way. The consumer's producer takes records up to librdkafka's

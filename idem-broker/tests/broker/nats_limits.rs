@@ -480,7 +480,7 @@ async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_delive
             .expect("a small dead-letter stream");
         // Not UTF-8: poison to the test's handler, dead-lettered before any claim.
         let poison = vec![0xff; 1_000];
-        publish_raw(&url, &name, &[poison.clone()])
+        publish_raw(&url, &name, std::slice::from_ref(&poison))
             .await
             .expect("publish");
         let gate = Gate::new(MemoryStore::new(), Plain::default());
