@@ -463,7 +463,6 @@ async fn a_message_that_kills_its_consumer_is_dead_lettered_unrun_before_max_del
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_delivery_unsettled() {
     use async_nats::jetstream::stream;
-    use idem_engine::{Error, ErrorClass};
     common::within(async {
         let url = url();
         let name = fresh_name("nats-dl-refused");
@@ -483,25 +482,11 @@ async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_delive
         publish_raw(&url, &name, std::slice::from_ref(&poison))
             .await
             .expect("publish");
-        let gate = Gate::new(MemoryStore::new(), Plain::default());
         let deliveries = AnyConsumer::connect(&url, &name, 2)
             .await
             .expect("consumer");
-        let stopped = tokio::time::timeout(
-            Duration::from_secs(30),
-            consumer::run(
-                &gate,
-                deliveries,
-                ConsumerConfig::new(1, 1),
-                std::future::pending::<()>(),
-                |_| {},
-            ),
-        )
-        .await
-        .expect("the consumer stops")
-        .expect_err("a configuration error");
-        assert_eq!(stopped.class(), ErrorClass::Config, "{stopped}");
-        assert!(matches!(stopped, Error::Ack(_)), "{stopped:?}");
+        let stopped =
+            common::stopped_by_a_refused_dead_letter(deliveries, Duration::from_secs(30)).await;
         assert!(
             stopped.to_string().contains("max_msg_size"),
             "names the setting: {stopped}"
@@ -532,6 +517,7 @@ async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_delive
         let deliveries = AnyConsumer::connect(&url, &name, 2)
             .await
             .expect("consumer");
+        let gate = Gate::new(MemoryStore::new(), Plain::default());
         let stats = consumer::run(
             &gate,
             idem_broker::until_idle(deliveries, ACK_WAIT * 3),

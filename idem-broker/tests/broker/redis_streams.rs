@@ -85,7 +85,7 @@ mod lease {
     /// once, whole.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_entry_pending() {
-        use idem_engine::{consumer, ConsumerConfig, Error, ErrorClass, Gate};
+        use idem_engine::{consumer, ConsumerConfig, Gate};
         common::within(async {
             let name = fresh_name("redis-dl-refused");
             let dl = idem_broker::dead_letter_name(&name);
@@ -99,25 +99,11 @@ mod lease {
             publish_raw(&url(), &name, std::slice::from_ref(&poison))
                 .await
                 .expect("publish");
-            let gate = Gate::new(idem_testkit::MemoryStore::new(), common::Plain::default());
             let deliveries = RedisStreamsConsumer::connect(&config(&name))
                 .await
                 .expect("consumer");
-            let stopped = tokio::time::timeout(
-                Duration::from_secs(30),
-                consumer::run(
-                    &gate,
-                    deliveries,
-                    ConsumerConfig::new(1, 1),
-                    std::future::pending::<()>(),
-                    |_| {},
-                ),
-            )
-            .await
-            .expect("the consumer stops")
-            .expect_err("a configuration error");
-            assert_eq!(stopped.class(), ErrorClass::Config, "{stopped}");
-            assert!(matches!(stopped, Error::Ack(_)), "{stopped:?}");
+            let stopped =
+                common::stopped_by_a_refused_dead_letter(deliveries, Duration::from_secs(30)).await;
             assert!(
                 stopped.to_string().contains(&dl),
                 "names the key: {stopped}"
@@ -128,6 +114,7 @@ mod lease {
             let deliveries = RedisStreamsConsumer::connect(&config(&name))
                 .await
                 .expect("consumer");
+            let gate = Gate::new(idem_testkit::MemoryStore::new(), common::Plain::default());
             let stats = consumer::run(
                 &gate,
                 idem_broker::until_idle(deliveries, Duration::from_secs(4)),

@@ -155,6 +155,40 @@ pub async fn wait_pending(url: &BrokerUrl, name: &str, want: u64) -> u64 {
     }
 }
 
+/// Runs the in-memory gate of `Plain` over `deliveries`, one at a time, until the run
+/// stops on a dead letter its broker refuses for good (within `limit`): the error, after
+/// checking it is an [`idem_engine::AckError::config`], which stops a consumer.
+pub async fn stopped_by_a_refused_dead_letter<A, St>(
+    deliveries: St,
+    limit: Duration,
+) -> idem_engine::Error
+where
+    A: idem_engine::Acker,
+    St: futures::Stream<Item = Result<Delivery<A>, BrokerError>>,
+{
+    let gate = Gate::new(idem_testkit::MemoryStore::new(), Plain::default());
+    let stopped = tokio::time::timeout(
+        limit,
+        consumer::run(
+            &gate,
+            deliveries,
+            ConsumerConfig::new(1, 1),
+            std::future::pending::<()>(),
+            |_| {},
+        ),
+    )
+    .await
+    .expect("the consumer stops")
+    .expect_err("a configuration error");
+    assert_eq!(
+        stopped.class(),
+        idem_engine::ErrorClass::Config,
+        "{stopped}"
+    );
+    assert!(matches!(stopped, idem_engine::Error::Ack(_)), "{stopped:?}");
+    stopped
+}
+
 /// Consumes `name` into `store` until the broker is quiet for `broker.idle`.
 pub async fn consume_all(
     broker: &Broker,

@@ -187,7 +187,6 @@ async fn a_dead_letter_over_librdkafkas_default_size_is_produced_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_delivery_unsettled() {
     use idem_broker::kafka::KafkaConsumer;
-    use idem_engine::{consumer, ConsumerConfig, Error, ErrorClass};
     let config = one_partition(&common::fresh_name("dl-refused"));
     // Not UTF-8: poison to the test's handler, dead-lettered before any claim.
     let poison = vec![0xff; 30_000];
@@ -195,24 +194,9 @@ async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_delive
     let small = config
         .clone()
         .with_client_setting("message.max.bytes", "20000");
-    let gate = Gate::new(idem_testkit::MemoryStore::new(), common::Plain::default());
     let stream = KafkaConsumer::connect(&small).await.expect("connect");
     let started = Instant::now();
-    let stopped = tokio::time::timeout(
-        Duration::from_secs(120),
-        consumer::run(
-            &gate,
-            stream,
-            ConsumerConfig::new(1, 1),
-            std::future::pending::<()>(),
-            |_| {},
-        ),
-    )
-    .await
-    .expect("the consumer stops")
-    .expect_err("a configuration error");
-    assert_eq!(stopped.class(), ErrorClass::Config, "{stopped}");
-    assert!(matches!(stopped, Error::Ack(_)), "{stopped:?}");
+    let stopped = common::stopped_by_a_refused_dead_letter(stream, Duration::from_secs(120)).await;
     let text = stopped.to_string();
     assert!(
         text.contains(".dead-letter")
@@ -229,6 +213,7 @@ async fn a_dead_letter_refused_for_good_stops_the_consumer_and_leaves_the_delive
     let got = take_n(&mut next, 2, Duration::from_secs(60)).await;
     assert!(got[0].payload == poison, "the refused delivery comes first");
     assert_eq!(got[1].payload, b"m-1");
+    let gate = Gate::new(idem_testkit::MemoryStore::new(), common::Plain::default());
     for o in gate.process_batch(got).await {
         assert!(o.settle_error().is_none(), "{o:?}");
     }
