@@ -114,6 +114,27 @@ impl BrokerError {
         }
     }
 
+    /// A dead letter the broker refuses for good: a [`Config`](Self::Config) error (an
+    /// [`AckError::config`], which stops the consumer) naming the destination, the
+    /// broker's answer and what an operator must change. The acker that returns it leaves
+    /// the delivery unsettled, as `unsettled` says.
+    #[allow(dead_code)] // used by the broker features
+    pub(crate) fn dead_letter_refused(
+        broker: &'static str,
+        destination: &str,
+        cause: &str,
+        unsettled: &str,
+        fix: &str,
+    ) -> Self {
+        Self::Config {
+            broker,
+            detail: format!(
+                "{destination} refuses the dead letter for good: {cause}; it is left \
+                 {unsettled} and the consumer stops: {fix}, then start it again"
+            ),
+        }
+    }
+
     #[allow(dead_code)] // used by the broker features
     pub(crate) fn connect(broker: &'static str, source: impl Into<BoxError>) -> Self {
         Self::Connect {

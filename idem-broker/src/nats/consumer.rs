@@ -882,18 +882,18 @@ impl Acker for NatsAcker {
                 // hand-back would loop for ever. Left unsettled (dropped, it is no longer
                 // kept alive: the server delivers it again after the ack wait) and the
                 // consumer stops.
-                Err(BrokerError::Config {
-                    broker: BROKER,
-                    detail: format!(
-                        "the dead-letter stream of {:?} refuses the dead letter ({} bytes \
-                         and more) for good: {}; it is left unsettled and the consumer \
-                         stops: raise that stream's max_msg_size to the source stream's, \
-                         then start it again",
-                        self.shared.dead_letter_subject,
-                        payload.len(),
-                        idem_core::error::error_chain(&e)
-                    ),
-                }
+                let destination = format!(
+                    "the dead-letter stream of {:?} ({} bytes and more)",
+                    self.shared.dead_letter_subject,
+                    payload.len()
+                );
+                Err(BrokerError::dead_letter_refused(
+                    BROKER,
+                    &destination,
+                    &idem_core::error::error_chain(&e),
+                    "unsettled",
+                    "raise that stream's max_msg_size to the source stream's",
+                )
                 .into())
             }
             Err(e) => {

@@ -655,15 +655,13 @@ impl Acker for RedisStreamsAcker {
         self.shared.forget(self.reg);
         match added {
             Ok(_) => self.shared.xack(vec![self.id.clone()]).await,
-            Err(e) if refused_for_good(&e) => Err(BrokerError::Config {
-                broker: BROKER,
-                detail: format!(
-                    "the dead-letter stream {:?} refuses the dead letter for good: {e}; it \
-                     is left pending and the consumer stops: make that key a stream (or \
-                     delete it) and let this user XADD to it, then start it again",
-                    self.shared.dead_letter
-                ),
-            }
+            Err(e) if refused_for_good(&e) => Err(BrokerError::dead_letter_refused(
+                BROKER,
+                &format!("the dead-letter stream {:?}", self.shared.dead_letter),
+                &e.to_string(),
+                "pending",
+                "make that key a stream (or delete it) and let this user XADD to it",
+            )
             .into()),
             Err(e) => Err(redis_err("XADD dead-letter", self.shared.command_timeout, e).into()),
         }

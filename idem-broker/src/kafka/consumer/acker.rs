@@ -267,13 +267,18 @@ impl Acker for KafkaAcker {
                         // member receives it again) and the consumer stops.
                         self.disarm();
                         let size = payload.len() + reason.len();
-                        return Err(BrokerError::Config {
-                            broker: BROKER,
-                            detail: format!(
-                                "the dead-letter topic {:?} refuses the dead letter of                                  partition {} offset {} ({size} bytes and more) for good:                                  {e}; it is left unsettled and the consumer stops: {fix},                                  then start it again",
-                                self.shared.dead_letter, self.partition, self.offset
-                            ),
-                        }
+                        let destination = format!(
+                            "the dead-letter topic {:?} (partition {} offset {}, {size} bytes \
+                             and more)",
+                            self.shared.dead_letter, self.partition, self.offset
+                        );
+                        return Err(BrokerError::dead_letter_refused(
+                            BROKER,
+                            &destination,
+                            &e.to_string(),
+                            "unsettled",
+                            fix,
+                        )
                         .into());
                     }
                     last = Some(e);
