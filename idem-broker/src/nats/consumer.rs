@@ -24,11 +24,15 @@
 //! - **One at a time around a rerun**: a delivery the server delivered before (its
 //!   `delivered` count past 1) may be one whose run killed the last process. While one is
 //!   held here unsettled, no pull is made; after it settles, and when the consumer
-//!   starts, the next pull asks for one delivery, and a full one only after a first
-//!   delivery (count 1) arrived. So when a message kills its process, the server counts a
-//!   delivery for the neighbours that sat in that process's prefetch once, at the first
-//!   death, and not again for each later run of it or of another killer in the same
-//!   window: three killers in one window strand no neighbour at `max_deliver`.
+//!   starts, the next pull asks for one delivery and waits for it. Only a first delivery
+//!   (count 1) answering it opens the prefetch again, and then with requests that take
+//!   what the server has at that moment and end (`no_wait`): no request stays open for
+//!   deliveries lost by a dead process to come due into, several at once. So when a
+//!   message kills its process, the server counts a delivery for the neighbours that sat
+//!   in that process's prefetch once, at the first death, and not again for each later
+//!   run of it or of another killer in the same window: three killers in one window
+//!   strand no neighbour at `max_deliver`. (A rerun that comes due in the instant between
+//!   a first delivery and the request that follows it can still arrive beside others.)
 //! - **The server's limit**: `MAX_DELIVERIES` advisories of the durable are logged and
 //!   counted ([`NatsConsumer::max_deliveries`]).
 
@@ -245,10 +249,11 @@ fn spawn_fetcher(
 }
 
 /// One pull request at a time, for as many deliveries as the prefetch has room for
-/// (asked once half of it is free), each registered for the keep-alive as it arrives;
-/// none while a rerun is held, and one at a time from the start and after a rerun until
-/// a first delivery arrives (see the module docs). `Ok` when the consumer's stream is
-/// gone.
+/// (asked once half of it is free, taking only what the server has then), each
+/// registered for the keep-alive as it arrives; none while a rerun is held, and one at a
+/// time, waiting, from the start, after a rerun and after a request that found nothing,
+/// until a first delivery arrives (see the module docs). `Ok` when the consumer's stream
+/// is gone.
 async fn fetch(
     shared: &Shared,
     consumer: &jetstream::consumer::PullConsumer,
@@ -262,10 +267,14 @@ async fn fetch(
         .await
         .map_err(|e| BrokerError::op(BROKER, "pull", e))?;
     let threshold = prefetch.div_ceil(2);
-    // Of the request in flight: how many deliveries the server may still send.
+    // Of the request in flight: how many deliveries the server may still send, whether it
+    // was a solo one, and how many it sent.
     let mut asked = 0usize;
+    let mut asked_solo = true;
+    let mut sent = 0usize;
     let mut heard = tokio::time::Instant::now();
-    // One at a time until a first delivery arrives: at the start, and after a rerun.
+    // The next request asks for one and waits for it: at the start, after a rerun, and
+    // after a request that found nothing. Otherwise it takes only what is there at once.
     let mut solo = true;
     loop {
         let held = shared.rerun_held();
@@ -276,17 +285,30 @@ async fn fetch(
             (room, threshold)
         };
         if asked == 0 && !held && room >= want {
-            let request = BatchConfig {
-                batch: room,
-                expires: Some(PULL_EXPIRES),
-                idle_heartbeat: PULL_HEARTBEAT,
-                ..Default::default()
+            let request = if solo {
+                BatchConfig {
+                    batch: 1,
+                    expires: Some(PULL_EXPIRES),
+                    idle_heartbeat: PULL_HEARTBEAT,
+                    ..Default::default()
+                }
+            } else {
+                // No wait: the server sends what it has now and ends the request (404 or
+                // 408), so no request stays open for a rerun to come due into beside
+                // others.
+                BatchConfig {
+                    batch: room,
+                    no_wait: true,
+                    ..Default::default()
+                }
             };
             consumer
                 .request_batch(request, inbox.clone())
                 .await
                 .map_err(|e| BrokerError::op(BROKER, "pull", e))?;
             asked = room;
+            asked_solo = solo;
+            sent = 0;
             heard = tokio::time::Instant::now();
         }
         let silent = tokio::time::sleep_until(heard + 2 * PULL_HEARTBEAT);
@@ -313,15 +335,18 @@ async fn fetch(
                 match m.status.unwrap_or(StatusCode::OK) {
                     StatusCode::OK => {
                         asked = asked.saturating_sub(1);
+                        sent += 1;
                         match shared.receive(m) {
-                            // A first delivery opens the prefetch again; a rerun (or a
-                            // delivery without a count) keeps it at one.
-                            Some(attempt) => solo = attempt != Some(1),
+                            // A rerun (or a delivery without a count) makes the next
+                            // request a solo one; a first delivery answering a solo
+                            // request opens the prefetch again.
+                            Some(attempt) if attempt != Some(1) => solo = true,
+                            Some(_) => solo &= !asked_solo,
                             None => return Ok(()),
                         }
                     }
                     StatusCode::IDLE_HEARTBEAT => {}
-                    StatusCode::TIMEOUT | StatusCode::REQUEST_TERMINATED => {
+                    StatusCode::NOT_FOUND | StatusCode::TIMEOUT | StatusCode::REQUEST_TERMINATED => {
                         let description = m.description.unwrap_or_default();
                         if description == "Consumer Deleted"
                             || description == "Consumer is push based"
@@ -333,9 +358,13 @@ async fn fetch(
                                 std::io::Error::other(description),
                             ));
                         }
-                        // The request is over (expired, or ended by the server): ask again,
-                        // after a pause if the server refused it outright.
+                        // The request is over (expired, answered in full with what there
+                        // was, or ended by the server): ask again, after a pause if the
+                        // server refused it outright, and as a solo one if it found nothing.
                         asked = 0;
+                        if sent == 0 {
+                            solo = true;
+                        }
                         if m.status == Some(StatusCode::REQUEST_TERMINATED) {
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
