@@ -248,6 +248,16 @@ async fn a_delivery_at_max_payload_is_dead_lettered_whole() {
     .await;
 }
 
+/// Deliveries lost by a dead process that come due after a first delivery still come one
+/// at a time: no pull request stays open for them (a first delivery opens the prefetch
+/// with `no_wait` requests). Before, the one it opened stayed open for 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reruns_that_come_due_behind_a_first_delivery_come_one_at_a_time() {
+    let url = idem_broker::any::BrokerUrl::parse(&format!("{}?ack_wait=1s", url())).expect("URL");
+    common::within(common::reruns_that_come_due_behind_a_first_delivery_come_one_at_a_time(&url))
+        .await;
+}
+
 /// Three killers in one window of ten, `max_deliver` twice the gate's limit: no neighbour
 /// is stranded (the consumer pulls one at a time while a rerun is held).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

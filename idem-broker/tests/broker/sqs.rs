@@ -293,6 +293,19 @@ async fn idle_exit_never_ends_a_stream_while_a_receive_is_outstanding() {
     );
 }
 
+/// Messages lost by a dead process that come visible again after a first delivery still
+/// come one at a time, even with long polls of 5 s: only a receive of one message waits
+/// for messages (a first delivery opens the prefetch with receives that do not wait).
+/// Before, the receives a first delivery opened long-polled until something came, and
+/// took the lost messages together as they came visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reruns_that_come_due_behind_a_first_delivery_come_one_at_a_time() {
+    let url =
+        BrokerUrl::parse(&format!("sqs://{}?visibility_timeout=2s&wait=5s", host())).expect("URL");
+    common::within(common::reruns_that_come_due_behind_a_first_delivery_come_one_at_a_time(&url))
+        .await;
+}
+
 /// Three killers in one window of ten, the redrive policy's `maxReceiveCount` twice the
 /// gate's limit: no neighbour reaches it (the consumer receives one at a time while a
 /// rerun is held), so none is moved to the dead-letter queue without a reason.

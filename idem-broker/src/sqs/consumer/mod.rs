@@ -160,8 +160,11 @@ fn secs_i32(d: Duration) -> i32 {
 ///
 /// One at a time around a rerun: a delivery SQS received before (its count past 1) may
 /// be one whose run killed the last process. While one is held unsettled, no receive is
-/// started; at the start, and after a rerun, receives ask for one message until a first
-/// delivery (count 1) arrives. So when a message kills its process, SQS counts a receive
+/// started; at the start, after a rerun and after an empty receive, receives ask for one
+/// message, long-polled, until a first delivery (count 1) arrives. Only such a receive
+/// waits: those that take a batch after a first delivery take what is visible at that
+/// moment (no long poll), so the messages a dead process lost, coming visible later, come
+/// one at a time and not several into one open receive. So when a message kills its process, SQS counts a receive
 /// for the neighbours in that process's prefetch once, at the first death, not again for
 /// each later run of it or of another killer in the same window: none of them reaches the
 /// redrive policy's `maxReceiveCount` for it.

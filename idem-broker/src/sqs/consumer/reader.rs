@@ -42,7 +42,8 @@ pub(super) struct Reader {
     pub(super) quiet_since: Option<Instant>,
     /// The idle time is up: start no receive, end once none is outstanding.
     pub(super) stopping: bool,
-    /// One message at a time: at the start and after a rerun, until a first delivery.
+    /// One message at a time, long-polled: at the start, after a rerun and after an empty
+    /// receive, until a first delivery.
     pub(super) solo: bool,
 }
 
@@ -104,10 +105,13 @@ impl Reader {
         if self.shared.rerun_held() {
             return;
         }
-        let (target, batch) = if self.solo {
-            (1, 1)
+        // Only a receive of one message waits for messages: one that takes a batch
+        // (after a first delivery) takes what is visible now, so none stays open for the
+        // messages of a dead process to come visible into, several at once.
+        let (target, batch, wait) = if self.solo {
+            (1, 1, self.wait)
         } else {
-            (self.target, SQS_BATCH)
+            (self.target, SQS_BATCH, 0)
         };
         while !self.stopping
             && self.receives.len() < target
@@ -120,7 +124,7 @@ impl Reader {
                 .receive_message()
                 .queue_url(&self.shared.queue_url)
                 .max_number_of_messages(i32::try_from(batch).unwrap_or(10))
-                .wait_time_seconds(self.wait)
+                .wait_time_seconds(wait)
                 .visibility_timeout(secs_i32(self.shared.visibility).max(1))
                 .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
                 .message_attribute_names("All")
@@ -208,7 +212,9 @@ impl crate::pull::Pull for Reader {
             match joined {
                 Ok((sent, returned, Ok(messages))) => {
                     if messages.is_empty() {
+                        // The next receive is one that waits.
                         self.target = 1;
+                        self.solo = true;
                         self.quiet(sent, returned);
                     } else {
                         if messages.len() >= SQS_BATCH {

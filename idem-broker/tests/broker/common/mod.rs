@@ -155,6 +155,67 @@ pub async fn wait_pending(url: &BrokerUrl, name: &str, want: u64) -> u64 {
     }
 }
 
+/// Two deliveries lost with their process come due while the next process is already
+/// receiving after a first delivery, on the broker of `url` (whose redelivery delay, an
+/// ack wait or a visibility timeout, must be 1 to 2 s, and whose long poll, where it has
+/// one, longer): they still come one at a time, so the run of the first that kills this
+/// process too costs the other no delivery. A receive opened by the first delivery that
+/// stayed open took both as they came due, and the other was charged a delivery it never
+/// ran for: the over-count that took a killer to the broker's limit (NATS `max_deliver`,
+/// SQS `maxReceiveCount`) before the gate could dead-letter it.
+pub async fn reruns_that_come_due_behind_a_first_delivery_come_one_at_a_time(url: &BrokerUrl) {
+    let name = fresh_name("rerun-due");
+    let lost_bodies = plain_bodies(&name, 2);
+    idem_broker::any::publish_raw(url, &name, &lost_bodies)
+        .await
+        .expect("publish");
+    let connect = || AnyConsumer::connect(url, &name, 8);
+    // The first process receives both and dies with them unsettled: the process first,
+    // then what it held, so nothing is received in between.
+    let mut first = connect().await.expect("connect");
+    let lost = take(&mut first, 2).await;
+    assert!(
+        lost.iter().all(|d| d.attempt == Some(1)),
+        "first deliveries"
+    );
+    drop(first);
+    drop(lost);
+    // A new message, there before the two come due.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fresh = format!("{name}-fresh").into_bytes();
+    idem_broker::any::publish_raw(url, &name, std::slice::from_ref(&fresh))
+        .await
+        .expect("publish");
+    let gate = Gate::new(idem_testkit::MemoryStore::new(), Plain::default());
+    let processed = idem_engine::OutcomeKind::Processed;
+    let mut second = connect().await.expect("connect");
+    let d = take(&mut second, 1).await.remove(0);
+    assert_eq!((d.payload.as_slice(), d.attempt), (&fresh[..], Some(1)));
+    assert_eq!(gate.process(d).await.kind(), processed);
+    // The next is one of the two, a rerun; its run kills this process too.
+    let killer = take(&mut second, 1).await.remove(0);
+    assert_eq!(killer.attempt, Some(2), "a rerun");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(second);
+    drop(killer);
+    // The third process: the other one was delivered no more often than the first death
+    // made it.
+    let mut third = connect().await.expect("connect");
+    let mut attempts = std::collections::BTreeMap::new();
+    for _ in 0..2 {
+        let d = take(&mut third, 1).await.remove(0);
+        attempts.insert(d.payload.clone(), d.attempt);
+        assert_eq!(gate.process(d).await.kind(), processed);
+    }
+    let mut counts: Vec<_> = lost_bodies.iter().map(|b| attempts[b]).collect();
+    counts.sort_unstable();
+    assert_eq!(
+        counts,
+        [Some(2), Some(3)],
+        "the killer's third delivery, and the other's second: only the first death charged it"
+    );
+}
+
 /// Runs the in-memory gate of `Plain` over `deliveries`, one at a time, until the run
 /// stops on a dead letter its broker refuses for good (within `limit`): the error, after
 /// checking it is an [`idem_engine::AckError::config`], which stops a consumer.
