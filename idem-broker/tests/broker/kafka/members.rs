@@ -138,7 +138,7 @@ async fn watch_commits(
 }
 
 /// A rebalance with deliveries in flight: member A works through a 4-partition topic,
-/// four deliveries at a time, each held 20 ms; once it has done a good part, member B
+/// four deliveries at a time, each held 40 ms; once it has done a good part, member B
 /// joins the group, the partitions are split between them (A's in-flight deliveries on
 /// the partitions that move are dropped and B receives them again), both run until idle.
 /// Meanwhile a watcher samples the group's committed offsets every 50 ms. End: B took
@@ -170,13 +170,11 @@ async fn a_member_joining_mid_run_takes_partitions_with_deliveries_in_flight() {
         Arc::clone(&stop),
     ));
     let idle = Duration::from_secs(12);
-    let a = tokio::spawn(member(
-        url.clone(),
-        name.clone(),
-        store.clone(),
-        Duration::from_millis(20),
-        idle,
-    ));
+    // Each delivery held 40 ms: A's last three quarters take about 14 s, time for the
+    // rebalance B's join starts to hand it partitions even on a loaded machine (at 20 ms,
+    // A once finished all 400 first).
+    let hold = Duration::from_millis(40);
+    let a = tokio::spawn(member(url.clone(), name.clone(), store.clone(), hold, idle));
     let deadline = Instant::now() + Duration::from_secs(60);
     while common::effects(&store).await.len() < N / 4 {
         assert!(Instant::now() < deadline, "member A processed too little");
@@ -184,13 +182,7 @@ async fn a_member_joining_mid_run_takes_partitions_with_deliveries_in_flight() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let at_join = common::effects(&store).await.len();
-    let b = tokio::spawn(member(
-        url.clone(),
-        name.clone(),
-        store.clone(),
-        Duration::from_millis(20),
-        idle,
-    ));
+    let b = tokio::spawn(member(url.clone(), name.clone(), store.clone(), hold, idle));
     let (a, b) = (a.await.expect("A"), b.await.expect("B"));
     stop.store(true, Ordering::SeqCst);
     let (back, samples) = watcher.await.expect("watcher");
