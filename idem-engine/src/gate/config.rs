@@ -108,8 +108,11 @@ pub struct GateConfig {
     /// the last error (`attempts_exhausted`) instead of handing it back again. Default 10.
     ///
     /// Whose fault a failure is, is decided by evidence the store gives:
-    /// - the handler's own errors and panics are the message's, counted by the broker's
-    ///   delivery count ([`Delivery::attempt`]) where it keeps one;
+    /// - the handler's own errors and panics are the message's, counted by its runs: on a
+    ///   rerun whose store records runs ([`ClaimStore::note_run`]), the recorded runs with
+    ///   its first; otherwise the broker's delivery count ([`Delivery::attempt`]) where
+    ///   it keeps one (a delivery lost unrun with a process that died of another message
+    ///   is counted by the broker, never by the record), else the gate's own count;
     /// - [`StoreError::Degraded`] (a lock wait anywhere in the transaction, a read-only
     ///   node, a full disk) is the store's: never counted, the delivery is deferred;
     /// - any other failure on the store's side (unreachable, a broken connection, a

@@ -87,8 +87,23 @@ where
         delivery.attempt.is_some_and(|n| n > 1) && self.reruns_checked(delivery)
     }
 
-    /// The attempt number of a failed delivery: the broker's count, else the gate's own.
-    fn attempt_of(&self, delivery_attempt: Option<u32>, key: Option<&IdempotencyKey>) -> u32 {
+    /// The attempt number of a failed delivery: its runs where the store records a
+    /// rerun's (`reruns`: the recorded reruns, this one included, so its runs are one
+    /// more with the first), else the broker's count, else the gate's own.
+    ///
+    /// The store's record comes first because the broker also counts the deliveries a
+    /// message lost unrun with a process that died of another message (a prefetch, a
+    /// Redis Streams claim of a dead consumer's entries): by the broker's count such a
+    /// neighbour would be dead-lettered before its handler had run `max_attempts` times.
+    fn attempt_of(
+        &self,
+        delivery_attempt: Option<u32>,
+        reruns: Option<u32>,
+        key: Option<&IdempotencyKey>,
+    ) -> u32 {
+        if let Some(r) = reruns {
+            return r.saturating_add(1);
+        }
         if let Some(n) = delivery_attempt {
             return n.max(1);
         }
@@ -184,7 +199,10 @@ where
                 (0, false)
             }
             Fault::Store | Fault::Judged => self.judge(key.as_ref()).await,
-            Fault::Message => (self.attempt_of(delivery.attempt, key.as_ref()), true),
+            Fault::Message => (
+                self.attempt_of(delivery.attempt, reruns, key.as_ref()),
+                true,
+            ),
         };
         if !counted {
             if let Some(k) = &key {
@@ -273,7 +291,7 @@ enum Fault {
     /// evidence [`Gate::judge`] weighs.
     Judged,
     /// The message's or its handler's own (a handler's error, a panic, a refusal):
-    /// counted by the broker's delivery count, or the gate's where it keeps none.
+    /// counted by its recorded runs, else the broker's delivery count, else the gate's.
     Message,
 }
 

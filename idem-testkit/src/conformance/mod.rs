@@ -36,7 +36,10 @@ pub use conflicts::{
     conflicting_payload_is_a_conflict, first_delivered_wins_across_batches, gate_conflict_policies,
 };
 pub use outbox::{outbox_backlog_tracks_the_relay, outbox_carries_the_traceparent};
-pub use reruns::{a_rerun_of_a_committed_message_is_a_duplicate_at_once, reruns_are_recorded};
+pub use reruns::{
+    a_failure_is_counted_by_its_runs_not_its_deliveries,
+    a_rerun_of_a_committed_message_is_a_duplicate_at_once, reruns_are_recorded,
+};
 
 fn key(n: &str) -> IdempotencyKey {
     IdempotencyKey::derive(n, "2026-07-01T09:00:00Z", n.as_bytes()).expect("valid identity")
@@ -73,6 +76,7 @@ where
     first_delivered_wins_across_batches(make().await).await;
     reruns_are_recorded(make().await).await;
     a_rerun_of_a_committed_message_is_a_duplicate_at_once(make().await).await;
+    a_failure_is_counted_by_its_runs_not_its_deliveries(make().await).await;
 }
 
 /// Expands to one `#[tokio::test]` per conformance check. `$make` is an expression
@@ -98,7 +102,8 @@ macro_rules! conformance_tests {
             gate_conflict_policies,
             first_delivered_wins_across_batches,
             reruns_are_recorded,
-            a_rerun_of_a_committed_message_is_a_duplicate_at_once
+            a_rerun_of_a_committed_message_is_a_duplicate_at_once,
+            a_failure_is_counted_by_its_runs_not_its_deliveries
         );
     };
     (@each $make:expr; $($name:ident),+) => {

@@ -126,3 +126,102 @@ pub async fn a_rerun_of_a_committed_message_is_a_duplicate_at_once<S: TestStore>
     );
     assert!(broker.is_settled());
 }
+
+/// A handler that fails every run of the submission whose subject is `flaky` (a
+/// transient error: its downstream is down) and counts those runs.
+struct FlakyHandler<S> {
+    inner: EffectHandlerFor<S>,
+    runs: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl<S: TestStore> idem_engine::Handler<S::Tx> for FlakyHandler<S> {
+    type Input = crate::harness::EffectInput;
+
+    fn identify(
+        &self,
+        payload: &[u8],
+        headers: &idem_engine::Headers,
+    ) -> Result<idem_engine::Submission<Self::Input>, idem_engine::RejectReason> {
+        self.inner.identify(payload, headers)
+    }
+
+    fn claim_meta(&self, sub: &idem_engine::Submission<Self::Input>) -> ClaimMeta {
+        self.inner.claim_meta(sub)
+    }
+
+    async fn handle(
+        &self,
+        tx: &mut S::Tx,
+        sub: &idem_engine::Submission<Self::Input>,
+    ) -> Result<(), idem_engine::HandlerError> {
+        if sub.subject == "flaky" {
+            self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(idem_engine::HandlerError::Transient(
+                "its downstream is down".into(),
+            ));
+        }
+        self.inner.handle(tx, sub).await
+    }
+}
+
+/// A message is charged its own runs, not its deliveries: one whose handler fails (a
+/// transient error) and whose deliveries were also lost with processes that died of
+/// other messages (a Redis Streams consumer that claimed it among a dead consumer's
+/// entries, a NATS or SQS prefetch) runs `max_attempts` times before it is dead-lettered
+/// `attempts_exhausted`, whatever the broker's count says: a delivery that never ran is
+/// not an attempt. A store that keeps no record of reruns counts by the broker and
+/// skips this check, saying so.
+pub async fn a_failure_is_counted_by_its_runs_not_its_deliveries<S: TestStore>(store: S) {
+    if store
+        .note_run(&key("runs-probe"), RunNote::Settled)
+        .await
+        .expect("note_run")
+        .is_none()
+    {
+        eprintln!(
+            "a_failure_is_counted_by_its_runs_not_its_deliveries: skipped, the store keeps \
+             no record of reruns"
+        );
+        return;
+    }
+    let broker = SimBroker::new(1).counting_runs();
+    broker.publish(encode_submission("flaky", CONFLICT_TS, 1));
+    let gate = Gate::with_config(
+        store.clone(),
+        FlakyHandler::<S> {
+            inner: EffectHandlerFor::new(),
+            runs: 0.into(),
+        },
+        GateConfig::default().with_max_attempts(3),
+    );
+    let first = gate.process(broker.receive().expect("delivered")).await;
+    assert_eq!(first.kind(), OutcomeKind::Failed, "{first:?}");
+    // Two processes died of other messages while this one sat in their buffers.
+    drop(broker.receive().expect("redelivered"));
+    drop(broker.receive().expect("redelivered"));
+    let mut kinds = Vec::new();
+    while let Some(delivery) = broker.receive() {
+        assert!(kinds.len() < 10, "looped: {kinds:?}");
+        kinds.push(gate.process(delivery).await.kind());
+    }
+    let runs = gate
+        .handler()
+        .runs
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        (runs, kinds.last()),
+        (3, Some(&OutcomeKind::Rejected)),
+        "the handler runs max_attempts (3) times before its message is dead-lettered; the \
+         two deliveries lost unrun are not attempts (outcomes after the first: {kinds:?})"
+    );
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].1.code, idem_engine::gate::ATTEMPTS_EXHAUSTED);
+    assert!(
+        dead[0].1.detail.starts_with("3 attempts"),
+        "the reason counts its runs: {}",
+        dead[0].1.detail
+    );
+    assert!(broker.is_settled());
+}
