@@ -31,8 +31,10 @@
 //!   message kills its process, the server counts a delivery for the neighbours that sat
 //!   in that process's prefetch once, at the first death, and not again for each later
 //!   run of it or of another killer in the same window: three killers in one window
-//!   strand no neighbour at `max_deliver`. (A rerun that comes due in the instant between
-//!   a first delivery and the request that follows it can still arrive beside others.)
+//!   strand no neighbour at `max_deliver`. (A rerun due in the instant between a first
+//!   delivery and the next request can still arrive beside others. A server before
+//!   2.11.11 may leave a `no_wait` request it gave nothing open: the stream then ends
+//!   after 10 s of silence with the missed-heartbeat error, and the supervisor reconnects.)
 //! - **The server's limit**: `MAX_DELIVERIES` advisories of the durable are logged and
 //!   counted ([`NatsConsumer::max_deliveries`]).
 
