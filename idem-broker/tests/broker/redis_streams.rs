@@ -210,6 +210,81 @@ mod lease {
         .await;
     }
 
+    /// A failing message is charged its own runs, not the takeovers it met unrun: its
+    /// handler fails (a transient error) once, then two consumers die holding it before
+    /// it runs again (an `XAUTOCLAIM` of a dead consumer's entries takes it beside the
+    /// one that kills them), so its next delivery carries count 4. With `max_attempts`
+    /// 3 its handler still runs 3 times before it is dead-lettered `attempts_exhausted`.
+    /// Before, the failure was numbered by the delivery count: dead-lettered after 2
+    /// runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn takeovers_unrun_do_not_count_as_attempts() {
+        use idem_engine::{consumer, ConsumerConfig, Gate, GateConfig, OutcomeKind, RetryPolicy};
+        use std::sync::Mutex;
+        common::within(async {
+            let name = fresh_name("redis-unrun");
+            publish_raw(&url(), &name, &plain_bodies(&name, 1))
+                .await
+                .expect("publish");
+            let gate = Gate::with_config(
+                idem_testkit::MemoryStore::new(),
+                common::Plain {
+                    fail: true,
+                    ..Default::default()
+                },
+                GateConfig::default()
+                    .with_max_attempts(3)
+                    .with_retry(RetryPolicy::fixed(Duration::from_millis(100))),
+            );
+            let mut first = RedisStreamsConsumer::connect(&config(&name))
+                .await
+                .expect("first");
+            let d = take(&mut first, 1).await.remove(0);
+            assert_eq!(gate.process(d).await.kind(), OutcomeKind::Failed);
+            drop(first);
+            // Two processes die of another message while holding it: taken, never run.
+            for died in 2..=3 {
+                let mut process = RedisStreamsConsumer::connect(&config(&name))
+                    .await
+                    .expect("process");
+                let held = take(&mut process, 1).await;
+                assert_eq!(held[0].attempt, Some(died), "its delivery count");
+                drop(process);
+                drop(held);
+            }
+            let outcomes = Mutex::new(Vec::new());
+            let deliveries = RedisStreamsConsumer::connect(&config(&name))
+                .await
+                .expect("last");
+            consumer::run(
+                &gate,
+                idem_broker::until_idle(deliveries, Duration::from_secs(4)),
+                ConsumerConfig::new(1, 1),
+                std::future::pending::<()>(),
+                |o| {
+                    let reason = match o {
+                        idem_engine::Outcome::Rejected { reason, .. } => Some(reason.clone()),
+                        _ => None,
+                    };
+                    outcomes.lock().expect("outcomes").push((o.kind(), reason));
+                },
+            )
+            .await
+            .expect("consumer run");
+            let outcomes = outcomes.into_inner().expect("outcomes");
+            let kinds: Vec<OutcomeKind> = outcomes.iter().map(|o| o.0).collect();
+            assert_eq!(
+                kinds,
+                [OutcomeKind::Failed, OutcomeKind::Rejected],
+                "two more runs, the last dead-lettered: {outcomes:?}"
+            );
+            let reason = outcomes[1].1.as_ref().expect("a reason");
+            assert_eq!(reason.code, idem_engine::gate::ATTEMPTS_EXHAUSTED);
+            assert!(reason.detail.starts_with("3 attempts"), "{reason:?}");
+        })
+        .await;
+    }
+
     /// Deferrals that fill the prefetch stop the reads: nothing new is read (memory stays
     /// bounded however long the store makes them wait) until they come back with their
     /// attempt; then the rest follow. Before, held deferrals did not count and the
