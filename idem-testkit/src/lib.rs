@@ -53,6 +53,7 @@
 pub mod broker_conformance;
 pub mod conformance;
 pub mod explore;
+mod failing;
 pub mod positions;
 #[cfg(feature = "proptest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proptest")))]
@@ -61,6 +62,8 @@ pub mod strategies;
 // The simulated world, from idem-sim (the part a program may link), under the paths the
 // kit has always given it: its modules (`sim`, `fault`, `memory`, …) and their items.
 pub use idem_sim::*;
+
+pub use failing::FailingEffects;
 
 // The README's example, run as a doctest.
 #[cfg(doctest)]

@@ -12,6 +12,10 @@ use idem_runtime::Attempt;
 use idem_testkit::harness::{encode_submission, EffectHandlerFor};
 use idem_testkit::{MemoryStore, SimAcker, SimBroker};
 
+/// The testkit's handler, except that the first run of a submission whose subject starts
+/// with `ONCE` fails (a transient error of the handler's own).
+type FailsOnce = idem_testkit::FailingEffects<MemoryStore>;
+
 type Deliveries = Pin<Box<dyn Stream<Item = Result<Delivery<SimAcker>, Infallible>> + Send>>;
 
 #[tokio::test]
@@ -126,43 +130,6 @@ async fn the_reconnect_timeout_holds_while_the_workers_wait_on_the_store() {
     assert!(broker.dead_letters().is_empty());
 }
 
-/// The testkit's handler, except that a submission whose subject starts with `ONCE`
-/// fails its first attempt (a transient error of the handler's own), `slow` after it
-/// began.
-#[derive(Debug, Clone, Default)]
-struct FailsOnce {
-    inner: EffectHandlerFor<MemoryStore>,
-    failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    slow: Duration,
-}
-
-#[idem_engine::async_trait]
-impl idem_engine::Handler<<MemoryStore as idem_engine::ClaimStore>::Tx> for FailsOnce {
-    type Input = idem_testkit::EffectInput;
-
-    fn identify(
-        &self,
-        payload: &[u8],
-        headers: &idem_engine::Headers,
-    ) -> Result<idem_engine::Submission<Self::Input>, idem_engine::RejectReason> {
-        self.inner.identify(payload, headers)
-    }
-
-    async fn handle(
-        &self,
-        tx: &mut <MemoryStore as idem_engine::ClaimStore>::Tx,
-        sub: &idem_engine::Submission<Self::Input>,
-    ) -> Result<(), idem_engine::HandlerError> {
-        if sub.subject.starts_with("ONCE")
-            && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            tokio::time::sleep(self.slow).await;
-            return Err(idem_engine::HandlerError::Transient("once".into()));
-        }
-        self.inner.handle(tx, sub).await
-    }
-}
-
 /// A drain ends only when drained: a delivery that failed comes back after its delay
 /// (here 1.5 s, held by the broker's side), longer than the idle limit (300 ms); the run
 /// waits for it and ends with it processed. Before, the run ended idle with the delivery
@@ -173,7 +140,7 @@ async fn an_idle_run_waits_for_a_delivery_that_failed_and_comes_back() {
     let ts = "2026-07-01T09:00:00Z";
     broker.publish(encode_submission("ONCE-1", ts, 1));
     broker.publish(encode_submission("OK-1", ts, 2));
-    let gate = Gate::new(MemoryStore::new(), FailsOnce::default());
+    let gate = Gate::new(MemoryStore::new(), FailsOnce::new("ONCE", 1));
     let b = broker.clone();
     // Every delivery seen before comes back 1.5 s late, as a broker's delayed redelivery.
     let connect = move || {
@@ -223,10 +190,7 @@ async fn an_idle_run_waits_for_a_delivery_in_flight() {
     broker.publish(encode_submission("ONCE-1", ts, 2));
     let gate = Gate::new(
         MemoryStore::new(),
-        FailsOnce {
-            slow: Duration::from_secs(1),
-            ..FailsOnce::default()
-        },
+        FailsOnce::new("ONCE", 1).with_slow(Duration::from_secs(1)),
     );
     let b = broker.clone();
     let connect = move || {

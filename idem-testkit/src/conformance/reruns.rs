@@ -127,44 +127,6 @@ pub async fn a_rerun_of_a_committed_message_is_a_duplicate_at_once<S: TestStore>
     assert!(broker.is_settled());
 }
 
-/// A handler that fails every run of the submission whose subject is `flaky` (a
-/// transient error: its downstream is down) and counts those runs.
-struct FlakyHandler<S> {
-    inner: EffectHandlerFor<S>,
-    runs: std::sync::atomic::AtomicU32,
-}
-
-#[async_trait::async_trait]
-impl<S: TestStore> idem_engine::Handler<S::Tx> for FlakyHandler<S> {
-    type Input = crate::harness::EffectInput;
-
-    fn identify(
-        &self,
-        payload: &[u8],
-        headers: &idem_engine::Headers,
-    ) -> Result<idem_engine::Submission<Self::Input>, idem_engine::RejectReason> {
-        self.inner.identify(payload, headers)
-    }
-
-    fn claim_meta(&self, sub: &idem_engine::Submission<Self::Input>) -> ClaimMeta {
-        self.inner.claim_meta(sub)
-    }
-
-    async fn handle(
-        &self,
-        tx: &mut S::Tx,
-        sub: &idem_engine::Submission<Self::Input>,
-    ) -> Result<(), idem_engine::HandlerError> {
-        if sub.subject == "flaky" {
-            self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            return Err(idem_engine::HandlerError::Transient(
-                "its downstream is down".into(),
-            ));
-        }
-        self.inner.handle(tx, sub).await
-    }
-}
-
 /// A message is charged its own runs, not its deliveries: one whose handler fails (a
 /// transient error) and whose deliveries were also lost with processes that died of
 /// other messages (a Redis Streams consumer that claimed it among a dead consumer's
@@ -189,10 +151,7 @@ pub async fn a_failure_is_counted_by_its_runs_not_its_deliveries<S: TestStore>(s
     broker.publish(encode_submission("flaky", CONFLICT_TS, 1));
     let gate = Gate::with_config(
         store.clone(),
-        FlakyHandler::<S> {
-            inner: EffectHandlerFor::new(),
-            runs: 0.into(),
-        },
+        crate::FailingEffects::<S>::new("flaky", u32::MAX),
         GateConfig::default().with_max_attempts(3),
     );
     let first = gate.process(broker.receive().expect("delivered")).await;
@@ -205,10 +164,7 @@ pub async fn a_failure_is_counted_by_its_runs_not_its_deliveries<S: TestStore>(s
         assert!(kinds.len() < 10, "looped: {kinds:?}");
         kinds.push(gate.process(delivery).await.kind());
     }
-    let runs = gate
-        .handler()
-        .runs
-        .load(std::sync::atomic::Ordering::SeqCst);
+    let runs = gate.handler().failures();
     assert_eq!(
         (runs, kinds.last()),
         (3, Some(&OutcomeKind::Rejected)),
